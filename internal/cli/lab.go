@@ -1,0 +1,297 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+func newLabCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "lab",
+		Short: "Build, inspect and remove container overlay topologies made of network namespaces",
+		Long: `A lab is N hosts with K containers each, all network namespaces on this machine, joined by
+an underlay that behaves like a NIC (GRO on, MTU 1500, receive optionally pinned to CPUs).
+
+Styles:
+  docker   Docker's overlay driver: vxlan0 (port 4789) and br0 in a per-host overlay namespace,
+           a veth into each container. A received packet crosses three namespaces.
+  flannel  flannel's VXLAN backend: flannel.1 (port 8472) and cni0 in the host namespace,
+           a /24 per host, static routes, neighbours and FDB entries.
+  native   no overlay: applications run in the host namespaces (the baseline).
+
+Namespaces are named prg-<lab>-h1, prg-<lab>-h1-c1, prg-<lab>-h1-ov, prg-<lab>-sw.
+Addresses come from the RFC 2544 benchmarking range: underlay 198.18.0.0/24, overlay 198.19.0.0/16.`,
+	}
+	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd())
+	return c
+}
+
+func newLabUpCmd() *cobra.Command {
+	var spec lab.Spec
+	var file, rxCPUs string
+	var noGRO, asJSON bool
+	c := &cobra.Command{
+		Use:   "up",
+		Short: "Build a lab and prove every container reaches every other (TCP and UDP)",
+		Example: `  peregrine lab up                                  # docker style, 2 hosts x 1 container
+  peregrine lab up --style flannel --containers 2
+  peregrine lab up --hosts 3                        # 3 hosts need the switch underlay (chosen for you)
+  peregrine lab up --rx-cpus 0                      # receive of the underlay on CPU0, like a NIC IRQ
+  peregrine lab up --file topo.yaml                 # flags given on the command line win over the file
+  peregrine lab up --name b --style native          # a second lab beside the first`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file != "" {
+				fromFile, err := lab.LoadSpec(file)
+				if err != nil {
+					return err
+				}
+				mergeSpec(cmd, &fromFile, &spec)
+				spec = fromFile
+			}
+			if rxCPUs != "" {
+				cpus, err := parseCPUList(rxCPUs)
+				if err != nil {
+					return fmt.Errorf("--rx-cpus: %w", err)
+				}
+				spec.RxCPUs = cpus
+			}
+			if noGRO {
+				off := false
+				spec.GRO = &off
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			spec.Defaults()
+			fmt.Fprintf(os.Stderr, "building lab %q\n", spec.Name)
+			l, err := lab.Up(ctx, spec, stderrLog)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(os.Stdout, l)
+			}
+			fmt.Fprintf(os.Stderr, "lab %q is up and verified\n\n", spec.Name)
+			printLab(l)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&spec.Name, "name", lab.DefaultName, "lab name (namespaces are prg-<name>-...)")
+	f.StringVar(&spec.Style, "style", lab.StyleDocker, "docker, flannel or native")
+	f.IntVar(&spec.Hosts, "hosts", 2, "number of hosts (at least 2)")
+	f.IntVar(&spec.Containers, "containers", 1, "containers per host")
+	f.StringVar(&spec.Underlay, "underlay", "", "direct (veth pair, 2 hosts) or switch (bridge namespace); default picks by host count")
+	f.IntVar(&spec.MTU, "mtu", 1500, "underlay MTU; the overlay gets 50 bytes less")
+	f.StringVar(&rxCPUs, "rx-cpus", "", "pin the underlay's receive processing to these CPUs with RPS, e.g. 0 or 0-1 (default: the sender's CPU, as veth does)")
+	f.BoolVar(&noGRO, "no-gro", false, "leave GRO off on the underlay (veth without NAPI)")
+	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, underlay_cidr, overlay_cidr, vni, vxlan_port)")
+	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
+	return c
+}
+
+// mergeSpec lets flags given explicitly override the topology file.
+func mergeSpec(cmd *cobra.Command, dst, flags *lab.Spec) {
+	f := cmd.Flags()
+	if f.Changed("name") || dst.Name == "" {
+		dst.Name = flags.Name
+	}
+	if f.Changed("style") {
+		dst.Style = flags.Style
+	}
+	if f.Changed("hosts") {
+		dst.Hosts = flags.Hosts
+	}
+	if f.Changed("containers") {
+		dst.Containers = flags.Containers
+	}
+	if f.Changed("underlay") {
+		dst.Underlay = flags.Underlay
+	}
+	if f.Changed("mtu") {
+		dst.MTU = flags.MTU
+	}
+}
+
+func newLabDownCmd() *cobra.Command {
+	var name string
+	var all bool
+	c := &cobra.Command{
+		Use:   "down",
+		Short: "Remove a lab: its processes, namespaces, links, pinned objects and records",
+		Example: `  peregrine lab down              # the lab named "lab"
+  peregrine lab down --name b
+  peregrine lab down --all        # everything with the prg- prefix, e.g. after a crash or kill -9`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lab.Preflight(); err != nil {
+				return err
+			}
+			if all {
+				if err := lab.DownAll(stderrLog); err != nil {
+					return err
+				}
+				fmt.Fprintln(os.Stderr, "removed every peregrine namespace, link, pin and record")
+				return nil
+			}
+			err := lab.Down(name, stderrLog)
+			if errors.Is(err, lab.ErrNotUp) {
+				fmt.Fprintf(os.Stderr, "lab %q is not up: nothing to remove\n", name)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "lab %q removed\n", name)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&name, "name", lab.DefaultName, "lab to remove")
+	c.Flags().BoolVar(&all, "all", false, "remove everything peregrine made, whatever lab it belongs to")
+	return c
+}
+
+func newLabStatusCmd() *cobra.Command {
+	var name string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show a lab's hosts and containers with their namespaces, devices and addresses",
+		Example: `  peregrine lab status
+  peregrine lab status --json | jq -r '.containers[].addr'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lab.Preflight(); err != nil {
+				return err
+			}
+			l, err := lab.Status(name)
+			if err != nil {
+				if others := lab.Names(); errors.Is(err, lab.ErrNotUp) && len(others) > 0 {
+					return fmt.Errorf("%w; labs present: %s", err, strings.Join(others, ", "))
+				}
+				return err
+			}
+			if asJSON {
+				return printJSON(os.Stdout, l)
+			}
+			printLab(l)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&name, "name", lab.DefaultName, "lab to show")
+	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines: every node with namespace, devices and addresses")
+	return c
+}
+
+func printLab(l *lab.Lab) {
+	s := l.Spec
+	rx := "sender's CPU (no RPS)"
+	if len(s.RxCPUs) > 0 {
+		rx = "CPUs " + formatCPUList(s.RxCPUs)
+	}
+	fmt.Printf("lab %s: style %s, %d hosts x %d containers, %s underlay, MTU %d/%d, GRO %v, rx on %s\n",
+		s.Name, s.Style, s.Hosts, s.Containers, s.Underlay, s.MTU, s.OverlayMTU(), *s.GRO, rx)
+	fmt.Printf("kernel %s, %d CPUs, VNI %d, VXLAN port %d\n\n", l.Kernel, l.CPUs, s.VNI, s.VXLANPort)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tROLE\tNAMESPACE\tADDRESS\tDEVICES")
+	nodes := append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...)
+	if l.Switch != nil {
+		nodes = append(nodes, *l.Switch)
+	}
+	for _, n := range nodes {
+		var devs []string
+		for _, d := range n.Devices {
+			desc := d.Name + "(" + d.Kind
+			if d.Stage != "" && d.Stage != d.Kind {
+				desc += "," + d.Stage
+			}
+			if d.Master != "" {
+				desc += ",on " + d.Master
+			}
+			devs = append(devs, desc+")")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, n.Addr, strings.Join(devs, " "))
+	}
+	tw.Flush()
+}
+
+func newLabExecCmd() *cobra.Command {
+	var name string
+	c := &cobra.Command{
+		Use:   "exec NODE -- COMMAND [ARGS...]",
+		Short: "Run a command inside a lab host, container, overlay or switch namespace",
+		Example: `  peregrine lab exec h1-c1 -- ip addr
+  peregrine lab exec h2 -- ethtool -k eth0
+  peregrine lab exec h2-c1 -- iperf3 -s -1`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := lab.Status(name)
+			if err != nil {
+				return err
+			}
+			n, err := l.Node(args[0])
+			if err != nil {
+				return err
+			}
+			x := netnsutil.Command(context.Background(), n.Netns, args[1:]...)
+			x.Stdin, x.Stdout, x.Stderr = os.Stdin, os.Stdout, os.Stderr
+			if err := x.Run(); err != nil {
+				var ee interface{ ExitCode() int }
+				if errors.As(err, &ee) {
+					return fmt.Errorf("%s exited with status %d", args[1], ee.ExitCode())
+				}
+				return err
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&name, "name", lab.DefaultName, "lab the node belongs to")
+	return c
+}
+
+// parseCPUList parses "0,2-3" into CPU numbers.
+func parseCPUList(s string) ([]int, error) {
+	var cpus []int
+	seen := map[int]bool{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("%q is not a CPU list like 0,2-3", s)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("%q is not a CPU list like 0,2-3", s)
+			}
+		}
+		for c := a; c <= b; c++ {
+			if !seen[c] {
+				seen[c] = true
+				cpus = append(cpus, c)
+			}
+		}
+	}
+	return cpus, nil
+}
+
+func formatCPUList(cpus []int) string {
+	var parts []string
+	for _, c := range cpus {
+		parts = append(parts, strconv.Itoa(c))
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,139 @@
+// Package lab builds container overlay topologies out of network namespaces on one machine.
+//
+// A lab is N hosts with K containers each. Hosts are joined by an underlay (a veth pair for two
+// hosts, or a switch namespace with a bridge) whose devices are tuned to behave like a NIC (GRO on
+// through veth NAPI, MTU 1500, receive optionally pinned to CPUs with RPS standing in for RSS/IRQ
+// affinity). On top, one of three styles:
+//
+//	docker:  host ns: eth0 (underlay) + the UDP socket of vxlan0 (port 4789)
+//	         overlay ns (<host>-ov): vxlan0 + br0, one veth per container
+//	         container ns: eth0               -> three namespaces per packet
+//	flannel: host ns: eth0, flannel.1 (VXLAN, port 8472), cni0 bridge, one veth per container,
+//	         a /24 per host, L3 routes and static neighbour/FDB entries (no learning)
+//	native:  applications run in the host namespaces over the underlay (the baseline)
+//
+// Every namespace is named "prg-<lab>-<node>", so `lab down --all` finds all of them.
+package lab
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Prefix starts the name of every namespace, link and pinned object peregrine creates.
+const Prefix = "prg-"
+
+// Styles a lab can be built in.
+const (
+	StyleDocker  = "docker"
+	StyleFlannel = "flannel"
+	StyleNative  = "native"
+)
+
+// Underlay kinds.
+const (
+	UnderlayDirect = "direct" // one veth pair between two hosts
+	UnderlaySwitch = "switch" // every host's eth0 is plugged into a bridge in a switch namespace
+)
+
+// Spec describes a lab to build. Zero fields take defaults (see Defaults). It can be read from YAML.
+type Spec struct {
+	Name       string `yaml:"name" json:"name"`
+	Style      string `yaml:"style" json:"style"`
+	Hosts      int    `yaml:"hosts" json:"hosts"`
+	Containers int    `yaml:"containers" json:"containers"` // per host
+	Underlay   string `yaml:"underlay" json:"underlay"`
+	MTU        int    `yaml:"mtu" json:"mtu"` // underlay MTU; the overlay gets MTU-50
+	// RxCPUs pins the underlay's receive processing (RPS on the hosts' eth0) to these CPUs,
+	// standing in for a real NIC's RSS/IRQ affinity. Empty leaves the kernel default (no RPS:
+	// with a veth underlay, receive then runs on the sender's CPU).
+	RxCPUs []int `yaml:"rx_cpus" json:"rx_cpus"`
+	// GRO on the underlay (veth NAPI mode), like a real NIC. Pointer so YAML can turn it off.
+	GRO *bool `yaml:"gro" json:"gro"`
+
+	UnderlayCIDR string `yaml:"underlay_cidr" json:"underlay_cidr"` // hosts get .1, .2, ...
+	OverlayCIDR  string `yaml:"overlay_cidr" json:"overlay_cidr"`   // docker: one L2 subnet; flannel: a /24 per host
+	VNI          int    `yaml:"vni" json:"vni"`
+	VXLANPort    int    `yaml:"vxlan_port" json:"vxlan_port"` // default 4789 (docker) or 8472 (flannel)
+}
+
+// Lab is what exists: the spec it was built from and every node with its devices.
+// `peregrine lab status --json` prints this.
+type Lab struct {
+	Spec       Spec   `json:"spec"`
+	Hosts      []Node `json:"hosts"`
+	Containers []Node `json:"containers"`
+	Overlays   []Node `json:"overlays,omitempty"` // docker style: the per-host overlay namespaces
+	Switch     *Node  `json:"switch,omitempty"`
+	Kernel     string `json:"kernel"`
+	CPUs       int    `json:"cpus"`
+}
+
+// Node is one network namespace of the lab.
+type Node struct {
+	Name    string   `json:"name"`  // short name used by `lab exec`: h1, h1-c1, h1-ov, sw
+	Netns   string   `json:"netns"` // full namespace name: prg-<lab>-h1
+	Role    string   `json:"role"`  // host, container, overlay, switch
+	Host    string   `json:"host,omitempty"`
+	Devices []Device `json:"devices"`
+	// Addr is the address applications on this node use: the overlay address of a container,
+	// the underlay address of a host.
+	Addr string `json:"addr,omitempty"`
+}
+
+// Device is one link inside a node.
+type Device struct {
+	Name   string   `json:"name"`
+	Kind   string   `json:"kind"` // veth, vxlan, bridge, loopback
+	MAC    string   `json:"mac,omitempty"`
+	MTU    int      `json:"mtu"`
+	Addrs  []string `json:"addrs,omitempty"`
+	Master string   `json:"master,omitempty"`
+	// Stage names the device's role on the overlay receive path: nic, vxlan, bridge, veth-host
+	// (the bridge side of a container veth) or veth (the container's end, whose backlog is the third stage).
+	Stage string `json:"stage,omitempty"`
+	// VXLAN only.
+	VNI  int `json:"vni,omitempty"`
+	Port int `json:"port,omitempty"`
+}
+
+// Endpoints returns the nodes applications run on: containers, or hosts in the native style.
+func (l *Lab) Endpoints() []Node {
+	if l.Spec.Style == StyleNative {
+		return l.Hosts
+	}
+	return l.Containers
+}
+
+// Node finds a node by short name or full namespace name.
+func (l *Lab) Node(name string) (*Node, error) {
+	for _, set := range [][]Node{l.Hosts, l.Containers, l.Overlays} {
+		for i := range set {
+			if set[i].Name == name || set[i].Netns == name {
+				return &set[i], nil
+			}
+		}
+	}
+	if l.Switch != nil && (l.Switch.Name == name || l.Switch.Netns == name) {
+		return l.Switch, nil
+	}
+	return nil, fmt.Errorf("lab %q has no node %q (see `peregrine lab status`)", l.Spec.Name, name)
+}
+
+// Device finds a device of the node by name.
+func (n *Node) Device(name string) *Device {
+	for i := range n.Devices {
+		if n.Devices[i].Name == name {
+			return &n.Devices[i]
+		}
+	}
+	return nil
+}
+
+// AddrOnly returns Addr without a prefix length.
+func (n *Node) AddrOnly() string {
+	if p, err := netip.ParsePrefix(n.Addr); err == nil {
+		return p.Addr().String()
+	}
+	return n.Addr
+}

@@ -1,0 +1,81 @@
+package lab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// StateDir holds peregrine's runtime records. It is on tmpfs (/run), like the namespaces and
+// knobs it describes: a reboot clears both together.
+var StateDir = "/run/peregrine"
+
+func recordPath(name string) string { return filepath.Join(StateDir, "labs", name+".json") }
+
+func writeRecord(s *Spec) error {
+	if err := os.MkdirAll(filepath.Dir(recordPath(s.Name)), 0o755); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	b, _ := json.MarshalIndent(s, "", "  ")
+	tmp := recordPath(s.Name) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("write lab record: %w", err)
+	}
+	return os.Rename(tmp, recordPath(s.Name))
+}
+
+// ErrNotUp says a lab does not exist.
+var ErrNotUp = errors.New("lab is not up")
+
+func readRecord(name string) (*Spec, error) {
+	b, err := os.ReadFile(recordPath(name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("lab %q: %w (start one with `peregrine lab up`)", name, ErrNotUp)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("lab record %s is corrupt (%v): run `peregrine lab down --name %s`", recordPath(name), err, name)
+	}
+	return &s, nil
+}
+
+func removeRecord(name string) error {
+	err := os.Remove(recordPath(name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// Names lists the labs that have a record or namespaces.
+func Names() []string {
+	seen := map[string]bool{}
+	if entries, err := os.ReadDir(filepath.Join(StateDir, "labs")); err == nil {
+		for _, e := range entries {
+			if n, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+				seen[n] = true
+			}
+		}
+	}
+	if nss, err := listOurNamespaces(); err == nil {
+		for _, ns := range nss {
+			rest := strings.TrimPrefix(ns, Prefix)
+			if i := strings.Index(rest, "-"); i > 0 {
+				seen[rest[:i]] = true
+			}
+		}
+	}
+	var names []string
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,141 @@
+package lab
+
+import "fmt"
+
+// dockerHost builds Docker's overlay driver layout on host i: the VXLAN device is created in
+// the host namespace (so its UDP socket and underlay stay there) and then moved into a separate
+// overlay namespace with the bridge; containers hang off the bridge. Remote containers are known
+// statically (FDB: MAC -> VTEP; neighbour: IP -> MAC with ARP proxying), as Docker's control
+// plane programs them.
+func (b *builder) dockerHost(i int) error {
+	s := b.s
+	host, err := b.at(hostName(i))
+	if err != nil {
+		return err
+	}
+	ov, err := b.newNs(overlayName(i))
+	if err != nil {
+		return err
+	}
+	if err := host.vxlan(vxlanConf{name: "vxlan0", vni: s.VNI, port: s.VXLANPort, local: s.HostAddr(i).Addr(),
+		dev: "eth0", mtu: s.OverlayMTU(), mac: s.VTEPMAC(i), proxy: true}); err != nil {
+		return err
+	}
+	if err := host.moveTo("vxlan0", ov); err != nil {
+		return err
+	}
+	if err := ov.bridge("br0", s.OverlayMTU()); err != nil {
+		return err
+	}
+	if err := ov.master("vxlan0", "br0"); err != nil {
+		return err
+	}
+	if err := ov.up("br0", "vxlan0"); err != nil {
+		return err
+	}
+	for j := 1; j <= s.Containers; j++ {
+		c, err := b.newNs(containerName(i, j))
+		if err != nil {
+			return err
+		}
+		port := fmt.Sprintf("veth%d", j)
+		if err := ov.veth(port, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
+			return err
+		}
+		if err := ov.master(port, "br0"); err != nil {
+			return err
+		}
+		if err := ov.up(port); err != nil {
+			return err
+		}
+		if err := c.addr("eth0", s.ContainerAddr(i, j)); err != nil {
+			return err
+		}
+		if err := c.up("eth0"); err != nil {
+			return err
+		}
+	}
+	for k := 1; k <= s.Hosts; k++ {
+		if k == i {
+			continue
+		}
+		for j := 1; j <= s.Containers; j++ {
+			if err := ov.fdb("vxlan0", s.ContainerMAC(k, j), s.HostAddr(k).Addr()); err != nil {
+				return err
+			}
+			if err := ov.neigh("vxlan0", s.ContainerAddr(k, j).Addr(), s.ContainerMAC(k, j)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// flannelHost builds flannel's VXLAN backend on host i: flannel.1 in the host namespace, the cni0
+// bridge with the host's /24, and for each remote host a route to its /24 via its flannel.1
+// address, a permanent neighbour for that address and an FDB entry to its VTEP (flannel programs
+// these from its subnet leases instead of letting the kernel learn).
+func (b *builder) flannelHost(i int) error {
+	s := b.s
+	host, err := b.at(hostName(i))
+	if err != nil {
+		return err
+	}
+	if err := host.vxlan(vxlanConf{name: "flannel.1", vni: s.VNI, port: s.VXLANPort, local: s.HostAddr(i).Addr(),
+		dev: "eth0", mtu: s.OverlayMTU(), mac: s.VTEPMAC(i)}); err != nil {
+		return err
+	}
+	if err := host.addr("flannel.1", s.FlannelAddr(i)); err != nil {
+		return err
+	}
+	if err := host.bridge("cni0", s.OverlayMTU()); err != nil {
+		return err
+	}
+	if err := host.addr("cni0", s.GatewayAddr(i)); err != nil {
+		return err
+	}
+	if err := host.up("flannel.1", "cni0"); err != nil {
+		return err
+	}
+	for j := 1; j <= s.Containers; j++ {
+		c, err := b.newNs(containerName(i, j))
+		if err != nil {
+			return err
+		}
+		port := fmt.Sprintf("veth%d", j)
+		if err := host.veth(port, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
+			return err
+		}
+		if err := host.master(port, "cni0"); err != nil {
+			return err
+		}
+		if err := host.up(port); err != nil {
+			return err
+		}
+		if err := c.addr("eth0", s.ContainerAddr(i, j)); err != nil {
+			return err
+		}
+		if err := c.up("eth0"); err != nil {
+			return err
+		}
+		if err := c.route("eth0", netipPrefixZero, s.GatewayAddr(i).Addr(), false); err != nil {
+			return err
+		}
+	}
+	for k := 1; k <= s.Hosts; k++ {
+		if k == i {
+			continue
+		}
+		gw := s.FlannelAddr(k).Addr()
+		if err := host.neigh("flannel.1", gw, s.VTEPMAC(k)); err != nil {
+			return err
+		}
+		if err := host.fdb("flannel.1", s.VTEPMAC(k), s.HostAddr(k).Addr()); err != nil {
+			return err
+		}
+		if err := host.route("flannel.1", s.HostSubnet(k), gw, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
