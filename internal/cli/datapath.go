@@ -1,0 +1,259 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+)
+
+// targetFlags select which host namespaces a datapath command works on.
+type targetFlags struct {
+	netns string
+	lab   string
+}
+
+func (t *targetFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&t.netns, "netns", "", "host network namespace to work on (default: the current one, i.e. this node)")
+	c.Flags().StringVar(&t.lab, "lab", "", "work on every host of a lab (--lab alone means the lab named \"lab\")")
+	c.Flags().Lookup("lab").NoOptDefVal = lab.DefaultName
+	c.MarkFlagsMutuallyExclusive("netns", "lab")
+}
+
+// resolve returns the target namespaces and, for a lab, the lab.
+func (t *targetFlags) resolve() ([]string, *lab.Lab, error) {
+	if t.lab == "" {
+		return []string{t.netns}, nil, nil
+	}
+	l, err := lab.Status(t.lab)
+	if err != nil {
+		return nil, nil, err
+	}
+	var nss []string
+	for _, h := range l.Hosts {
+		nss = append(nss, h.Netns)
+	}
+	return nss, l, nil
+}
+
+func newAttachCmd() *cobra.Command {
+	var tf targetFlags
+	var o datapath.Options
+	var cpus string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "attach MODE",
+		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
+		Long: `Attach discovers the overlay behind a host network namespace (VXLAN devices, the underlay
+NIC behind them, the bridges and both ends of every container veth), records every knob it
+will change with its current value, then applies the mode. "peregrine detach" restores the
+record exactly, also from a new process after a crash.
+
+Modes:
+` + modeList() + `
+In a lab built with --rx-cpus, the underlay's receive mask stands in for the NIC's IRQ
+affinity and is left alone.`,
+		Example: `  sudo peregrine attach rps                     # this node (current namespace)
+  sudo peregrine attach rps --lab               # every host of the lab "lab"
+  sudo peregrine attach rps --netns prg-lab-h2 --cpus 1
+  sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := datapath.Lookup(args[0]); err != nil {
+				return err
+			}
+			if cpus != "" {
+				list, err := parseCPUList(cpus)
+				if err != nil {
+					return fmt.Errorf("--cpus: %w", err)
+				}
+				o.CPUs = list
+			}
+			targets, l, err := tf.resolve()
+			if err != nil {
+				return err
+			}
+			if l != nil && len(l.Spec.RxCPUs) > 0 {
+				o.KeepUnderlay = true
+			}
+			if l != nil && l.Spec.Style == lab.StyleNative {
+				return fmt.Errorf("lab %q is native (no overlay): attach needs a docker or flannel lab", l.Spec.Name)
+			}
+			var done []*datapath.State
+			for _, t := range targets {
+				st, err := datapath.Attach(context.Background(), t, args[0], o)
+				if err != nil {
+					// All or nothing across the lab's hosts.
+					for _, d := range done {
+						_, _ = datapath.Detach(context.Background(), d.Target)
+					}
+					return err
+				}
+				done = append(done, st)
+			}
+			if asJSON {
+				return printJSON(os.Stdout, done)
+			}
+			for _, st := range done {
+				fmt.Printf("attached %s to %s: %d devices, %d knobs changed\n", st.Mode, label(st.Target), len(st.Topology.Devs), len(st.Knobs))
+				for _, n := range st.Topology.Notes {
+					fmt.Printf("  note: %s\n", n)
+				}
+			}
+			return nil
+		},
+	}
+	tf.add(c)
+	c.Flags().StringVar(&o.Underlay, "underlay", "", "underlay NIC, when discovery cannot tell it")
+	c.Flags().StringVar(&cpus, "cpus", "", "CPUs the mode may use, e.g. 0-3 (default: all online CPUs)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the attachment records as JSON")
+	return c
+}
+
+func modeList() string {
+	var b strings.Builder
+	for _, m := range datapath.Modes() {
+		fmt.Fprintf(&b, "  %-8s %s\n", m.Name(), m.Summary())
+	}
+	return b.String()
+}
+
+func label(ns string) string {
+	if ns == "" {
+		return "this node"
+	}
+	return ns
+}
+
+func newDetachCmd() *cobra.Command {
+	var tf targetFlags
+	var all bool
+	c := &cobra.Command{
+		Use:   "detach",
+		Short: "Detach the mode on this node (or lab hosts) and restore every knob it changed",
+		Example: `  sudo peregrine detach
+  sudo peregrine detach --lab
+  sudo peregrine detach --all          # every recorded attachment`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var targets []string
+			if all {
+				states, err := datapath.AllStates()
+				if err != nil {
+					return err
+				}
+				for _, st := range states {
+					targets = append(targets, st.Target)
+				}
+				if len(targets) == 0 {
+					fmt.Fprintln(os.Stderr, "nothing is attached anywhere")
+					return nil
+				}
+			} else {
+				var err error
+				if targets, _, err = tf.resolve(); err != nil {
+					return err
+				}
+			}
+			var errs []error
+			for _, t := range targets {
+				st, err := datapath.Detach(context.Background(), t)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Printf("detached %s from %s: %d knobs restored\n", st.Mode, label(t), len(st.Knobs))
+			}
+			return errors.Join(errs...)
+		},
+	}
+	tf.add(c)
+	c.Flags().BoolVar(&all, "all", false, "detach every recorded attachment")
+	return c
+}
+
+func newStatusCmd() *cobra.Command {
+	var asJSON, verbose bool
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show what is attached where, the devices found, and whether each knob still holds",
+		Example: `  sudo peregrine status
+  sudo peregrine status -v        # every knob with its old, set and live value
+  sudo peregrine status --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			states, err := datapath.AllStates()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				type knobView struct {
+					datapath.Knob
+					Live string `json:"live"`
+				}
+				type view struct {
+					*datapath.State
+					Live []knobView `json:"live_knobs"`
+				}
+				var out []view
+				for _, st := range states {
+					v := view{State: st}
+					for _, k := range st.Knobs {
+						v.Live = append(v.Live, knobView{k, datapath.CurrentValue(k)})
+					}
+					out = append(out, v)
+				}
+				return printJSON(os.Stdout, out)
+			}
+			if len(states) == 0 {
+				fmt.Println("nothing attached (modes: " + strings.Join(datapath.ModeNames(), ", ") + ")")
+				return nil
+			}
+			for _, st := range states {
+				state := "attached"
+				if !st.Complete {
+					state = "INCOMPLETE (attach was interrupted: run `peregrine detach` to restore)"
+				}
+				fmt.Printf("%s on %s: %s since %s\n", st.Mode, label(st.Target), state, st.Attached.Format("2006-01-02 15:04:05"))
+				for _, stage := range []string{datapath.StageNIC, datapath.StageVXLAN, datapath.StageVethHost, datapath.StageVeth} {
+					var names []string
+					for _, d := range st.Topology.ByStage(stage) {
+						names = append(names, d.String())
+					}
+					if len(names) > 0 {
+						fmt.Printf("  %-9s %s\n", stage, strings.Join(names, " "))
+					}
+				}
+				held := 0
+				tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+				for _, k := range st.Knobs {
+					live := datapath.CurrentValue(k)
+					ok := datapath.SameValue(live, k.New)
+					if ok {
+						held++
+					}
+					if verbose || !ok {
+						mark := "ok"
+						if !ok {
+							mark = "CHANGED SINCE ATTACH"
+						}
+						fmt.Fprintf(tw, "    %s\told %s\tset %s\tlive %s\t%s\n", k, k.Old, k.New, live, mark)
+					}
+				}
+				tw.Flush()
+				fmt.Printf("  knobs: %d of %d hold their set value\n", held, len(st.Knobs))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines")
+	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "list every knob")
+	return c
+}

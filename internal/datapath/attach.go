@@ -1,0 +1,205 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// CheckCPUs verifies every CPU is online.
+func CheckCPUs(cpus []int) error {
+	online, err := os.ReadFile("/sys/devices/system/cpu/online")
+	set := map[int]bool{}
+	if err == nil {
+		for _, part := range strings.Split(strings.TrimSpace(string(online)), ",") {
+			lo, hi, isRange := strings.Cut(part, "-")
+			a, _ := strconv.Atoi(lo)
+			b := a
+			if isRange {
+				b, _ = strconv.Atoi(hi)
+			}
+			for c := a; c <= b; c++ {
+				set[c] = true
+			}
+		}
+	} else {
+		for c := 0; c < runtime.NumCPU(); c++ {
+			set[c] = true
+		}
+	}
+	for _, c := range cpus {
+		if !set[c] {
+			return fmt.Errorf("CPU %d is offline or absent (online: %s)", c, strings.TrimSpace(string(online)))
+		}
+	}
+	return nil
+}
+
+// Attach puts a mode on the host namespace target. Nothing is changed unless discovery and
+// planning succeed; if applying fails halfway, what was applied is restored.
+func Attach(ctx context.Context, target, modeName string, o Options) (*State, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("attach needs root (CAP_NET_ADMIN, CAP_BPF): run it with sudo")
+	}
+	m, err := Lookup(modeName)
+	if err != nil {
+		return nil, err
+	}
+	if target != "" && !netnsutil.Exists(target) {
+		return nil, fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", target)
+	}
+	if err := CheckCPUs(o.CPUs); err != nil {
+		return nil, err
+	}
+	release, err := lock()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if st, err := LoadState(target); err != nil {
+		return nil, err
+	} else if st != nil {
+		return nil, fmt.Errorf("mode %s is already attached to %s (since %s): run `peregrine detach` first",
+			st.Mode, nsLabel(target), st.Attached.Format(time.RFC3339))
+	}
+	topo, err := Discover(target, o.Underlay)
+	if err != nil {
+		return nil, err
+	}
+	knobs, err := m.Knobs(topo, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := readKnobs(knobs); err != nil {
+		return nil, err
+	}
+	st := &State{Mode: m.Name(), Target: target, Attached: time.Now(), PID: os.Getpid(),
+		Options: optionsMap(o), Topology: topo, Knobs: knobs}
+	// The record goes to disk before the first write: a crash from here on is undone by detach.
+	if err := saveState(st); err != nil {
+		return nil, err
+	}
+	undo := func(cause error) error {
+		errs := []error{cause}
+		errs = append(errs, m.Unload(ctx, st))
+		errs = append(errs, writeKnobs(knobs, true)...)
+		errs = append(errs, removePins(st), removeState(target))
+		return errors.Join(errs...)
+	}
+	if errs := writeKnobs(knobs, false); len(errs) > 0 {
+		return nil, undo(errors.Join(errs...))
+	}
+	if err := m.Load(ctx, topo, o, st); err != nil {
+		return nil, undo(fmt.Errorf("%s: %w", m.Name(), err))
+	}
+	st.Complete = true
+	if err := saveState(st); err != nil {
+		return nil, undo(err)
+	}
+	return st, nil
+}
+
+// Detach undoes the attachment on target from its record: programs first, then knobs, pins,
+// and the record. It works from a new process after a crash, and reports every knob it could
+// not restore.
+func Detach(ctx context.Context, target string) (*State, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("detach needs root: run it with sudo")
+	}
+	release, err := lock()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	st, err := LoadState(target)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("nothing is attached to %s", nsLabel(target))
+	}
+	return st, detachState(ctx, st)
+}
+
+func detachState(ctx context.Context, st *State) error {
+	var errs []error
+	if m, err := Lookup(st.Mode); err == nil {
+		errs = append(errs, m.Unload(ctx, st))
+	}
+	errs = append(errs, writeKnobs(st.Knobs, true)...)
+	errs = append(errs, removePins(st))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach %s from %s restored what it could; record kept at %s for another try: %w",
+			st.Mode, nsLabel(st.Target), statePath(st.Target), err)
+	}
+	return removeState(st.Target)
+}
+
+func removePins(st *State) error {
+	var errs []error
+	for _, p := range st.Pins {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	_ = os.Remove(PinDir(st.Target)) // only if empty
+	_ = os.Remove(PinRoot)
+	return errors.Join(errs...)
+}
+
+func optionsMap(o Options) map[string]string {
+	m := map[string]string{}
+	if o.Underlay != "" {
+		m["underlay"] = o.Underlay
+	}
+	if len(o.CPUs) > 0 {
+		m["cpus"] = lab.CPUMask(o.CPUs)
+	}
+	if o.KeepUnderlay {
+		m["keep_underlay"] = "true"
+	}
+	for k, v := range o.Extra {
+		m[k] = v
+	}
+	return m
+}
+
+// ForgetNamespaces is lab's cleanup hook: attachments whose target namespace is being removed
+// lose their record and pins (their knobs go with the namespace). With all, every other
+// attachment is detached properly and the pin root removed.
+func ForgetNamespaces(nss []string, all bool) error {
+	gone := map[string]bool{}
+	for _, n := range nss {
+		gone[n] = true
+	}
+	states, err := AllStates()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, st := range states {
+		switch {
+		case gone[st.Target]:
+			if m, err := Lookup(st.Mode); err == nil {
+				errs = append(errs, m.Unload(context.Background(), st))
+			}
+			errs = append(errs, removePins(st), removeState(st.Target))
+		case all:
+			errs = append(errs, detachState(context.Background(), st))
+		}
+	}
+	if all {
+		errs = append(errs, os.RemoveAll(PinRoot))
+	}
+	return errors.Join(errs...)
+}
+
+func init() { lab.CleanupHook = ForgetNamespaces }

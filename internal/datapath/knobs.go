@@ -1,0 +1,99 @@
+package datapath
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Knob is one file (sysfs or procfs, as seen inside Netns) a mode changes. Old is read before
+// anything is written, so detach writes back exactly what was there.
+type Knob struct {
+	Netns string `json:"netns"`
+	Path  string `json:"path"`
+	Old   string `json:"old"`
+	New   string `json:"new"`
+}
+
+func (k Knob) String() string { return fmt.Sprintf("%s:%s", nsLabel(k.Netns), k.Path) }
+
+// rxQueueKnobs lists a device's per-queue receive knob files (e.g. rps_cpus) inside its namespace.
+func rxQueueKnobs(d Dev, file string) ([]string, error) {
+	var paths []string
+	err := netnsutil.WithSysfs(d.Netns, func() error {
+		dir := "/sys/class/net/" + d.Name + "/queues"
+		qs, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d, err)
+		}
+		for _, q := range qs {
+			if strings.HasPrefix(q.Name(), "rx-") {
+				p := filepath.Join(dir, q.Name(), file)
+				if _, err := os.Stat(p); err != nil {
+					return fmt.Errorf("%s: %s is missing: the kernel lacks RPS (CONFIG_RPS)", d, p)
+				}
+				paths = append(paths, p)
+			}
+		}
+		return nil
+	})
+	return paths, err
+}
+
+// readKnobs fills Old for every knob; it changes nothing.
+func readKnobs(ks []Knob) error {
+	for i := range ks {
+		s, err := netnsutil.ReadFileIn(ks[i].Netns, ks[i].Path)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", ks[i], err)
+		}
+		ks[i].Old = strings.TrimSpace(s)
+	}
+	return nil
+}
+
+// writeKnobs sets New (or Old when restore is true) on every knob, carrying on past errors so
+// a restore puts back as much as it can, and returns every failure.
+func writeKnobs(ks []Knob, restore bool) []error {
+	var errs []error
+	for _, k := range ks {
+		v := k.New
+		if restore {
+			v = k.Old
+		}
+		if k.Netns != "" && !netnsutil.Exists(k.Netns) {
+			continue // the namespace is gone, and its knobs with it
+		}
+		if err := netnsutil.WriteFileIn(k.Netns, k.Path, v); err != nil {
+			errs = append(errs, fmt.Errorf("write %q to %s: %w", v, k, err))
+		}
+	}
+	return errs
+}
+
+// CurrentValue reads a knob's live value.
+func CurrentValue(k Knob) string {
+	s, err := netnsutil.ReadFileIn(k.Netns, k.Path)
+	if err != nil {
+		return "?(" + err.Error() + ")"
+	}
+	return strings.TrimSpace(s)
+}
+
+// sameMask compares two CPU masks ignoring leading zero words and case ("00000003" == "3").
+func sameMask(a, b string) bool { return normMask(a) == normMask(b) }
+
+func normMask(m string) string {
+	m = strings.ToLower(strings.ReplaceAll(strings.TrimSpace(m), ",", ""))
+	m = strings.TrimLeft(m, "0")
+	if m == "" {
+		return "0"
+	}
+	return m
+}
+
+// SameValue compares a live knob value with a set one (CPU masks compare by value).
+func SameValue(live, set string) bool { return live == set || sameMask(live, set) }

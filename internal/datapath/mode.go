@@ -1,0 +1,64 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Options are the settings shared by all modes; modes read their own keys from Extra.
+type Options struct {
+	Underlay string // override discovery of the underlay device
+	CPUs     []int  // CPUs the mode may steer to; empty = all online CPUs
+	// KeepUnderlay leaves the underlay's receive knobs alone: in the lab they stand in for the
+	// NIC's RSS/IRQ affinity ("hardware"), which no software mode should rewrite.
+	KeepUnderlay bool
+	Extra        map[string]string
+}
+
+// Mode is one datapath mode. The framework discovers the topology, reads and records every
+// knob the mode plans, writes them, then lets the mode load its programs; detach undoes it in
+// the reverse order from the record alone.
+type Mode interface {
+	Name() string
+	Summary() string
+	// Knobs plans the sysfs/procfs files to change (New filled in; Old is read by the framework).
+	Knobs(t *Topology, o Options) ([]Knob, error)
+	// Load attaches the mode's programs after the knobs are set, recording pins in st.
+	Load(ctx context.Context, t *Topology, o Options, st *State) error
+	// Unload removes what Load attached, from the record alone (a new process may call it).
+	Unload(ctx context.Context, st *State) error
+}
+
+var modes = map[string]Mode{}
+
+// Register makes a mode available to attach.
+func Register(m Mode) { modes[m.Name()] = m }
+
+// Lookup finds a mode by name with an error listing the known ones.
+func Lookup(name string) (Mode, error) {
+	if m, ok := modes[name]; ok {
+		return m, nil
+	}
+	return nil, fmt.Errorf("unknown mode %q: choose one of %s", name, strings.Join(ModeNames(), ", "))
+}
+
+// ModeNames lists the registered modes.
+func ModeNames() []string {
+	var ns []string
+	for n := range modes {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// Modes returns every registered mode, sorted by name.
+func Modes() []Mode {
+	var ms []Mode
+	for _, n := range ModeNames() {
+		ms = append(ms, modes[n])
+	}
+	return ms
+}

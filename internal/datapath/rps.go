@@ -1,0 +1,50 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+)
+
+// rpsMode is the usual tuning advice: RPS across all CPUs on every stage device. It is the
+// baseline every peregrine mode is compared against. It changes only rps_cpus masks.
+type rpsMode struct{}
+
+func init() { Register(rpsMode{}) }
+
+func (rpsMode) Name() string { return "rps" }
+func (rpsMode) Summary() string {
+	return "the usual tuning: RPS across the CPUs on every stage device (underlay, VXLAN, both veth ends)"
+}
+
+func (rpsMode) Knobs(t *Topology, o Options) ([]Knob, error) {
+	cpus := o.CPUs
+	if len(cpus) == 0 {
+		for c := 0; c < runtime.NumCPU(); c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	mask := lab.CPUMask(cpus)
+	var ks []Knob
+	for _, d := range t.Devs {
+		if d.Stage == StageNIC && o.KeepUnderlay {
+			continue
+		}
+		paths, err := rxQueueKnobs(d, "rps_cpus")
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range paths {
+			ks = append(ks, Knob{Netns: d.Netns, Path: p, New: mask})
+		}
+	}
+	if len(ks) == 0 {
+		return nil, fmt.Errorf("rps: no receive queues found on the overlay devices")
+	}
+	return ks, nil
+}
+
+func (rpsMode) Load(context.Context, *Topology, Options, *State) error { return nil }
+func (rpsMode) Unload(context.Context, *State) error                   { return nil }

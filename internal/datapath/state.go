@@ -1,0 +1,122 @@
+package datapath
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Paths of peregrine's datapath state. Records live on tmpfs beside the knobs they describe
+// (a reboot clears both); pinned eBPF objects live under bpffs.
+var (
+	StateDir = "/run/peregrine/datapath"
+	PinRoot  = "/sys/fs/bpf/peregrine"
+)
+
+// State records one attachment: everything needed to undo it from a fresh process.
+type State struct {
+	Mode     string            `json:"mode"`
+	Target   string            `json:"target"` // host namespace; "" = the one peregrine ran in
+	Attached time.Time         `json:"attached"`
+	PID      int               `json:"pid"`
+	Options  map[string]string `json:"options,omitempty"`
+	Topology *Topology         `json:"topology"`
+	Knobs    []Knob            `json:"knobs"`
+	Pins     []string          `json:"pins,omitempty"` // paths under PinRoot, removed on detach
+	Complete bool              `json:"complete"`       // false while attach is still applying
+}
+
+func stateKey(target string) string {
+	if target == "" {
+		return "root"
+	}
+	return strings.NewReplacer("/", "_").Replace(strings.TrimPrefix(target, "/"))
+}
+
+func statePath(target string) string { return filepath.Join(StateDir, stateKey(target)+".json") }
+
+func saveState(st *State) error {
+	if err := os.MkdirAll(StateDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", StateDir, err)
+	}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	tmp := statePath(st.Target) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("save datapath record: %w", err)
+	}
+	return os.Rename(tmp, statePath(st.Target))
+}
+
+// LoadState reads the record of the attachment on a target; nil, nil if there is none.
+func LoadState(target string) (*State, error) {
+	b, err := os.ReadFile(statePath(target))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("datapath record %s is corrupt: %w", statePath(target), err)
+	}
+	return &st, nil
+}
+
+// AllStates lists every recorded attachment.
+func AllStates() ([]*State, error) {
+	entries, err := os.ReadDir(StateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*State
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(StateDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var st State
+		if json.Unmarshal(b, &st) == nil {
+			out = append(out, &st)
+		}
+	}
+	return out, nil
+}
+
+func removeState(target string) error {
+	err := os.Remove(statePath(target))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// lock serialises attach and detach across processes (flock on a file in StateDir).
+func lock() (release func(), err error) {
+	if err := os.MkdirAll(StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(StateDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another peregrine process is attaching or detaching right now (lock %s held): wait for it and retry", f.Name())
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+}
+
+// PinDir is where a mode pins its objects for a target.
+func PinDir(target string) string { return filepath.Join(PinRoot, stateKey(target)) }

@@ -1,0 +1,273 @@
+// Package datapath attaches peregrine's datapath modes to an overlay node and detaches them,
+// restoring every knob it touched. A node is a host network namespace (the current one on a
+// real machine, or a lab host); attach discovers the overlay devices behind it by itself.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Stages of the overlay receive path, in the order a packet meets them.
+const (
+	StageNIC      = "nic"       // the underlay device: IRQ/NAPI, GRO, IP/UDP, vxlan_rcv
+	StageVXLAN    = "vxlan"     // gro_cells of the VXLAN device, then the bridge
+	StageVethHost = "veth-host" // bridge side of a container veth: its backlog carries the container's sends
+	StageVeth     = "veth"      // container side of a veth: netif_rx backlog, then the container's stack
+)
+
+// Dev is one device of the overlay path.
+type Dev struct {
+	Netns   string `json:"netns"` // namespace name or path; "" is the namespace peregrine runs in
+	Name    string `json:"name"`
+	Ifindex int    `json:"ifindex"`
+	Stage   string `json:"stage"`
+	Master  string `json:"master,omitempty"`
+}
+
+func (d Dev) String() string {
+	ns := d.Netns
+	if ns == "" {
+		ns = "(current)"
+	}
+	return ns + "/" + d.Name
+}
+
+// Topology is what discovery found behind one host namespace.
+type Topology struct {
+	Host  string   `json:"host"`
+	Devs  []Dev    `json:"devices"`
+	Notes []string `json:"notes,omitempty"` // things discovery saw but could not follow
+}
+
+// ByStage returns the devices of one stage.
+func (t *Topology) ByStage(stage string) []Dev {
+	var out []Dev
+	for _, d := range t.Devs {
+		if d.Stage == stage {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// ErrNoOverlay says the namespace has no VXLAN overlay to work on.
+var ErrNoOverlay = errors.New("no overlay found")
+
+// candidateNamespaces are the named namespaces an overlay's parts may live in: iproute2's and
+// Docker's (the overlay driver keeps its namespaces under /var/run/docker/netns).
+func candidateNamespaces(exclude string) []string {
+	var out []string
+	if names, err := netnsutil.List(""); err == nil {
+		for _, n := range names {
+			if n != exclude {
+				out = append(out, n)
+			}
+		}
+	}
+	if entries, err := os.ReadDir("/var/run/docker/netns"); err == nil {
+		for _, e := range entries {
+			out = append(out, filepath.Join("/var/run/docker/netns", e.Name()))
+		}
+	}
+	return out
+}
+
+type nsView struct {
+	name string
+	nh   netns.NsHandle
+	h    *netlink.Handle
+	ls   []netlink.Link
+}
+
+func openView(name string) (*nsView, error) {
+	nh, err := netnsutil.Handle(name)
+	if err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandleAt(nh)
+	if err != nil {
+		nh.Close()
+		return nil, err
+	}
+	ls, err := h.LinkList()
+	if err != nil {
+		h.Close()
+		nh.Close()
+		return nil, err
+	}
+	return &nsView{name: name, nh: nh, h: h, ls: ls}, nil
+}
+
+func (v *nsView) close() { v.h.Close(); v.nh.Close() }
+
+func (v *nsView) byIndex(i int) netlink.Link {
+	for _, l := range v.ls {
+		if l.Attrs().Index == i {
+			return l
+		}
+	}
+	return nil
+}
+
+// nsidOf returns the id under which this view's namespace knows the other namespace (-1 if none).
+func (v *nsView) nsidOf(other *nsView) int {
+	id, err := v.h.GetNetNsIdByFd(int(other.nh))
+	if err != nil {
+		return -1
+	}
+	return id
+}
+
+// Discover finds the overlay devices behind a host namespace: VXLAN devices there or linked
+// to it from other namespaces (Docker moves vxlan0 into its overlay namespace), the underlay
+// device behind each (or underlayOverride), the bridges the VXLAN devices are enslaved to, and
+// both ends of every veth on those bridges.
+func Discover(host, underlayOverride string) (*Topology, error) {
+	hv, err := openView(host)
+	if err != nil {
+		return nil, err
+	}
+	defer hv.close()
+	views := []*nsView{hv}
+	defer func() {
+		for _, v := range views[1:] {
+			v.close()
+		}
+	}()
+	for _, c := range candidateNamespaces(host) {
+		if v, err := openView(c); err == nil {
+			views = append(views, v)
+		}
+	}
+	t := &Topology{Host: host}
+	seen := map[string]bool{}
+	add := func(v *nsView, l netlink.Link, stage string) {
+		d := Dev{Netns: v.name, Name: l.Attrs().Name, Ifindex: l.Attrs().Index, Stage: stage}
+		if m := v.byIndex(l.Attrs().MasterIndex); m != nil {
+			d.Master = m.Attrs().Name
+		}
+		if !seen[d.String()] {
+			seen[d.String()] = true
+			t.Devs = append(t.Devs, d)
+		}
+	}
+	if underlayOverride != "" {
+		l, err := hv.h.LinkByName(underlayOverride)
+		if err != nil {
+			return nil, fmt.Errorf("underlay device %q does not exist in %s (see `ip link`)", underlayOverride, nsLabel(host))
+		}
+		add(hv, l, StageNIC)
+	}
+	for _, v := range views {
+		hostID := -1
+		if v != hv {
+			hostID = v.nsidOf(hv)
+		}
+		for _, l := range v.ls {
+			vx, ok := l.(*netlink.Vxlan)
+			if !ok {
+				continue
+			}
+			// A VXLAN device belongs to this host if it lives here, or lives elsewhere with its
+			// underlay (link-netns) here.
+			if v != hv && (hostID < 0 || vx.Attrs().NetNsID != hostID) {
+				continue
+			}
+			add(v, l, StageVXLAN)
+			if underlayOverride == "" {
+				if u := underlayOf(hv, vx); u != nil {
+					add(hv, u, StageNIC)
+				} else {
+					t.Notes = append(t.Notes, fmt.Sprintf("could not tell the underlay behind %s/%s: pass --underlay", nsLabel(v.name), vx.Name))
+				}
+			}
+			if m := v.byIndex(vx.Attrs().MasterIndex); m != nil {
+				discoverBridgePorts(t, views, v, m, add)
+			}
+		}
+	}
+	if len(t.ByStage(StageVXLAN)) == 0 {
+		return nil, fmt.Errorf("%w in %s: no VXLAN device there or linked to it; is this an overlay node (docker overlay, flannel)? For a lab host use --lab or --netns prg-<lab>-h1",
+			ErrNoOverlay, nsLabel(host))
+	}
+	return t, nil
+}
+
+func discoverBridgePorts(t *Topology, views []*nsView, v *nsView, br netlink.Link, add func(*nsView, netlink.Link, string)) {
+	for _, l := range v.ls {
+		if l.Attrs().MasterIndex != br.Attrs().Index || l.Type() != "veth" {
+			continue
+		}
+		add(v, l, StageVethHost)
+		peer, pv := vethPeer(views, v, l)
+		if peer == nil {
+			t.Notes = append(t.Notes, fmt.Sprintf("%s/%s: its peer is in a namespace with no name (not under /var/run/netns or /var/run/docker/netns); its stage is left alone",
+				nsLabel(v.name), l.Attrs().Name))
+			continue
+		}
+		add(pv, peer, StageVeth)
+	}
+}
+
+// vethPeer finds the other end of a veth: IFLA_LINK gives its ifindex and link-netnsid its
+// namespace, as an id local to v that we match against every candidate namespace.
+func vethPeer(views []*nsView, v *nsView, l netlink.Link) (netlink.Link, *nsView) {
+	peerIdx := l.Attrs().ParentIndex
+	if peerIdx == 0 {
+		return nil, nil
+	}
+	nsid := l.Attrs().NetNsID
+	for _, pv := range views {
+		if pv == v {
+			if nsid < 0 {
+				return pv.byIndex(peerIdx), pv
+			}
+			continue
+		}
+		if nsid >= 0 && v.nsidOf(pv) == nsid {
+			return pv.byIndex(peerIdx), pv
+		}
+	}
+	return nil, nil
+}
+
+// underlayOf finds the device a VXLAN device sends on: its configured dev, else the device
+// that owns its local address.
+func underlayOf(hv *nsView, vx *netlink.Vxlan) netlink.Link {
+	if vx.VtepDevIndex > 0 {
+		return hv.byIndex(vx.VtepDevIndex)
+	}
+	if vx.SrcAddr != nil {
+		for _, l := range hv.ls {
+			addrs, _ := hv.h.AddrList(l, netlink.FAMILY_ALL)
+			for _, a := range addrs {
+				if a.IP.Equal(vx.SrcAddr) {
+					return l
+				}
+			}
+		}
+	}
+	routes, _ := hv.h.RouteList(nil, netlink.FAMILY_V4)
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			return hv.byIndex(r.LinkIndex)
+		}
+	}
+	return nil
+}
+
+func nsLabel(ns string) string {
+	if ns == "" {
+		return "the current network namespace"
+	}
+	return strings.TrimPrefix(ns, netnsutil.RunDir+"/")
+}
