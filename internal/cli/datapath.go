@@ -16,23 +16,24 @@ import (
 
 // targetFlags select which host namespaces a datapath command works on.
 type targetFlags struct {
-	netns string
-	lab   string
+	netns   string
+	useLab  bool
+	labName string
 }
 
 func (t *targetFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&t.netns, "netns", "", "host network namespace to work on (default: the current one, i.e. this node)")
-	c.Flags().StringVar(&t.lab, "lab", "", "work on every host of a lab (--lab alone means the lab named \"lab\")")
-	c.Flags().Lookup("lab").NoOptDefVal = lab.DefaultName
+	c.Flags().BoolVar(&t.useLab, "lab", false, "work on every host of a lab (see --name)")
+	c.Flags().StringVar(&t.labName, "name", lab.DefaultName, "with --lab: the lab's name")
 	c.MarkFlagsMutuallyExclusive("netns", "lab")
 }
 
 // resolve returns the target namespaces and, for a lab, the lab.
 func (t *targetFlags) resolve() ([]string, *lab.Lab, error) {
-	if t.lab == "" {
+	if !t.useLab {
 		return []string{t.netns}, nil, nil
 	}
-	l, err := lab.Status(t.lab)
+	l, err := lab.Status(t.labName)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -62,6 +63,7 @@ In a lab built with --rx-cpus, the underlay's receive mask stands in for the NIC
 affinity and is left alone.`,
 		Example: `  sudo peregrine attach rps                     # this node (current namespace)
   sudo peregrine attach rps --lab               # every host of the lab "lab"
+  sudo peregrine attach rps --lab --name fl     # every host of the lab "fl"
   sudo peregrine attach rps --netns prg-lab-h2 --cpus 1
   sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC`,
 		Args: cobra.ExactArgs(1),

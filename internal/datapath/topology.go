@@ -192,6 +192,14 @@ func Discover(host, underlayOverride string) (*Topology, error) {
 			}
 			if m := v.byIndex(vx.Attrs().MasterIndex); m != nil {
 				discoverBridgePorts(t, views, v, m, add)
+			} else {
+				// A routed VXLAN (flannel): decapsulated packets are forwarded by IP to the
+				// container bridges of the same namespace (cni0).
+				for _, l := range v.ls {
+					if l.Type() == "bridge" {
+						discoverBridgePorts(t, views, v, l, add)
+					}
+				}
 			}
 		}
 	}
