@@ -97,6 +97,7 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 	if errs := writeKnobs(knobs, false); len(errs) > 0 {
 		return nil, undo(errors.Join(errs...))
 	}
+	crashPoint("after-knobs")
 	if err := m.Load(ctx, topo, o, st); err != nil {
 		return nil, undo(fmt.Errorf("%s: %w", m.Name(), err))
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -97,3 +98,5 @@ func normMask(m string) string {
 
 // SameValue compares a live knob value with a set one (CPU masks compare by value).
 func SameValue(live, set string) bool { return live == set || sameMask(live, set) }
+
+func numCPU() int { return runtime.NumCPU() }

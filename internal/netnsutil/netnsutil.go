@@ -261,7 +261,9 @@ func Inode(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// PIDsIn returns the processes whose network namespace is the given one (by inode).
+// PIDsIn returns the processes that live in the given namespace (by inode): every thread of
+// theirs is in it. A process with only some threads there (a Go program such as another
+// peregrine visiting the namespace through Do) is a visitor, not a resident, and is left out.
 func PIDsIn(ino uint64) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
@@ -270,7 +272,18 @@ func PIDsIn(ino uint64) []int {
 		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
 			continue
 		}
-		if i, err := Inode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && i == ino {
+		if i, err := Inode(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || i != ino {
+			continue
+		}
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		resident := true
+		for _, t := range tasks {
+			if i, err := Inode(fmt.Sprintf("/proc/%d/task/%s/ns/net", pid, t.Name())); err == nil && i != ino {
+				resident = false
+				break
+			}
+		}
+		if resident {
 			pids = append(pids, pid)
 		}
 	}

@@ -1,0 +1,62 @@
+// Package testutil holds helpers shared by peregrine's integration tests: root checks and
+// leftover detection (namespaces, links, pins, records) so every test proves it cleaned up.
+package testutil
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// RequireRoot fails (not skips) when not root: CI runs as root, and a silently skipped
+// integration suite would pass while testing nothing. PEREGRINE_ALLOW_NONROOT=1 skips instead.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("PEREGRINE_ALLOW_NONROOT") == "1" {
+		t.Skip("needs root")
+	}
+	t.Fatal("integration tests need root (network namespaces); run them with sudo, or set PEREGRINE_ALLOW_NONROOT=1 to skip")
+}
+
+// Leftovers lists every object with the given name prefix that still exists: named
+// namespaces, links in the current namespace, pinned objects and lab/datapath records.
+func Leftovers(prefix string) []string {
+	var out []string
+	if nss, _ := netnsutil.List(prefix); len(nss) > 0 {
+		for _, n := range nss {
+			out = append(out, "netns "+n)
+		}
+	}
+	if links, err := netlink.LinkList(); err == nil {
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, prefix) {
+				out = append(out, "link "+l.Attrs().Name)
+			}
+		}
+	}
+	for _, dir := range []string{"/sys/fs/bpf/peregrine", "/run/peregrine/labs", "/run/peregrine/datapath"} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), prefix) || strings.HasPrefix(e.Name(), strings.TrimPrefix(prefix, "prg-")) {
+				out = append(out, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// AssertClean fails the test if anything with the prefix is left.
+func AssertClean(t testing.TB, prefix string) {
+	t.Helper()
+	if left := Leftovers(prefix); len(left) > 0 {
+		t.Errorf("left behind after teardown: %s", strings.Join(left, ", "))
+	}
+}
