@@ -1,0 +1,26 @@
+package inject
+
+import "time"
+
+// Stats is what one Run did. Attempted == Sent + Refused: a refused frame is retried with the
+// same sequence number, so the receiver's sequence accounting only sees real losses.
+type Stats struct {
+	Attempted uint64 `json:"attempted"` // frame transmissions offered to the kernel, retries included
+	Sent      uint64 `json:"sent"`      // frames the kernel accepted (distinct sequence numbers)
+	Refused   uint64 `json:"refused"`   // offers the kernel refused (ENOBUFS/EAGAIN/...): backpressure
+	Unsent    uint64 `json:"unsent"`    // frames built for the last batch but not accepted before the end
+	Backoffs  uint64 `json:"backoffs"`  // pauses taken because the kernel refused
+	Syscalls  uint64 `json:"syscalls"`  // sendmmsg calls
+	Bytes     uint64 `json:"bytes"`     // outer frame bytes accepted
+	FrameLen  int    `json:"frame_len"` // bytes per outer frame (without FCS)
+	Flows     int    `json:"flows"`
+	// PPS is Sent over Duration (the time from the first send to the end).
+	PPS      float64       `json:"pps"`
+	Duration time.Duration `json:"duration_ns"`
+	// MaxCall is the longest single sendmmsg; MaxGap the longest time between two calls
+	// returning (sleeps and scheduling delays included): where an overrun comes from.
+	MaxCall   time.Duration `json:"max_call_ns"`
+	MaxGap    time.Duration `json:"max_gap_ns"`
+	CPU       int           `json:"cpu"` // the sending thread's CPU pin, -1 if unpinned
+	LastError string        `json:"last_error,omitempty"`
+}
