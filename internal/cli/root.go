@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 
 	"github.com/spf13/cobra"
 )
@@ -43,7 +44,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd())
 	return root
 }
 
@@ -68,3 +69,5 @@ func printJSON(w io.Writer, v any) error {
 func stderrLog(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "  "+format+"\n", args...)
 }
+
+func numCPU() int { return runtime.NumCPU() }

@@ -160,3 +160,9 @@ func xTitle(k string) string {
 	}
 	return k
 }
+
+// FormatValue renders one measured value with a human unit ("12.3 Gbps", "412 kpps").
+func FormatValue(metric string, v float64) string {
+	s := scaleFor(metric, v)
+	return withUnit(num(v/s.Div), s)
+}

@@ -1,0 +1,306 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/probe"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+	"github.com/peregrine-net/peregrine/internal/report"
+	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/workload"
+)
+
+// Options are one benchmark run's settings.
+type Options struct {
+	Configs  []Config
+	Scenario Scenario
+	// The CPU arrangement. RxCPUs pins the underlay's receive (the emulated NIC IRQ core);
+	// SenderCPUs the sending application or injector (the "remote host"); AppCPUs the receiving
+	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
+	RxCPUs, SenderCPUs, AppCPUs []int
+	NoStageProbe                bool
+	OutDir                      string    // where the result JSON goes
+	Log                         io.Writer // progress; nil for silence
+	Version                     string
+}
+
+// DefaultArrangement fills unset CPU lists: receive and app on CPU0, sender on the last CPU.
+func (o *Options) DefaultArrangement() {
+	last := runtime.NumCPU() - 1
+	if o.RxCPUs == nil {
+		o.RxCPUs = []int{0}
+	}
+	if o.AppCPUs == nil {
+		o.AppCPUs = []int{0}
+	}
+	if o.SenderCPUs == nil {
+		o.SenderCPUs = []int{last}
+	}
+}
+
+func (o *Options) logf(format string, args ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, format+"\n", args...)
+	}
+}
+
+// Run measures the scenario on every config and returns the run, also written to OutDir. On
+// failure or interruption the partial run is still written, marked incomplete, and every lab,
+// attachment and process is removed.
+func Run(ctx context.Context, o Options) (*results.Run, string, error) {
+	if err := o.Scenario.Validate(); err != nil {
+		return nil, "", err
+	}
+	if len(o.Configs) == 0 {
+		return nil, "", errors.New("no configuration to measure")
+	}
+	o.DefaultArrangement()
+	if err := lab.Preflight(); err != nil {
+		return nil, "", err
+	}
+	if err := workload.Require(o.Scenario.tools()...); err != nil {
+		return nil, "", err
+	}
+	sc := &o.Scenario
+	run := &results.Run{
+		Schema: results.Schema, ID: fmt.Sprintf("%s-%s", sc.Name, time.Now().Format("20060102-150405")),
+		Started: time.Now(), Env: environment(o.Version),
+		Lab: results.Lab{Hosts: 2, Containers: 1, MTU: 1500, Underlay: lab.UnderlayDirect, RxCPUs: o.RxCPUs},
+		Scenario: results.Scenario{Name: sc.Name, Workload: sc.def().workload, Repetitions: sc.Reps, Warmup: sc.Warmup,
+			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
+			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate}},
+		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs,
+			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
+	}
+	path := filepath.Join(o.OutDir, run.ID+".json")
+	err := o.run(ctx, run)
+	run.Finished = time.Now()
+	if err != nil {
+		run.Complete, run.Error = false, err.Error()
+	}
+	run.SummarizeAll()
+	if len(run.Points) > 0 {
+		if rs, rerr := results.ComputeRatios(run, sc.def().primary, run.Scenario.Baseline); rerr == nil {
+			run.Ratios = rs
+		}
+	}
+	for _, p := range run.Validate() {
+		run.Notes = append(run.Notes, "validation: "+p.Error())
+	}
+	if o.OutDir != "" {
+		if werr := os.MkdirAll(o.OutDir, 0o755); werr != nil {
+			return run, "", errors.Join(err, werr)
+		}
+		if werr := run.Write(path); werr != nil {
+			return run, "", errors.Join(err, werr)
+		}
+	} else {
+		path = ""
+	}
+	return run, path, err
+}
+
+func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
+	sc := &o.Scenario
+	var beds []*testbed
+	defer func() {
+		for _, tb := range beds {
+			if terr := tb.teardown(); terr != nil {
+				err = errors.Join(err, fmt.Errorf("teardown %s: %w", tb.cfg.Name(), terr))
+			}
+		}
+	}()
+	for i, c := range o.Configs {
+		tb, err := setupTestbed(ctx, i, c, o, o.logf)
+		if err != nil {
+			return err
+		}
+		beds = append(beds, tb)
+		run.Lab.Styles = appendUnique(run.Lab.Styles, c.Style)
+		run.Configs = append(run.Configs, results.Config{Name: c.Name(), Style: c.Style, Mode: c.Mode, Knobs: tb.knobs, Offloads: tb.offloads})
+	}
+	var sp *stage.Probe
+	var devs map[stage.DevKey]stage.DeviceInfo
+	if !o.NoStageProbe {
+		var nss []string
+		for _, tb := range beds {
+			nss = append(nss, tb.namespaces()...)
+		}
+		if sp, err = stage.Start(stage.Options{NetnsNames: nss}); err != nil {
+			o.logf("stage probe unavailable, continuing without per-stage attribution: %v", stage.Explain(err))
+			run.Notes = append(run.Notes, "stage probe unavailable: "+err.Error())
+			sp = nil
+		} else {
+			defer sp.Close()
+			devs, _ = stage.ResolveDevices()
+		}
+	}
+	xs := sc.points()
+	total := len(xs) * (sc.Reps + sc.Warmup) * len(beds)
+	prog := newProgress(o.Log, total)
+	points := map[string]*results.Point{}
+	var order []string
+	failures := 0
+	for _, x := range xs {
+		for r := 0; r < sc.Reps+sc.Warmup; r++ {
+			// Interleave configs and rotate who goes first, so drift and order effects hit all alike.
+			for k := range beds {
+				tb := beds[(k+r)%len(beds)]
+				if err := ctx.Err(); err != nil {
+					return fmt.Errorf("interrupted: %w", err)
+				}
+				key := tb.cfg.Name() + "|" + results.XKey(x)
+				pt := points[key]
+				if pt == nil {
+					pt = &results.Point{Config: tb.cfg.Name(), X: x}
+					points[key] = pt
+					order = append(order, key)
+				}
+				rep := o.measureRep(ctx, tb, x, sp, devs)
+				rep.Index, rep.Warmup = r, r < sc.Warmup
+				pt.Reps = append(pt.Reps, rep)
+				status := ""
+				if rep.Error != "" {
+					failures++
+					status = " FAILED: " + firstLine(rep.Error)
+				} else if v, ok := rep.Metrics[sc.def().primary]; ok {
+					status = " " + report.FormatValue(sc.def().primary, v)
+				}
+				warm := ""
+				if rep.Warmup {
+					warm = " (warm-up)"
+				}
+				prog.step(fmt.Sprintf("%s %s rep %d%s%s", tb.cfg.Name(), describeX(x), r, warm, status))
+			}
+		}
+	}
+	for _, k := range order {
+		run.Points = append(run.Points, *points[k])
+	}
+	if failures > 0 {
+		return fmt.Errorf("%d of %d measurements failed (see each rep's error in the result file)", failures, total)
+	}
+	run.Complete = true
+	return nil
+}
+
+// measureRep runs one repetition with the probes around it.
+func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]float64, sp *stage.Probe, devs map[stage.DevKey]stage.DeviceInfo) results.Rep {
+	rep := results.Rep{Started: time.Now()}
+	sampler := probe.NewSampler(probe.SamplerConfig{Namespaces: map[string][]string{tb.pair.receiver.Netns: probe.DefaultCounters}})
+	if err := sampler.Start(); err != nil {
+		rep.Error = "probes: " + err.Error()
+		return rep
+	}
+	var before stage.Snapshot
+	if sp != nil {
+		before, _ = sp.Snapshot()
+	}
+	metrics, raw, err := o.Scenario.measure(ctx, tb.pair, x)
+	rep.Duration = time.Since(rep.Started)
+	var after stage.Snapshot
+	if sp != nil {
+		after, _ = sp.Snapshot()
+	}
+	rpt, serr := sampler.Stop()
+	rep.Metrics, rep.Raw = metrics, raw
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	if serr == nil && rpt != nil {
+		fillProbes(&rep, rpt, tb.pair.receiver.Netns)
+	}
+	if sp != nil {
+		d := after.Sub(before)
+		d.Annotate(devs)
+		rep.Stages = stageRows(d, tb)
+	}
+	return rep
+}
+
+// fillProbes copies the sampler's interval totals into the rep.
+func fillProbes(rep *results.Rep, r *probe.Report, recvNs string) {
+	t := r.Totals
+	if rep.Metrics == nil {
+		rep.Metrics = map[string]float64{}
+	}
+	rep.Counters = map[string]float64{}
+	if t.CPU != nil {
+		busy := 0.0
+		for _, c := range t.CPU.PerCPU {
+			rep.CPU = append(rep.CPU, results.CPUShare{CPU: c.CPU, User: c.User + c.Nice, System: c.System, IRQ: c.IRQ,
+				Softirq: c.SoftIRQ, Idle: c.Idle + c.IOWait, Steal: c.Steal})
+			busy += c.Busy
+		}
+		rep.Metrics[results.MetricCPUBusy] = busy
+	}
+	if t.Softirqs != nil {
+		rep.Softirqs = map[string][]uint64{}
+		for _, name := range []string{"NET_RX", "NET_TX"} {
+			if v, ok := t.Softirqs.Counts[name]; ok {
+				rep.Softirqs[name] = v
+			}
+		}
+	}
+	if t.Softnet != nil {
+		rep.Counters["softnet.processed"] = float64(t.Softnet.Total.Processed)
+		rep.Counters["softnet.dropped"] = float64(t.Softnet.Total.Dropped)
+		rep.Counters["softnet.time_squeeze"] = float64(t.Softnet.Total.TimeSqueeze)
+		rep.Counters["softnet.received_rps"] = float64(t.Softnet.Total.ReceivedRPS)
+	}
+	for name, v := range t.Nstat[recvNs] {
+		rep.Counters["receiver."+name] = float64(v)
+	}
+}
+
+// stageRows turns a stage-probe delta into per-(device, CPU) rows named by lab stage.
+func stageRows(d stage.Snapshot, tb *testbed) []results.StageCPU {
+	var rows []results.StageCPU
+	for _, dc := range d.Devices {
+		if dc.Packets == 0 && dc.RxPackets == 0 && dc.SoftirqNs == 0 {
+			continue
+		}
+		st := tb.stages[dc.NetnsName+"/"+dc.Name]
+		if dc.Name == stage.BacklogName {
+			st = "backlog"
+		}
+		if st == "" {
+			continue // a device of another lab or outside the path
+		}
+		pk := dc.Packets
+		if pk == 0 {
+			pk = dc.RxPackets
+		}
+		rows = append(rows, results.StageCPU{Stage: st, Netns: dc.NetnsName, Device: dc.Name, CPU: dc.CPU, Packets: pk, SoftirqNs: dc.SoftirqNs})
+	}
+	return rows
+}
+
+func describeX(x map[string]float64) string {
+	return fmt.Sprintf("size %dB flows %d", int(x["size"]), int(x["flows"]))
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func appendUnique(xs []string, s string) []string {
+	for _, x := range xs {
+		if x == s {
+			return xs
+		}
+	}
+	return append(xs, s)
+}

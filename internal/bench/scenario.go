@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// Scenario is one workload swept over message sizes and flow counts.
+type Scenario struct {
+	Name     string        // tcp, udp, udp-inject, pingpong, underload, memcached, nginx
+	Sizes    []int         // message / datagram / value / file size in bytes
+	Flows    []int         // parallel flows (iperf3 -P, injector flows, client connections)
+	Duration time.Duration // per measurement
+	Reps     int           // measured repetitions per point and config
+	Warmup   int           // discarded repetitions before them
+	Proto    string        // pingpong/underload: tcp or udp
+	Rate     int           // underload: messages/s; udp-inject: packets/s (0 = as fast as possible)
+}
+
+// scenarioDef is the fixed part of each named scenario.
+type scenarioDef struct {
+	workload string
+	primary  string // the metric the table and ratios lead with
+	sizes    []int
+	flows    []int
+	help     string
+}
+
+var scenarios = map[string]scenarioDef{
+	"tcp": {results.WorkloadIperf3TCP, results.MetricThroughput, []int{65536}, []int{1},
+		"iperf3 TCP stream(s) container to container; throughput at the receiver"},
+	"udp": {results.WorkloadIperf3UDP, results.MetricDeliveredPPS, []int{64}, []int{1},
+		"iperf3 UDP at full speed; packets delivered to the receiving socket"},
+	"udp-inject": {results.WorkloadInjectUDP, results.MetricDeliveredPPS, []int{64}, []int{1},
+		"remote-sender emulation: pre-encapsulated VXLAN frames injected on the sending host's underlay; packets delivered to the receiving socket"},
+	"pingpong": {results.WorkloadSockperfPingPong, results.MetricLatencyP99, []int{64}, []int{1},
+		"sockperf ping-pong: round-trip/2 latency percentiles"},
+	"underload": {results.WorkloadSockperfUnderLoad, results.MetricLatencyP99, []int{64}, []int{1},
+		"sockperf under-load at a fixed message rate: latency percentiles"},
+	"memcached": {results.WorkloadMemcached, results.MetricRequests, []int{64}, []int{8},
+		"memcached with a 90/10 get/set load client: ops/s, average and p99 latency"},
+	"nginx": {results.WorkloadNginx, results.MetricRequests, []int{1024}, []int{16},
+		"nginx serving a static file to wrk: requests/s and latency percentiles"},
+}
+
+// ScenarioNames lists the known scenarios.
+func ScenarioNames() []string {
+	var ns []string
+	for n := range scenarios {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// ScenarioHelp describes every scenario, one per line.
+func ScenarioHelp() string {
+	var b strings.Builder
+	for _, n := range ScenarioNames() {
+		fmt.Fprintf(&b, "  %-11s %s\n", n, scenarios[n].help)
+	}
+	return b.String()
+}
+
+// Validate fills defaults and checks the scenario.
+func (s *Scenario) Validate() error {
+	def, ok := scenarios[s.Name]
+	if !ok {
+		return fmt.Errorf("unknown scenario %q: choose one of %s", s.Name, strings.Join(ScenarioNames(), ", "))
+	}
+	if len(s.Sizes) == 0 {
+		s.Sizes = def.sizes
+	}
+	if len(s.Flows) == 0 {
+		s.Flows = def.flows
+	}
+	if s.Duration == 0 {
+		s.Duration = 5 * time.Second
+	}
+	if s.Duration < time.Second || s.Duration%time.Second != 0 {
+		return fmt.Errorf("duration %s: use whole seconds, at least 1s (the tools take integer seconds)", s.Duration)
+	}
+	if s.Reps == 0 {
+		s.Reps = 3
+	}
+	if s.Reps < 1 || s.Reps > 100 {
+		return fmt.Errorf("repetitions %d out of range 1..100", s.Reps)
+	}
+	if s.Warmup < 0 || s.Warmup > 10 {
+		return fmt.Errorf("warm-up repetitions %d out of range 0..10", s.Warmup)
+	}
+	if s.Proto == "" {
+		s.Proto = "tcp"
+	}
+	if s.Proto != "tcp" && s.Proto != "udp" {
+		return fmt.Errorf("protocol %q: use tcp or udp", s.Proto)
+	}
+	for _, sz := range s.Sizes {
+		if sz < 16 || sz > 65536 {
+			return fmt.Errorf("size %d out of range 16..65536 bytes", sz)
+		}
+		if (s.Name == "udp-inject") && sz > 1400 {
+			return fmt.Errorf("size %d too large for udp-inject: the frame must fit the 1500-byte underlay (max 1400)", sz)
+		}
+	}
+	for _, f := range s.Flows {
+		if f < 1 || f > 128 {
+			return fmt.Errorf("flows %d out of range 1..128", f)
+		}
+	}
+	if s.Name == "underload" && s.Rate == 0 {
+		s.Rate = 10000
+	}
+	return nil
+}
+
+func (s *Scenario) def() scenarioDef { return scenarios[s.Name] }
+
+// points lists the sweep's X values in order.
+func (s *Scenario) points() []map[string]float64 {
+	var xs []map[string]float64
+	for _, f := range s.Flows {
+		for _, sz := range s.Sizes {
+			xs = append(xs, map[string]float64{"size": float64(sz), "flows": float64(f)})
+		}
+	}
+	return xs
+}

@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// StudyConfigs are the chapter-2 comparison: the host network against both overlay styles.
+var StudyConfigs = []Config{{lab.StyleNative, ModeVanilla}, {lab.StyleDocker, ModeVanilla}, {lab.StyleFlannel, ModeVanilla}}
+
+// Study is the characterization study of the dissertation's chapter 2 as a list of scenarios:
+// TCP throughput vs message size and vs flows, UDP packet rate vs datagram size (remote-sender
+// emulation, and iperf3 for the papers' 8 KB case), latency, and the two applications.
+func Study(quick bool) []Scenario {
+	if quick {
+		d := 2 * time.Second
+		return []Scenario{
+			{Name: "tcp", Sizes: []int{65536}, Flows: []int{1, 4}, Duration: d, Reps: 2, Warmup: 1},
+			{Name: "udp-inject", Sizes: []int{16, 64, 1024}, Flows: []int{1}, Duration: d, Reps: 2, Warmup: 1},
+			{Name: "pingpong", Sizes: []int{64}, Flows: []int{1}, Duration: d, Reps: 2, Warmup: 0, Proto: "tcp"},
+		}
+	}
+	d := 5 * time.Second
+	return []Scenario{
+		{Name: "tcp", Sizes: []int{4096, 16384, 65536}, Flows: []int{1}, Duration: d, Reps: 3, Warmup: 1},
+		{Name: "tcp", Sizes: []int{65536}, Flows: []int{1, 2, 4, 8}, Duration: d, Reps: 3, Warmup: 1},
+		{Name: "udp-inject", Sizes: []int{16, 64, 256, 1024, 1400}, Flows: []int{1}, Duration: d, Reps: 3, Warmup: 1},
+		{Name: "udp-inject", Sizes: []int{64}, Flows: []int{1, 2, 4, 8}, Duration: d, Reps: 3, Warmup: 1},
+		{Name: "udp", Sizes: []int{64, 1024, 8192}, Flows: []int{1}, Duration: d, Reps: 3, Warmup: 1},
+		{Name: "pingpong", Sizes: []int{64, 1024}, Flows: []int{1}, Duration: d, Reps: 3, Proto: "tcp"},
+		{Name: "pingpong", Sizes: []int{64}, Flows: []int{1}, Duration: d, Reps: 3, Proto: "udp"},
+		{Name: "memcached", Duration: d, Reps: 3, Warmup: 1},
+		{Name: "nginx", Duration: d, Reps: 3, Warmup: 1},
+	}
+}
+
+// EstimatedDuration is a rough upper bound of a scenario's measuring time on the configs.
+func (s Scenario) EstimatedDuration(configs int) time.Duration {
+	_ = s.Validate()
+	n := len(s.points()) * (s.Reps + s.Warmup) * configs
+	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
+}
+
+// RunStudy runs every scenario of the study in turn, each into its own result file.
+func RunStudy(ctx context.Context, quick bool, base Options) ([]*results.Run, []string, error) {
+	var runs []*results.Run
+	var paths []string
+	var errs []error
+	study := Study(quick)
+	var eta time.Duration
+	for _, s := range study {
+		eta += s.EstimatedDuration(len(base.Configs))
+	}
+	base.logf("study: %d scenarios on %d configs, about %s of measuring", len(study), len(base.Configs), eta.Round(time.Second))
+	for i, s := range study {
+		o := base
+		o.Scenario = s
+		o.logf("\n== study %d/%d: %s sizes %v flows %v", i+1, len(study), s.Name, s.Sizes, s.Flows)
+		run, path, err := Run(ctx, o)
+		if run != nil {
+			runs = append(runs, run)
+		}
+		if path != "" {
+			paths = append(paths, path)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.Name, err))
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	return runs, paths, errors.Join(errs...)
+}

@@ -1,0 +1,291 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/bench"
+	"github.com/peregrine-net/peregrine/internal/report"
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// benchFlags are the options shared by every bench subcommand.
+type benchFlags struct {
+	sizes, flows, rx, sender, app string
+	duration                      time.Duration
+	reps, warmup, rate            int
+	proto, out                    string
+	noStage, asJSON, noReport     bool
+}
+
+func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
+	f := c.Flags()
+	if withSweep {
+		f.StringVar(&b.sizes, "sizes", "", "message sizes in bytes, e.g. 16,64,1024 (default per scenario)")
+		f.StringVar(&b.flows, "flows", "", "flow counts, e.g. 1,2,4,8 (default per scenario)")
+		f.DurationVar(&b.duration, "duration", 5*time.Second, "length of one measurement (whole seconds)")
+		f.IntVar(&b.reps, "reps", 3, "measured repetitions per point and config")
+		f.IntVar(&b.warmup, "warmup", 1, "discarded warm-up repetitions before them")
+		f.StringVar(&b.proto, "proto", "tcp", "pingpong/underload: tcp or udp")
+		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
+	}
+	f.StringVar(&b.rx, "rx-cpus", "0", "CPUs the underlay's receive is pinned to (the emulated NIC IRQ core)")
+	f.StringVar(&b.sender, "sender-cpus", strconv.Itoa(lastCPU()), "CPUs of the sender (the emulated remote host)")
+	f.StringVar(&b.app, "app-cpus", "0", "CPUs of the receiving application")
+	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
+	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
+	f.BoolVar(&b.asJSON, "json", false, "print the result JSON on stdout instead of the table")
+	f.BoolVar(&b.noReport, "no-report", false, "do not write the HTML report")
+}
+
+func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Options, error) {
+	o := bench.Options{Configs: configs, OutDir: b.out, NoStageProbe: b.noStage, Log: os.Stderr, Version: Version}
+	var err error
+	for _, x := range []struct {
+		flag string
+		src  string
+		dst  *[]int
+	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}} {
+		if *x.dst, err = parseCPUList(x.src); err != nil {
+			return o, fmt.Errorf("%s: %w", x.flag, err)
+		}
+	}
+	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate}
+	if b.sizes != "" {
+		if o.Scenario.Sizes, err = parseIntList(b.sizes); err != nil {
+			return o, fmt.Errorf("--sizes: %w", err)
+		}
+	}
+	if b.flows != "" {
+		if o.Scenario.Flows, err = parseIntList(b.flows); err != nil {
+			return o, fmt.Errorf("--flows: %w", err)
+		}
+	}
+	return o, o.Scenario.Validate()
+}
+
+func newBenchCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure overlay styles and datapath modes side by side, with probes, into result files",
+		Long: `Benchmarks build one lab per configuration (a style with a datapath mode), run a workload
+over every point of a sweep with repetitions interleaved across configurations (A/B/A/B, the
+first config rotating), sample per-CPU time, softirqs, softnet and nstat counters and the eBPF
+stage probe around every repetition, and write one JSON result per scenario (schema:
+docs/results-schema.md). Ratios are measured in one run against the first configuration.
+
+The CPU arrangement is explicit: --rx-cpus pins the underlay's receive (the emulated NIC IRQ
+core, default CPU0), --sender-cpus the sender (the emulated remote host, default the last CPU),
+--app-cpus the receiving application (default CPU0).
+
+Scenarios:
+` + bench.ScenarioHelp(),
+	}
+	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd())
+	return c
+}
+
+func newBenchRunCmd() *cobra.Command {
+	var b benchFlags
+	var configs string
+	c := &cobra.Command{
+		Use:   "run SCENARIO",
+		Short: "Run one scenario on a list of configurations (style[/mode])",
+		Example: `  peregrine bench run tcp --configs native,docker,flannel
+  peregrine bench run udp-inject --configs native,docker --sizes 16,64,1024 --reps 5
+  peregrine bench run pingpong --configs docker,docker/rps --proto udp`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfgs, err := bench.ParseConfigs(configs)
+			if err != nil {
+				return err
+			}
+			o, err := b.options(cfgs, args[0])
+			if err != nil {
+				return err
+			}
+			return runBench(o, &b)
+		},
+	}
+	b.add(c, true)
+	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, docker, flannel, each optionally /MODE (e.g. docker/rps); the first is the baseline")
+	return c
+}
+
+func newBenchCompareCmd() *cobra.Command {
+	var b benchFlags
+	var modes, style string
+	c := &cobra.Command{
+		Use:   "compare SCENARIO",
+		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path",
+		Example: `  peregrine bench compare tcp --modes vanilla,rps
+  peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ms []string
+			for _, m := range strings.Split(modes, ",") {
+				if m = strings.TrimSpace(m); m != "" {
+					ms = append(ms, m)
+				}
+			}
+			cfgs, err := bench.ModeConfigs(style, ms)
+			if err != nil {
+				return err
+			}
+			o, err := b.options(cfgs, args[0])
+			if err != nil {
+				return err
+			}
+			return runBench(o, &b)
+		},
+	}
+	b.add(c, true)
+	c.Flags().StringVar(&modes, "modes", "vanilla,rps", "datapath modes to compare (vanilla = nothing attached)")
+	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker or flannel")
+	return c
+}
+
+func newBenchStudyCmd() *cobra.Command {
+	var b benchFlags
+	var quick bool
+	c := &cobra.Command{
+		Use:   "study",
+		Short: "Run the characterization study (native vs docker vs flannel) and write the HTML report",
+		Long: `The study reproduces chapter 2 of the dissertation: TCP throughput vs message size and number
+of flows, UDP packet rate vs datagram size, latency, and the memcached and nginx applications,
+each on the native path, the docker overlay and the flannel overlay, with per-CPU breakdowns,
+softirq counts and per-stage CPU placement. --quick finishes in under 5 minutes.`,
+		Example: `  peregrine bench study --quick
+  peregrine bench study --out results/study-$(date +%F)`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b.duration, b.reps = time.Second, 1 // validated per scenario by the study itself
+			o, err := b.options(bench.StudyConfigs, "tcp")
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			runs, _, err := bench.RunStudy(ctx, quick, o)
+			if len(runs) > 0 {
+				if terr := report.Table(os.Stdout, runs...); terr != nil {
+					fmt.Fprintln(os.Stderr, terr)
+				}
+				if !b.noReport {
+					idx, rerr := report.HTML(filepath.Join(b.out, "report"), runs)
+					if rerr != nil {
+						fmt.Fprintf(os.Stderr, "report: %v\n", rerr)
+					} else {
+						fmt.Fprintf(os.Stderr, "\nreport: %s\n", idx)
+					}
+				}
+			}
+			return err
+		},
+	}
+	b.add(c, false)
+	c.Flags().BoolVar(&quick, "quick", false, "short variant: fewer points, 2 s measurements, 2 repetitions (under 5 minutes)")
+	return c
+}
+
+// runBench runs one scenario, prints the table (or JSON) and writes the report.
+func runBench(o bench.Options, b *benchFlags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(os.Stderr, "bench %s: %d configs, about %s of measuring\n", o.Scenario.Name, len(o.Configs),
+		o.Scenario.EstimatedDuration(len(o.Configs)).Round(time.Second))
+	run, path, err := bench.Run(ctx, o)
+	if run == nil {
+		return err
+	}
+	if b.asJSON {
+		if jerr := run.Encode(os.Stdout); jerr != nil {
+			return jerr
+		}
+	} else if terr := report.Table(os.Stdout, run); terr != nil {
+		fmt.Fprintln(os.Stderr, terr)
+	}
+	if path != "" {
+		fmt.Fprintf(os.Stderr, "result: %s\n", path)
+	}
+	if !b.noReport && path != "" {
+		idx, rerr := report.HTML(filepath.Join(o.OutDir, "report-"+run.ID), []*results.Run{run})
+		if rerr == nil {
+			fmt.Fprintf(os.Stderr, "report: %s\n", idx)
+		}
+	}
+	return err
+}
+
+func newReportCmd() *cobra.Command {
+	var out string
+	c := &cobra.Command{
+		Use:   "report RESULT.json|DIR...",
+		Short: "Turn result files into a self-contained HTML report with plots, and print the table",
+		Example: `  peregrine report results/                       # every *.json in the folder
+  peregrine report results/tcp-*.json --out /tmp/rep`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var files []string
+			for _, a := range args {
+				if st, err := os.Stat(a); err == nil && st.IsDir() {
+					m, _ := filepath.Glob(filepath.Join(a, "*.json"))
+					files = append(files, m...)
+				} else {
+					files = append(files, a)
+				}
+			}
+			if len(files) == 0 {
+				return fmt.Errorf("no result files (*.json) in %s", strings.Join(args, " "))
+			}
+			var runs []*results.Run
+			for _, f := range files {
+				r, err := results.Read(f)
+				if err != nil {
+					return fmt.Errorf("%s: %w", f, err)
+				}
+				runs = append(runs, r)
+			}
+			if err := report.Table(os.Stdout, runs...); err != nil {
+				return err
+			}
+			idx, err := report.HTML(out, runs)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "report: %s (%d runs)\n", idx, len(runs))
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "results/report", "directory to write index.html and the plots into")
+	return c
+}
+
+func parseIntList(s string) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a list of integers like 16,64,1024", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func lastCPU() int {
+	n := numCPU()
+	if n < 1 {
+		return 0
+	}
+	return n - 1
+}
