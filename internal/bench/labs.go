@@ -18,7 +18,7 @@ type testbed struct {
 	lab      *lab.Lab
 	attached []string // host namespaces with the mode attached
 	pair     pair
-	stages   map[string]string // "netns/device" -> stage
+	stages   map[string]string // "netns/device" -> stage, receiving host's namespaces only
 	offloads map[string]map[string]bool
 	knobs    map[string]string
 }
@@ -59,6 +59,9 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 	tb.stages = map[string]string{}
 	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
 		for _, n := range set {
+			if n.Name != recvHost && n.Host != recvHost {
+				continue // the stage chart is about the receive path of the measured flow
+			}
 			for _, d := range n.Devices {
 				if d.Stage != "" {
 					tb.stages[n.Netns+"/"+d.Name] = d.Stage

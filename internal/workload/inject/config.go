@@ -6,6 +6,10 @@
 // 16-byte write per frame, so the CPU budget goes to the receive path being measured. The
 // package keeps no global state: Run can be called concurrently with different configs and from
 // a separate process.
+//
+// In plain mode (Config.Plain) it sends the same datagrams without the overlay (Ethernet | IPv4 |
+// UDP | payload between the hosts' underlay addresses), so the same sender emulation drives the
+// native baseline.
 package inject
 
 import (
@@ -37,12 +41,18 @@ type Config struct {
 	Netns  string `json:"netns,omitempty"`
 	Device string `json:"device"`
 
-	// Outer Ethernet. SrcMAC defaults to Device's own address. DstMAC is the receiving host's
+	// Plain sends bare UDP datagrams instead of VXLAN frames, for the native (no overlay)
+	// baseline: Ethernet SrcMAC/DstMAC, IPv4 SrcIP/DstIP, UDP ports InnerSrcPort+flow and
+	// InnerDstPort, and the same payload as in VXLAN mode. DstPort, the source port range, VNI and
+	// the other Inner* fields are then ignored and need not be set.
+	Plain bool `json:"plain,omitempty"`
+
+	// Outer (plain mode: the only) Ethernet. SrcMAC defaults to Device's own address. DstMAC is the receiving host's
 	// underlay MAC and must be given (we send raw frames: nobody resolves it for us).
 	SrcMAC MAC `json:"src_mac,omitempty"`
 	DstMAC MAC `json:"dst_mac"`
 
-	// Outer IPv4 and UDP. DstPort defaults to 4789. Source ports: SrcPortMin == SrcPortMax != 0
+	// Outer (plain mode: the only) IPv4, and outer UDP. DstPort defaults to 4789. Source ports: SrcPortMin == SrcPortMax != 0
 	// pins one port (all flows share one outer 4-tuple, like a tunnel with a fixed source port);
 	// otherwise each inner flow is hashed into [SrcPortMin, SrcPortMax) the way the kernel's vxlan
 	// does, default [32768, 61000).
@@ -60,11 +70,11 @@ type Config struct {
 	InnerDstMAC  MAC        `json:"inner_dst_mac"`
 	InnerSrcIP   netip.Addr `json:"inner_src_ip"`
 	InnerDstIP   netip.Addr `json:"inner_dst_ip"`
-	InnerSrcPort uint16     `json:"inner_src_port,omitempty"` // default 10000; flow i uses InnerSrcPort+i
-	InnerDstPort uint16     `json:"inner_dst_port"`
+	InnerSrcPort uint16     `json:"inner_src_port,omitempty"` // default 10000; flow i uses InnerSrcPort+i (also in plain mode)
+	InnerDstPort uint16     `json:"inner_dst_port"`           // the sink's port (also in plain mode)
 
-	PayloadSize int `json:"payload_size,omitempty"` // inner UDP payload bytes, PayloadMin..PayloadMax, default PayloadMin
-	Flows       int `json:"flows,omitempty"`        // distinct inner flows (inner source ports), default 1
+	PayloadSize int `json:"payload_size,omitempty"` // UDP payload bytes (inner in VXLAN mode), PayloadMin..PayloadMax, default PayloadMin
+	Flows       int `json:"flows,omitempty"`        // distinct flows (UDP source ports), default 1
 
 	// Rate in frames per second; 0 sends as fast as the kernel takes them.
 	Rate float64 `json:"rate,omitempty"`
@@ -87,11 +97,17 @@ type Config struct {
 // (a CLI can call it to reject a config early). It does not touch the device: a zero SrcMAC is
 // filled in by Run once the device is known.
 func (c Config) WithDefaults() (Config, error) {
-	if c.DstPort == 0 {
-		c.DstPort = PortIANA
-	}
-	if c.SrcPortMin == 0 && c.SrcPortMax == 0 {
-		c.SrcPortMin, c.SrcPortMax = DefaultSrcPortMin, DefaultSrcPortMax
+	if !c.Plain {
+		if c.DstPort == 0 {
+			c.DstPort = PortIANA
+		}
+		if c.SrcPortMin == 0 && c.SrcPortMax == 0 {
+			c.SrcPortMin, c.SrcPortMax = DefaultSrcPortMin, DefaultSrcPortMax
+		}
+		if c.InnerSrcMAC.IsZero() && c.InnerSrcIP.Is4() {
+			ip := c.InnerSrcIP.As4()
+			c.InnerSrcMAC = MAC{0x02, 0x42, ip[0], ip[1], ip[2], ip[3]} // docker's scheme
+		}
 	}
 	if c.InnerSrcPort == 0 {
 		c.InnerSrcPort = 10000
@@ -108,10 +124,6 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.StallTimeout == 0 {
 		c.StallTimeout = 2 * time.Second
 	}
-	if c.InnerSrcMAC.IsZero() && c.InnerSrcIP.Is4() {
-		ip := c.InnerSrcIP.As4()
-		c.InnerSrcMAC = MAC{0x02, 0x42, ip[0], ip[1], ip[2], ip[3]} // docker's scheme
-	}
 
 	var errs []error
 	if c.Device == "" {
@@ -120,25 +132,30 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.DstMAC.IsZero() {
 		errs = append(errs, errors.New("dst_mac (the receiving host's underlay MAC) is required"))
 	}
-	if c.InnerDstMAC.IsZero() {
-		errs = append(errs, errors.New("inner_dst_mac (the receiving VXLAN device's or container's MAC) is required"))
-	}
-	for _, a := range []struct {
+	type addr struct {
 		name string
 		ip   netip.Addr
-	}{{"src_ip", c.SrcIP}, {"dst_ip", c.DstIP}, {"inner_src_ip", c.InnerSrcIP}, {"inner_dst_ip", c.InnerDstIP}} {
+	}
+	addrs := []addr{{"src_ip", c.SrcIP}, {"dst_ip", c.DstIP}}
+	if !c.Plain {
+		addrs = append(addrs, addr{"inner_src_ip", c.InnerSrcIP}, addr{"inner_dst_ip", c.InnerDstIP})
+		if c.InnerDstMAC.IsZero() {
+			errs = append(errs, errors.New("inner_dst_mac (the receiving VXLAN device's or container's MAC) is required"))
+		}
+		if c.VNI >= 1<<24 {
+			errs = append(errs, fmt.Errorf("vni %d does not fit in 24 bits", c.VNI))
+		}
+		if c.SrcPortMin > c.SrcPortMax {
+			errs = append(errs, fmt.Errorf("src_port_min %d > src_port_max %d", c.SrcPortMin, c.SrcPortMax))
+		}
+	}
+	for _, a := range addrs {
 		if !a.ip.Is4() {
 			errs = append(errs, fmt.Errorf("%s must be an IPv4 address, got %q", a.name, a.ip))
 		}
 	}
 	if c.InnerDstPort == 0 {
-		errs = append(errs, errors.New("inner_dst_port is required"))
-	}
-	if c.VNI >= 1<<24 {
-		errs = append(errs, fmt.Errorf("vni %d does not fit in 24 bits", c.VNI))
-	}
-	if c.SrcPortMin > c.SrcPortMax {
-		errs = append(errs, fmt.Errorf("src_port_min %d > src_port_max %d", c.SrcPortMin, c.SrcPortMax))
+		errs = append(errs, errors.New("inner_dst_port (the sink's UDP port) is required"))
 	}
 	if c.PayloadSize < PayloadMin || c.PayloadSize > PayloadMax {
 		errs = append(errs, fmt.Errorf("payload_size %d outside %d..%d", c.PayloadSize, PayloadMin, PayloadMax))

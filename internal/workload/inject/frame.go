@@ -2,9 +2,11 @@ package inject
 
 import "encoding/binary"
 
-// Frame layout (no VLAN tags, no IP options): outer Ethernet | outer IPv4 | outer UDP | VXLAN |
-// inner Ethernet | inner IPv4 | inner UDP | payload. The offsets are exported so that tests and
-// tools can poke fields without re-deriving them.
+// Frame layouts (no VLAN tags, no IP options). VXLAN mode: outer Ethernet | outer IPv4 | outer
+// UDP | VXLAN | inner Ethernet | inner IPv4 | inner UDP | payload. Plain mode: Ethernet | IPv4 |
+// UDP | payload, i.e. the inner frame alone, sent on the underlay. The offsets are exported so
+// that tests and tools can poke fields without re-deriving them; in plain mode the IPv4 and UDP
+// headers sit at OffOuterIP and OffOuterUDP and the payload at HeadroomPlain.
 const (
 	EthLen   = 14
 	IPv4Len  = 20
@@ -20,6 +22,11 @@ const (
 	OffInnerUDP   = OffInnerIP + IPv4Len
 	OffPayload    = OffInnerUDP + UDPLen
 	HeadroomVXLAN = OffPayload // 92 bytes of headers in front of the inner payload
+
+	// datagramLen is Ethernet + IPv4 + UDP: the headers in front of the payload in the frame that
+	// carries our datagram (the whole frame in plain mode, the inner frame in VXLAN mode).
+	datagramLen   = EthLen + IPv4Len + UDPLen
+	HeadroomPlain = datagramLen // 42 bytes of headers in front of the payload in plain mode
 )
 
 const (
@@ -29,11 +36,21 @@ const (
 	vxlanFlagVNI  = 0x08 // the I flag: VNI valid (RFC 7348)
 )
 
-// FrameLen is the length of the full outer frame for a given inner payload size.
-func FrameLen(payload int) int { return OffPayload + payload }
+// Headroom is the number of header bytes in front of the payload in c's frames, the offset at
+// which the sequence header is written: HeadroomPlain in plain mode, HeadroomVXLAN otherwise.
+func (c Config) Headroom() int {
+	if c.Plain {
+		return HeadroomPlain
+	}
+	return HeadroomVXLAN
+}
 
-// InnerSrcPortOf returns the inner UDP source port of flow i: flows differ only there, which is
-// what a set of client sockets towards one server port looks like.
+// FrameLen is the length of c's frames on the wire (without FCS).
+func (c Config) FrameLen() int { return c.Headroom() + c.PayloadSize }
+
+// InnerSrcPortOf returns the UDP source port of flow i's datagram (the inner one in VXLAN mode,
+// the only one in plain mode): flows differ only there, which is what a set of client sockets
+// towards one server port looks like.
 func InnerSrcPortOf(c Config, flow int) uint16 { return c.InnerSrcPort + uint16(flow) }
 
 // OuterSrcPortOf returns the outer UDP source port for flow i. Like the kernel's vxlan
@@ -75,26 +92,38 @@ func flowHash(words ...uint32) uint32 {
 
 // BuildFrame returns the complete frame of one flow with sequence 0 in its payload. c must have
 // passed WithDefaults. Only the payload header changes per packet afterwards, and nothing the
-// payload touches is covered by a checksum (inner UDP checksum 0 is legal over IPv4; the outer UDP
-// checksum is 0 as the kernel's vxlan sends it), so frames never need re-checksumming.
+// payload touches is covered by a checksum (UDP checksum 0 is legal over IPv4 and is what we put
+// in every UDP header; the outer one is 0 as the kernel's vxlan sends it), so frames never need
+// re-checksumming.
+//
+// Both modes build the same datagram frame (Ethernet | IPv4 | UDP | payload): in plain mode it is
+// the whole frame and carries the underlay addresses; in VXLAN mode it is the inner frame, carries
+// the inner addresses and sits behind the outer headers.
 func BuildFrame(c Config, flow int) []byte {
-	f := make([]byte, FrameLen(c.PayloadSize))
-	innerIPLen := IPv4Len + UDPLen + c.PayloadSize
-	outerIPLen := IPv4Len + UDPLen + VXLANLen + EthLen + innerIPLen
+	f := make([]byte, c.FrameLen())
+	d := f // the datagram's Ethernet frame
+	dstMAC, srcMAC, srcIP, dstIP := c.DstMAC, c.SrcMAC, c.SrcIP, c.DstIP
+	if !c.Plain {
+		d = f[OffInnerEth:]
+		dstMAC, srcMAC, srcIP, dstIP = c.InnerDstMAC, c.InnerSrcMAC, c.InnerSrcIP, c.InnerDstIP
+		putOuter(f, c, flow, len(d))
+	}
+	putEth(d, dstMAC, srcMAC)
+	putIPv4(d[EthLen:], IPv4Len+UDPLen+c.PayloadSize, srcIP.As4(), dstIP.As4())
+	putUDP(d[EthLen+IPv4Len:], InnerSrcPortOf(c, flow), c.InnerDstPort, UDPLen+c.PayloadSize)
+	PutPayloadHeader(d[datagramLen:], 0, uint32(flow))
+	return f
+}
 
+// putOuter writes the VXLAN encapsulation (outer Ethernet, IPv4, UDP and the VXLAN header) in
+// front of an inner frame of innerLen bytes.
+func putOuter(f []byte, c Config, flow, innerLen int) {
+	outerIPLen := IPv4Len + UDPLen + VXLANLen + innerLen
 	putEth(f[OffOuterEth:], c.DstMAC, c.SrcMAC)
 	putIPv4(f[OffOuterIP:], outerIPLen, c.SrcIP.As4(), c.DstIP.As4())
-	putUDP(f[OffOuterUDP:], OuterSrcPortOf(c, flow), c.DstPort, UDPLen+VXLANLen+EthLen+innerIPLen)
-
+	putUDP(f[OffOuterUDP:], OuterSrcPortOf(c, flow), c.DstPort, outerIPLen-IPv4Len)
 	f[OffVXLAN] = vxlanFlagVNI
 	binary.BigEndian.PutUint32(f[OffVXLAN+4:], c.VNI<<8) // VNI in bytes 4..6, byte 7 reserved
-
-	putEth(f[OffInnerEth:], c.InnerDstMAC, c.InnerSrcMAC)
-	putIPv4(f[OffInnerIP:], innerIPLen, c.InnerSrcIP.As4(), c.InnerDstIP.As4())
-	putUDP(f[OffInnerUDP:], InnerSrcPortOf(c, flow), c.InnerDstPort, UDPLen+c.PayloadSize)
-
-	PutPayloadHeader(f[OffPayload:], 0, uint32(flow))
-	return f
 }
 
 func putEth(b []byte, dst, src MAC) {

@@ -135,7 +135,7 @@ func TestBuildFrameFields(t *testing.T) {
 			c := testConfig(t, func(c *Config) { c.PayloadSize, c.DstPort, c.Flows = size, port, 8 })
 			for flow := range c.Flows {
 				f := BuildFrame(c, flow)
-				if len(f) != FrameLen(size) || len(f) != 92+size {
+				if len(f) != c.FrameLen() || c.Headroom() != HeadroomVXLAN || len(f) != 92+size {
 					t.Fatalf("frame length %d, want %d", len(f), 92+size)
 				}
 				d, err := decode(f)
@@ -193,6 +193,109 @@ func TestBuildFrameFields(t *testing.T) {
 				check("payload seq after write", seq, uint64(1<<40+7))
 			}
 		}
+	}
+}
+
+// plainConfig is a plain-mode config with none of the VXLAN-only fields set: they are not required.
+func plainConfig(t *testing.T, mod func(*Config)) Config {
+	t.Helper()
+	return testConfig(t, func(c *Config) {
+		c.Plain = true
+		c.VNI, c.InnerDstMAC, c.InnerSrcIP, c.InnerDstIP = 0, MAC{}, netip.Addr{}, netip.Addr{}
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
+// udpChecksumOK verifies a UDP checksum over the IPv4 pseudo-header; 0 means "none" and passes.
+func udpChecksumOK(src, dst netip.Addr, seg []byte) bool {
+	if binary.BigEndian.Uint16(seg[6:8]) == 0 {
+		return true
+	}
+	s, d := src.As4(), dst.As4()
+	pseudo := append(append(append([]byte{}, s[:]...), d[:]...), 0, 17, byte(len(seg)>>8), byte(len(seg)))
+	return Checksum(append(pseudo, seg...)) == 0
+}
+
+func TestBuildPlainFrame(t *testing.T) {
+	for _, size := range []int{PayloadMin, 64, 1000, PayloadMax} {
+		c := plainConfig(t, func(c *Config) { c.PayloadSize, c.Flows = size, 8 })
+		vx := testConfig(t, func(c *Config) { c.PayloadSize, c.Flows = size, 8 })
+		for flow := range c.Flows {
+			f := BuildFrame(c, flow)
+			check := func(what string, got, want any) {
+				t.Helper()
+				if got != want {
+					t.Errorf("size %d flow %d: %s = %v, want %v", size, flow, what, got, want)
+				}
+			}
+			check("frame len", len(f), 42+size)
+			check("FrameLen", c.FrameLen(), len(f))
+			check("Headroom", c.Headroom(), HeadroomPlain)
+
+			// Walk the headers by their own length fields; parseIPv4 rejects a bad header checksum.
+			dst, src, b, err := parseEth(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ip, seg, err := parseIPv4(b)
+			if err != nil {
+				t.Fatalf("size %d flow %d: %v", size, flow, err)
+			}
+			sport, dport, ulen, _, payload, err := parseUDP(seg)
+			if err != nil {
+				t.Fatalf("size %d flow %d: %v", size, flow, err)
+			}
+			check("dst mac", dst, c.DstMAC)
+			check("src mac", src, c.SrcMAC)
+			check("src ip", ip.src, c.SrcIP)
+			check("dst ip", ip.dst, c.DstIP)
+			check("proto", ip.proto, byte(17))
+			check("ttl", ip.ttl, byte(64))
+			check("DF", ip.df, true)
+			check("ip len", int(ip.totalLen), 28+size)
+			check("sport", sport, uint16(10000+flow))
+			check("dport", dport, uint16(5001))
+			check("udp len", int(ulen), 8+size)
+			check("udp csum", udpChecksumOK(ip.src, ip.dst, seg), true)
+			check("payload offset", len(f)-len(payload), HeadroomPlain)
+			check("ip at offset", netip.AddrFrom4([4]byte(f[OffOuterIP+16:OffOuterIP+20])), c.DstIP)
+			check("sport at offset", binary.BigEndian.Uint16(f[OffOuterUDP:]), uint16(10000+flow))
+
+			// The same application payload as the VXLAN frame of the same flow and size.
+			check("payload equals vxlan payload", string(payload), string(BuildFrame(vx, flow)[OffPayload:]))
+			seq, fl, ok := ParsePayload(payload)
+			check("payload ok", ok, true)
+			check("payload seq", seq, uint64(0))
+			check("payload flow", fl, uint32(flow))
+
+			// Writing a sequence at Headroom keeps the frame valid and lands in the payload.
+			PutPayloadHeader(f[c.Headroom():], 1<<40+7, uint32(flow))
+			ip2, seg2, err := parseIPv4(f[EthLen:])
+			if err != nil {
+				t.Fatalf("after seq write: %v", err)
+			}
+			check("udp csum after write", udpChecksumOK(ip2.src, ip2.dst, seg2), true)
+			seq, _, _ = ParsePayload(seg2[UDPLen:])
+			check("payload seq after write", seq, uint64(1<<40+7))
+		}
+	}
+}
+
+// TestPlainIgnoresVXLANFields: in plain mode the VXLAN-only fields neither get defaults nor
+// change the frame.
+func TestPlainIgnoresVXLANFields(t *testing.T) {
+	bare := plainConfig(t, nil)
+	if bare.DstPort != 0 || bare.SrcPortMin != 0 || bare.SrcPortMax != 0 || !bare.InnerSrcMAC.IsZero() {
+		t.Fatalf("VXLAN defaults filled in plain mode: %+v", bare)
+	}
+	junk := plainConfig(t, func(c *Config) {
+		c.VNI, c.DstPort, c.SrcPortMin, c.SrcPortMax = 1<<24, 8472, 5, 4
+		c.InnerDstMAC, c.InnerSrcIP, c.InnerDstIP = MustMAC("02:00:00:00:01:02"), netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	})
+	if a, b := BuildFrame(bare, 0), BuildFrame(junk, 0); string(a) != string(b) {
+		t.Fatalf("VXLAN-only fields changed the plain frame:\n% x\n% x", a, b)
 	}
 }
 
@@ -257,13 +360,33 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+	badPlain := map[string]func(*Config){
+		"no device":      func(c *Config) { c.Device = "" },
+		"no dst mac":     func(c *Config) { c.DstMAC = MAC{} },
+		"no src ip":      func(c *Config) { c.SrcIP = netip.Addr{} },
+		"ipv6":           func(c *Config) { c.DstIP = netip.MustParseAddr("2001:db8::1") },
+		"no dst port":    func(c *Config) { c.InnerDstPort = 0 },
+		"huge payload":   func(c *Config) { c.PayloadSize = PayloadMax + 1 },
+		"too many flows": func(c *Config) { c.InnerSrcPort, c.Flows = 65530, 10 },
+	}
+	for name, mod := range badPlain {
+		c := plainConfig(t, nil)
+		mod(&c)
+		if _, err := c.WithDefaults(); err == nil {
+			t.Errorf("plain, %s: accepted", name)
+		}
+	}
 }
 
 func TestSenderSlotsDistinct(t *testing.T) {
 	// Every slot of one batch must point at its own buffer, or a later sequence write would
 	// overwrite an earlier frame of the same batch before the kernel copied it.
-	for _, flows := range []int{1, 3, 64, 100} {
-		c := testConfig(t, func(c *Config) { c.Flows, c.Batch = flows, 64 })
+	for _, tc := range []struct {
+		flows int
+		plain bool
+	}{{1, false}, {3, false}, {64, false}, {100, false}, {1, true}, {3, true}, {100, true}} {
+		flows := tc.flows
+		c := testConfig(t, func(c *Config) { c.Flows, c.Batch, c.Plain = flows, 64, tc.plain })
 		s := newSender(c)
 		for round := range 3 {
 			s.fill(c.Batch)
@@ -275,7 +398,10 @@ func TestSenderSlotsDistinct(t *testing.T) {
 				}
 				seen[p] = true
 				buf := unsafeFrame(s, j, c)
-				seq, fl, ok := ParsePayload(buf[OffPayload:])
+				if len(buf) != c.FrameLen() || int(s.iovs[j].Len) != c.FrameLen() {
+					t.Fatalf("plain %v: slot %d frame %d bytes, iov %d, want %d", tc.plain, j, len(buf), s.iovs[j].Len, c.FrameLen())
+				}
+				seq, fl, ok := ParsePayload(buf[c.Headroom():])
 				wantFlow := (round*c.Batch + j) % flows
 				wantSeq := uint64((round*c.Batch + j) / flows)
 				if !ok || int(fl) != wantFlow || seq != wantSeq {
@@ -312,7 +438,25 @@ func TestConfigJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.DstMAC != c.DstMAC || back.InnerDstIP != c.InnerDstIP || *back.CPU != 1 || back.Rate != 1e5 || back.VNI != c.VNI {
+	if back.DstMAC != c.DstMAC || back.InnerDstIP != c.InnerDstIP || *back.CPU != 1 || back.Rate != 1e5 || back.VNI != c.VNI || back.Plain {
 		t.Fatalf("round trip: %+v", back)
+	}
+	if strings.Contains(string(b), `"plain"`) {
+		t.Fatalf("plain shown for a VXLAN config: %s", b)
+	}
+
+	p := plainConfig(t, nil)
+	if b, err = json.Marshal(p); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"plain":true`) {
+		t.Fatalf("plain JSON: %s", b)
+	}
+	back = Config{}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !back.Plain || back.DstIP != p.DstIP || back.InnerDstPort != p.InnerDstPort {
+		t.Fatalf("plain round trip: %+v", back)
 	}
 }

@@ -38,13 +38,27 @@ type testNet struct {
 	macA, macB, vxMAC inject.MAC // a's eth0, b's eth0, b's vxlan0
 }
 
-// setupNet builds the two namespaces. Cleanup is registered before anything is created, so a
-// failure halfway still leaves nothing behind; leftovers of a crashed earlier run are removed first.
+// setupNet builds the two namespaces with b's vxlan0.
 func setupNet(t *testing.T) testNet {
+	t.Helper()
+	tn, hb, eb := setupPair(t, "prg-tinj-", nsA, nsB, underA, underB)
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan0", MTU: 1450}, VxlanId: vni,
+		VtepDevIndex: eb.Attrs().Index, SrcAddr: net.IP(underB.Addr().AsSlice()), Port: vxlanPort, Learning: false}
+	must(t, "add vxlan0", hb.LinkAdd(vx))
+	v := linkUp(t, hb, "vxlan0", overlay)
+	copy(tn.vxMAC[:], v.Attrs().HardwareAddr)
+	return tn
+}
+
+// setupPair builds namespaces a and b joined by a veth eth0<->eth0 carrying addrA and addrB, and
+// returns their MACs, b's netlink handle and b's eth0. Cleanup (deleting both namespaces, then
+// checking nothing named prefix* is left) is registered before anything is created, so a failure
+// halfway still leaves nothing behind; leftovers of a crashed earlier run are removed first.
+func setupPair(t *testing.T, prefix, a, b string, addrA, addrB netip.Prefix) (testNet, *netlink.Handle, netlink.Link) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cleanup := func() {
-		for _, n := range []string{nsA, nsB} {
+		for _, n := range []string{a, b} {
 			if err := netnsutil.Delete(n); err != nil {
 				t.Logf("delete %s: %v", n, err)
 			}
@@ -53,15 +67,15 @@ func setupNet(t *testing.T) testNet {
 	cleanup()
 	t.Cleanup(func() {
 		cleanup()
-		testutil.AssertClean(t, "prg-tinj-")
+		testutil.AssertClean(t, prefix)
 	})
-	for _, n := range []string{nsA, nsB} {
+	for _, n := range []string{a, b} {
 		if err := netnsutil.Create(n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ha, hb := handle(t, nsA), handle(t, nsB)
-	bfd, err := netnsutil.Handle(nsB)
+	ha, hb := handle(t, a), handle(t, b)
+	bfd, err := netnsutil.Handle(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,19 +85,13 @@ func setupNet(t *testing.T) testNet {
 		PeerNamespace: netlink.NsFd(int(bfd))}
 	must(t, "add veth", ha.LinkAdd(veth))
 	var tn testNet
-	ea := linkUp(t, ha, "eth0", underA)
-	eb := linkUp(t, hb, "eth0", underB)
+	ea := linkUp(t, ha, "eth0", addrA)
+	eb := linkUp(t, hb, "eth0", addrB)
 	linkUp(t, ha, "lo", netip.Prefix{})
 	linkUp(t, hb, "lo", netip.Prefix{})
 	copy(tn.macA[:], ea.Attrs().HardwareAddr)
 	copy(tn.macB[:], eb.Attrs().HardwareAddr)
-
-	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan0", MTU: 1450}, VxlanId: vni,
-		VtepDevIndex: eb.Attrs().Index, SrcAddr: net.IP(underB.Addr().AsSlice()), Port: vxlanPort, Learning: false}
-	must(t, "add vxlan0", hb.LinkAdd(vx))
-	v := linkUp(t, hb, "vxlan0", overlay)
-	copy(tn.vxMAC[:], v.Attrs().HardwareAddr)
-	return tn
+	return tn, hb, eb
 }
 
 func handle(t *testing.T, ns string) *netlink.Handle {
@@ -132,7 +140,10 @@ func (tn testNet) config() inject.Config {
 
 func listen(t *testing.T, cfg udpsink.Config) *udpsink.Sink {
 	t.Helper()
-	cfg.Netns, cfg.Port = nsB, sinkPort
+	if cfg.Netns == "" {
+		cfg.Netns = nsB
+	}
+	cfg.Port = sinkPort
 	s, err := udpsink.Listen(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -183,6 +194,31 @@ func TestInjectExactCount(t *testing.T) {
 		t.Fatalf("sink: %+v, want exactly %d in order over 4 flows", sst, n)
 	}
 	if sst.Bytes != n*64 {
+		t.Fatalf("sink bytes %d, want %d", sst.Bytes, n*64)
+	}
+}
+
+// TestInjectPlainExactCount is the native baseline: plain datagrams from a's underlay address to a
+// sink bound to b's underlay address, no overlay anywhere.
+func TestInjectPlainExactCount(t *testing.T) {
+	const plainA, plainB = "prg-tinjp-a", "prg-tinjp-b"
+	addrA, addrB := netip.MustParsePrefix("198.18.253.1/24"), netip.MustParsePrefix("198.18.253.2/24")
+	tn, _, _ := setupPair(t, "prg-tinjp-", plainA, plainB, addrA, addrB)
+	sink := listen(t, udpsink.Config{Netns: plainB, Addr: addrB.Addr(), Duration: 20 * time.Second, IdleTimeout: 500 * time.Millisecond})
+	const n = 10000
+	cfg := inject.Config{
+		Netns: plainA, Device: "eth0", Plain: true,
+		DstMAC: tn.macB, SrcIP: addrA.Addr(), DstIP: addrB.Addr(), InnerDstPort: sinkPort,
+		Count: n, Flows: 4, PayloadSize: 64, Rate: 50000,
+	}
+	ist, sst, _ := runBoth(t, sink, cfg)
+	if ist.Sent != n || ist.Unsent != 0 || ist.FrameLen != 14+20+8+64 {
+		t.Fatalf("injector sent %d (unsent %d) frames of %d bytes, want %d of %d", ist.Sent, ist.Unsent, ist.FrameLen, n, 14+20+8+64)
+	}
+	if sst.Received != n || sst.Lost != 0 || sst.Duplicates != 0 || sst.Reordered != 0 || sst.Flows != 4 || sst.Foreign != 0 {
+		t.Fatalf("sink: %+v, want exactly %d in order over 4 flows", sst, n)
+	}
+	if sst.Bytes != n*64 { // the same application payload as the VXLAN test's
 		t.Fatalf("sink bytes %d, want %d", sst.Bytes, n*64)
 	}
 }

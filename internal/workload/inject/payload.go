@@ -2,7 +2,8 @@ package inject
 
 import "encoding/binary"
 
-// Inner UDP payload layout shared with the receiving sink (internal/workload/udpsink):
+// UDP payload layout (the inner datagram's in VXLAN mode, the only one's in plain mode), shared
+// with the receiving sink (internal/workload/udpsink):
 //
 //	[0:8)   sequence number, big endian, per flow, starting at 0
 //	[8:12)  flow id (0..Flows-1), big endian
@@ -11,6 +12,9 @@ import "encoding/binary"
 //
 // The sequence is per flow (not global) so that a receiver that spreads flows over several
 // cores still sees every flow's numbers in order unless the path really reordered it.
+//
+// PayloadMax is the same in plain mode (which would fit 1472 bytes) so that every payload size
+// exists in both modes and the native baseline always compares like with like.
 const (
 	PayloadMin   = 16   // header above; the smallest payload we send
 	PayloadMax   = 1400 // keeps the outer frame below a 1500-byte underlay MTU with room to spare

@@ -35,9 +35,9 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if c.SrcMAC.IsZero() {
 		c.SrcMAC = sock.mac
 	}
-	if l := FrameLen(c.PayloadSize) - EthLen; l > sock.mtu {
+	if l := c.FrameLen() - EthLen; l > sock.mtu {
 		return Stats{CPU: -1}, fmt.Errorf("frame of %d bytes (IP length %d) exceeds %s's MTU %d: lower payload_size",
-			FrameLen(c.PayloadSize), l, c.Device, sock.mtu)
+			c.FrameLen(), l, c.Device, sock.mtu)
 	}
 
 	// The send loop runs on its own locked thread so that pinning it (sched_setaffinity acts on a
@@ -70,6 +70,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 // sender holds the prebuilt frames and the message vectors of one batch.
 type sender struct {
 	frames  [][][]byte // [flow][copy] -> frame; a flow needs ceil(batch/flows) copies per batch
+	off     int        // payload offset in a frame: where the sequence header is written
 	seq     []uint64   // next sequence number per flow
 	msgs    []unix.Mmsghdr
 	iovs    []unix.Iovec
@@ -80,6 +81,7 @@ func newSender(c Config) *sender {
 	copies := (c.Batch + c.Flows - 1) / c.Flows
 	s := &sender{
 		frames: make([][][]byte, c.Flows),
+		off:    c.Headroom(),
 		seq:    make([]uint64, c.Flows),
 		msgs:   make([]unix.Mmsghdr, c.Batch),
 		iovs:   make([]unix.Iovec, c.Batch),
@@ -103,7 +105,7 @@ func (s *sender) fill(n int) {
 	for j := range n {
 		f := s.flowCur
 		buf := s.frames[f][j/nf]
-		PutPayloadHeader(buf[OffPayload:], s.seq[f], uint32(f))
+		PutPayloadHeader(buf[s.off:], s.seq[f], uint32(f))
 		s.seq[f]++
 		s.flowCur++
 		if s.flowCur == nf {
@@ -119,7 +121,7 @@ func (s *sender) fill(n int) {
 
 func sendLoop(ctx context.Context, c Config, sock *packetSock, st Stats) (Stats, error) {
 	s := newSender(c)
-	frameLen := FrameLen(c.PayloadSize)
+	frameLen := c.FrameLen()
 	st.FrameLen, st.Flows = frameLen, c.Flows
 	p := pacer{rate: c.Rate}
 

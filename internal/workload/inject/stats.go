@@ -11,8 +11,8 @@ type Stats struct {
 	Unsent    uint64 `json:"unsent"`    // frames built for the last batch but not accepted before the end
 	Backoffs  uint64 `json:"backoffs"`  // pauses taken because the kernel refused
 	Syscalls  uint64 `json:"syscalls"`  // sendmmsg calls
-	Bytes     uint64 `json:"bytes"`     // outer frame bytes accepted
-	FrameLen  int    `json:"frame_len"` // bytes per outer frame (without FCS)
+	Bytes     uint64 `json:"bytes"`     // frame bytes accepted (outer frames in VXLAN mode)
+	FrameLen  int    `json:"frame_len"` // bytes per frame on the wire (without FCS)
 	Flows     int    `json:"flows"`
 	// PPS is Sent over Duration (the time from the first send to the end).
 	PPS      float64       `json:"pps"`
