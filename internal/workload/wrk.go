@@ -1,0 +1,164 @@
+package workload
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// WrkResult is what `wrk --latency` reports (plus the nginx settings it ran against).
+type WrkResult struct {
+	FileSize            int     `json:"file_size"`
+	Workers             int     `json:"workers"`
+	Threads             int     `json:"threads"`
+	Connections         int     `json:"connections"`
+	Requests            int64   `json:"requests"`
+	DurationS           float64 `json:"duration_s"`
+	ReadBytes           float64 `json:"read_bytes"` // wrk rounds to 2 decimals of its unit
+	RequestsPerSec      float64 `json:"requests_per_sec"`
+	TransferBytesPerSec float64 `json:"transfer_bytes_per_sec"`
+	LatencyAvgUs        float64 `json:"latency_avg_us"`
+	LatencyStdevUs      float64 `json:"latency_stdev_us"`
+	LatencyMaxUs        float64 `json:"latency_max_us"`
+	P50Us               float64 `json:"p50_us"`
+	P75Us               float64 `json:"p75_us"`
+	P90Us               float64 `json:"p90_us"`
+	P99Us               float64 `json:"p99_us"`
+	ErrorsConnect       int64   `json:"errors_connect"`
+	ErrorsRead          int64   `json:"errors_read"`
+	ErrorsWrite         int64   `json:"errors_write"`
+	ErrorsTimeout       int64   `json:"errors_timeout"`
+	Non2xx3xx           int64   `json:"non_2xx_3xx"`
+}
+
+var (
+	wrkHeader  = regexp.MustCompile(`^(\d+) threads and (\d+) connections`)
+	wrkLatency = regexp.MustCompile(`^Latency\s+(\S+)\s+(\S+)\s+(\S+)\s+`)
+	wrkPct     = regexp.MustCompile(`^(50|75|90|99)%\s+(\S+)$`)
+	wrkTotal   = regexp.MustCompile(`^(\d+) requests in (\S+), (\S+) read`)
+	wrkSockErr = regexp.MustCompile(`^Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+	wrkNon2xx  = regexp.MustCompile(`^Non-2xx or 3xx responses: (\d+)`)
+	wrkRPS     = regexp.MustCompile(`^Requests/sec:\s+(\S+)`)
+	wrkXfer    = regexp.MustCompile(`^Transfer/sec:\s+(\S+)`)
+)
+
+// ParseWrk parses wrk 4.x's default report printed with --latency.
+func ParseWrk(out string) (WrkResult, error) {
+	var r WrkResult
+	var have struct{ rps, p50, total bool }
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		var err error
+		switch {
+		case wrkHeader.MatchString(l):
+			m := wrkHeader.FindStringSubmatch(l)
+			r.Threads, r.Connections = int(atoi(m[1])), int(atoi(m[2]))
+		case wrkLatency.MatchString(l):
+			m := wrkLatency.FindStringSubmatch(l)
+			r.LatencyAvgUs, err = wrkTimeUs(m[1])
+			if err == nil {
+				r.LatencyStdevUs, err = wrkTimeUs(m[2])
+			}
+			if err == nil {
+				r.LatencyMaxUs, err = wrkTimeUs(m[3])
+			}
+		case wrkPct.MatchString(l):
+			m := wrkPct.FindStringSubmatch(l)
+			var v float64
+			v, err = wrkTimeUs(m[2])
+			switch m[1] {
+			case "50":
+				r.P50Us, have.p50 = v, true
+			case "75":
+				r.P75Us = v
+			case "90":
+				r.P90Us = v
+			case "99":
+				r.P99Us = v
+			}
+		case wrkTotal.MatchString(l):
+			m := wrkTotal.FindStringSubmatch(l)
+			r.Requests, have.total = atoi(m[1]), true
+			var us float64
+			us, err = wrkTimeUs(m[2])
+			r.DurationS = us / 1e6
+			if err == nil {
+				r.ReadBytes, err = wrkBytes(m[3])
+			}
+		case wrkSockErr.MatchString(l):
+			m := wrkSockErr.FindStringSubmatch(l)
+			r.ErrorsConnect, r.ErrorsRead, r.ErrorsWrite, r.ErrorsTimeout = atoi(m[1]), atoi(m[2]), atoi(m[3]), atoi(m[4])
+		case wrkNon2xx.MatchString(l):
+			r.Non2xx3xx = atoi(wrkNon2xx.FindStringSubmatch(l)[1])
+		case wrkRPS.MatchString(l):
+			r.RequestsPerSec, err = strconv.ParseFloat(wrkRPS.FindStringSubmatch(l)[1], 64)
+			have.rps = true
+		case wrkXfer.MatchString(l):
+			r.TransferBytesPerSec, err = wrkBytes(wrkXfer.FindStringSubmatch(l)[1])
+		}
+		if err != nil {
+			return r, fmt.Errorf("wrk output line %q: %w", l, err)
+		}
+	}
+	if !have.rps || !have.p50 || !have.total {
+		return r, errors.New("no wrk report (Requests/sec, latency distribution, totals) in output")
+	}
+	return r, nil
+}
+
+// check turns a report that parsed but measured nothing useful into an error: wrk exits 0
+// when every request failed.
+func (r WrkResult) check() error {
+	switch {
+	case r.Requests == 0:
+		return errors.New("no request completed")
+	case r.Non2xx3xx >= r.Requests:
+		return fmt.Errorf("all %d responses were errors (non-2xx/3xx)", r.Requests)
+	}
+	return nil
+}
+
+// wrkTimeUs converts wrk's time strings ("211.00us", "1.23ms", "1.10s", "2.00m") to µs.
+func wrkTimeUs(s string) (float64, error) {
+	units := []struct {
+		suffix string
+		us     float64
+	}{{"us", 1}, {"ms", 1e3}, {"s", 1e6}, {"m", 60e6}, {"h", 3600e6}}
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("bad time %q", s)
+			}
+			return f * u.us, nil
+		}
+	}
+	return 0, fmt.Errorf("bad time %q", s)
+}
+
+// wrkBytes converts wrk's binary-unit sizes ("48.79MB", "512.00B") to bytes (1 KB = 1024 B).
+func wrkBytes(s string) (float64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"TB", 1 << 40}, {"PB", 1 << 50}, {"B", 1}}
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("bad size %q", s)
+			}
+			return f * u.mult, nil
+		}
+	}
+	// Small values carry no unit at all in some wrk builds.
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return f, nil
+}
