@@ -33,17 +33,27 @@ type Options struct {
 	Version                     string
 }
 
-// DefaultArrangement fills unset CPU lists: receive and app on CPU0, sender on the last CPU.
+// DefaultArrangement fills unset CPU lists like the papers' testbed, scaled to this machine:
+// receive (the NIC IRQ core) on CPU0, the receiving application on CPU1, the sender (the
+// remote host) on CPU2. With two CPUs the sender shares CPU1 with the application: the IRQ
+// core is kept for the kernel's receive path, as on a real receiver, and the application is
+// not starved by softirqs on the IRQ core (receive livelock).
 func (o *Options) DefaultArrangement() {
-	last := runtime.NumCPU() - 1
+	n := runtime.NumCPU()
+	pick := func(i int) []int {
+		if i >= n {
+			i = n - 1
+		}
+		return []int{i}
+	}
 	if o.RxCPUs == nil {
-		o.RxCPUs = []int{0}
+		o.RxCPUs = pick(0)
 	}
 	if o.AppCPUs == nil {
-		o.AppCPUs = []int{0}
+		o.AppCPUs = pick(1)
 	}
 	if o.SenderCPUs == nil {
-		o.SenderCPUs = []int{last}
+		o.SenderCPUs = pick(2)
 	}
 }
 

@@ -38,9 +38,9 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.StringVar(&b.proto, "proto", "tcp", "pingpong/underload: tcp or udp")
 		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
 	}
-	f.StringVar(&b.rx, "rx-cpus", "0", "CPUs the underlay's receive is pinned to (the emulated NIC IRQ core)")
-	f.StringVar(&b.sender, "sender-cpus", strconv.Itoa(lastCPU()), "CPUs of the sender (the emulated remote host)")
-	f.StringVar(&b.app, "app-cpus", "0", "CPUs of the receiving application")
+	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
+	f.StringVar(&b.app, "app-cpus", "", "CPUs of the receiving application (default 1)")
+	f.StringVar(&b.sender, "sender-cpus", "", "CPUs of the sender, the emulated remote host (default 2, or the last CPU)")
 	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
 	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
 	f.BoolVar(&b.asJSON, "json", false, "print the result JSON on stdout instead of the table")
@@ -55,6 +55,9 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		src  string
 		dst  *[]int
 	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}} {
+		if x.src == "" {
+			continue
+		}
 		if *x.dst, err = parseCPUList(x.src); err != nil {
 			return o, fmt.Errorf("%s: %w", x.flag, err)
 		}
@@ -83,9 +86,10 @@ first config rotating), sample per-CPU time, softirqs, softnet and nstat counter
 stage probe around every repetition, and write one JSON result per scenario (schema:
 docs/results-schema.md). Ratios are measured in one run against the first configuration.
 
-The CPU arrangement is explicit: --rx-cpus pins the underlay's receive (the emulated NIC IRQ
-core, default CPU0), --sender-cpus the sender (the emulated remote host, default the last CPU),
---app-cpus the receiving application (default CPU0).
+The CPU arrangement is explicit and recorded in every result: --rx-cpus pins the underlay's
+receive (the emulated NIC IRQ core, default CPU0), --app-cpus the receiving application
+(default CPU1), --sender-cpus the sender, the emulated remote host (default CPU2; on a 2-CPU
+machine it shares CPU1 with the application).
 
 Scenarios:
 ` + bench.ScenarioHelp(),
@@ -280,12 +284,4 @@ func parseIntList(s string) ([]int, error) {
 		out = append(out, v)
 	}
 	return out, nil
-}
-
-func lastCPU() int {
-	n := numCPU()
-	if n < 1 {
-		return 0
-	}
-	return n - 1
 }

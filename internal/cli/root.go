@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 
 	"github.com/spf13/cobra"
 )
@@ -70,4 +69,3 @@ func stderrLog(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "  "+format+"\n", args...)
 }
 
-func numCPU() int { return runtime.NumCPU() }
