@@ -162,8 +162,11 @@ func Do(name string, fn func() error) error {
 }
 
 // WithSysfs runs fn in the namespace with a private mount of sysfs on /sys, so that
-// /sys/class/net shows that namespace's devices (what `ip netns exec` does). The thread
-// that ran fn is discarded afterwards because its mount namespace is private.
+// /sys/class/net shows that namespace's devices (what `ip netns exec` does). Afterwards the
+// thread returns to its original mount and network namespaces; only if that fails is it
+// kept locked, so that it dies with the goroutine instead of serving other goroutines from
+// the wrong namespaces. (Go cannot kill the main thread: it would stay wedged there, which is
+// why restoring matters and a leaked lock is only the last resort.)
 func WithSysfs(name string, fn func() error) error {
 	if name == "" {
 		return fn()
@@ -175,24 +178,47 @@ func WithSysfs(name string, fn func() error) error {
 	defer target.Close()
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("unshare mount namespace: %w", err)
+		runtime.LockOSThread()
+		origNet, err := netns.Get()
+		if err != nil {
+			errc <- err
+			runtime.UnlockOSThread()
 			return
 		}
-		if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-			errc <- fmt.Errorf("make mounts private: %w", err)
+		defer origNet.Close()
+		origMnt, err := os.Open("/proc/thread-self/ns/mnt")
+		if err != nil {
+			errc <- err
+			runtime.UnlockOSThread()
 			return
 		}
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter network namespace %q: %w", name, err)
+		defer origMnt.Close()
+		ferr := func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("unshare mount namespace: %w", err)
+			}
+			if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+				return fmt.Errorf("make mounts private: %w", err)
+			}
+			if err := netns.Set(target); err != nil {
+				return fmt.Errorf("enter network namespace %q: %w", name, err)
+			}
+			if err := unix.Mount(name, "/sys", "sysfs", 0, ""); err != nil {
+				return fmt.Errorf("mount sysfs for namespace %q: %w", name, err)
+			}
+			return fn()
+		}()
+		// The private mount namespace dies with its last user once we leave it.
+		if err := unix.Setns(int(origMnt.Fd()), unix.CLONE_NEWNS); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return to original mount namespace: %w", err))
+			return // thread stays locked and is discarded
+		}
+		if err := netns.Set(origNet); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return to original network namespace: %w", err))
 			return
 		}
-		if err := unix.Mount(name, "/sys", "sysfs", 0, ""); err != nil {
-			errc <- fmt.Errorf("mount sysfs for namespace %q: %w", name, err)
-			return
-		}
-		errc <- fn()
+		runtime.UnlockOSThread()
+		errc <- ferr
 	}()
 	return <-errc
 }
