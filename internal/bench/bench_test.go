@@ -257,3 +257,30 @@ func TestInterruptedRunIsMarkedIncomplete(t *testing.T) {
 	}
 	testutil.AssertClean(t, fmt.Sprintf("prg-b%dx", os.Getpid()%100000))
 }
+
+func TestBenchBetweenGivenNamespaces(t *testing.T) {
+	testutil.RequireRoot(t)
+	// Two plain namespaces made by someone else (here: a native lab), measured as found.
+	spec := lab.Spec{Name: "tgiv", Style: lab.StyleNative}
+	t.Cleanup(func() { lab.Down(spec.Name, nil) })
+	if _, err := lab.Up(context.Background(), spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Scenario: Scenario{Name: "tcp", Duration: time.Second, Reps: 1}, OutDir: t.TempDir(),
+		Given: &Given{ServerNS: "prg-tgiv-h2", ServerAddr: "198.18.0.2", ClientNS: "prg-tgiv-h1"}}
+	run, _, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(run.Points) != 1 || run.Points[0].Reps[0].Metrics[results.MetricThroughput] <= 0 {
+		t.Fatalf("no throughput measured between given namespaces: %+v", run.Points)
+	}
+	if !netnsutil.Exists("prg-tgiv-h1") {
+		t.Fatal("a run on given namespaces must not remove them")
+	}
+	bad := o
+	bad.Given = &Given{ServerNS: "prg-nosuch", ServerAddr: "198.18.0.2"}
+	if _, _, err := Run(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("missing namespace: %v", err)
+	}
+}

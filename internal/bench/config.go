@@ -23,8 +23,11 @@ type Config struct {
 
 // Name is the config's name in results: "docker/vanilla", "native".
 func (c Config) Name() string {
-	if c.Style == lab.StyleNative {
+	switch c.Style {
+	case lab.StyleNative:
 		return "native"
+	case StyleGiven:
+		return c.Mode
 	}
 	return c.Style + "/" + c.Mode
 }

@@ -15,7 +15,8 @@ import (
 // testbed is the lab of one config, with its mode attached.
 type testbed struct {
 	cfg      Config
-	lab      *lab.Lab
+	lab      *lab.Lab // nil for given namespaces
+	given    bool
 	attached []string // host namespaces with the mode attached
 	pair     pair
 	stages   map[string]string // "netns/device" -> stage, receiving host's namespaces only
@@ -74,6 +75,9 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 }
 
 func (tb *testbed) teardown() error {
+	if tb.given {
+		return nil // not ours to remove
+	}
 	var errs []error
 	for _, ns := range tb.attached {
 		if _, err := datapath.Detach(context.Background(), ns); err != nil {
@@ -88,6 +92,9 @@ func (tb *testbed) teardown() error {
 
 // namespaces are every namespace of the testbed's lab.
 func (tb *testbed) namespaces() []string {
+	if tb.given {
+		return []string{tb.pair.sender.Netns, tb.pair.receiver.Netns}
+	}
 	nss, _ := netnsutil.List(lab.NsPrefix(tb.lab.Spec.Name))
 	return nss
 }

@@ -28,6 +28,9 @@ type Options struct {
 	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
 	RxCPUs, SenderCPUs, AppCPUs []int
 	NoStageProbe                bool
+	// Given, if set, measures between existing namespaces instead of building labs; Configs
+	// is then ignored.
+	Given *Given
 	OutDir                      string    // where the result JSON goes
 	Log                         io.Writer // progress; nil for silence
 	Version                     string
@@ -70,6 +73,12 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if err := o.Scenario.Validate(); err != nil {
 		return nil, "", err
 	}
+	if o.Given != nil {
+		if err := o.Given.validate(o.Scenario.Name); err != nil {
+			return nil, "", err
+		}
+		o.Configs = []Config{{Style: StyleGiven, Mode: givenTestbed(o.Given, &o).cfg.Mode}}
+	}
 	if len(o.Configs) == 0 {
 		return nil, "", errors.New("no configuration to measure")
 	}
@@ -90,6 +99,10 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate}},
 		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs,
 			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
+	}
+	if o.Given != nil {
+		run.Lab = results.Lab{Name: "given namespaces", Styles: []string{StyleGiven}}
+		run.Arrangement.Note = "measured between given namespaces; no lab was built, the receive path is as found"
 	}
 	path := filepath.Join(o.OutDir, run.ID+".json")
 	err := o.run(ctx, run)
@@ -130,6 +143,12 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		}
 	}()
 	for i, c := range o.Configs {
+		if o.Given != nil {
+			tb := givenTestbed(o.Given, o)
+			beds = append(beds, tb)
+			run.Configs = append(run.Configs, results.Config{Name: tb.cfg.Name(), Style: StyleGiven, Mode: "as found"})
+			break
+		}
 		tb, err := setupTestbed(ctx, i, c, o, o.logf)
 		if err != nil {
 			return err

@@ -101,12 +101,15 @@ Scenarios:
 func newBenchRunCmd() *cobra.Command {
 	var b benchFlags
 	var configs string
+	var given bench.Given
 	c := &cobra.Command{
 		Use:   "run SCENARIO",
-		Short: "Run one scenario on a list of configurations (style[/mode])",
+		Short: "Run one scenario on a list of configurations (style[/mode]), or between given namespaces",
 		Example: `  peregrine bench run tcp --configs native,docker,flannel
   peregrine bench run udp-inject --configs native,docker --sizes 16,64,1024 --reps 5
-  peregrine bench run pingpong --configs docker,docker/rps --proto udp`,
+  peregrine bench run pingpong --configs docker,docker/rps --proto udp
+  # any two existing namespaces, no lab built (e.g. a real node's containers)
+  peregrine bench run tcp --server-ns web --server-addr 10.0.1.5 --client-ns client`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfgs, err := bench.ParseConfigs(configs)
@@ -117,10 +120,16 @@ func newBenchRunCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if given.ServerNS != "" || given.ServerAddr != "" || given.ClientNS != "" {
+				o.Given = &given
+			}
 			return runBench(o, &b)
 		},
 	}
 	b.add(c, true)
+	c.Flags().StringVar(&given.ServerNS, "server-ns", "", "measure between existing namespaces: the receiving namespace (no lab is built)")
+	c.Flags().StringVar(&given.ServerAddr, "server-addr", "", "with --server-ns: the receiver's address")
+	c.Flags().StringVar(&given.ClientNS, "client-ns", "", "with --server-ns: the sending namespace (default: the current one)")
 	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, docker, flannel, each optionally /MODE (e.g. docker/rps); the first is the baseline")
 	return c
 }

@@ -20,10 +20,12 @@ func newRoot() *cobra.Command {
 		Long: `peregrine speeds up container overlay networks (VXLAN + bridge + veth, as in Docker
 overlay and Flannel) on an unmodified Linux kernel, with eBPF and the kernel's own steering knobs.
 
-It has three parts:
+Its parts:
   lab      build container overlay topologies out of network namespaces on one machine
   attach   put a datapath mode on a node (or lab hosts); detach restores every knob
   status   show what is attached and what it changed
+  bench    measure styles and modes side by side (ratios in one run), with probes
+  report   turn result files into tables and an HTML report with plots
 
 Everything peregrine creates is named with the prefix "prg-" (namespaces, links, pinned
 objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always clean up.`,
