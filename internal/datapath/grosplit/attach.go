@@ -1,0 +1,209 @@
+package grosplit
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Names of the pins under a PinDir. The maps keep their BPF names so bpftool output matches.
+const (
+	pinXDPLink   = "link_xdp"   // the XDP link: unpinning it detaches the program
+	pinDropsLink = "link_drops" // tracing link of the cpumap drop counter
+)
+
+var pinnedMaps = []string{gsMapPrgGsCpus, gsMapPrgGsCfg, gsMapPrgGsStats, gsMapPrgGsFlows}
+
+// Attach loads the split, attaches the XDP program to cfg.Device in native (driver) mode inside
+// cfg.Netns, fills the cpumap and pins everything under cfg.PinDir. It returns every pinned path
+// (what Detach takes). On error nothing stays attached or pinned. The process may exit
+// afterwards: the pins keep the split alive.
+func Attach(cfg Config) (pins []string, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(cfg.Netns, cfg.Device); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(cfg.PinDir, pinXDPLink)); err == nil {
+		return nil, fmt.Errorf("grosplit: %s already holds an attached split: detach it first", cfg.PinDir)
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("grosplit: raise memlock limit: %w", err)
+	}
+	spec, err := loadGs()
+	if err != nil {
+		return nil, fmt.Errorf("grosplit: %w", err)
+	}
+	// The cpumap is indexed by CPU id, so it needs an entry slot for every possible CPU.
+	possible, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("grosplit: count possible CPUs: %w", err)
+	}
+	spec.Maps[gsMapPrgGsCpus].MaxEntries = uint32(possible)
+	var objs gsObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, fmt.Errorf("grosplit: load: %w", err)
+	}
+	// Only the pins keep the split alive once Attach returns: close every fd of ours.
+	defer objs.Close()
+
+	if err := setCPUs(objs.PrgGsCpus, objs.PrgGsCfg, cfg, nil); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.PinDir, 0o755); err != nil {
+		return nil, fmt.Errorf("grosplit: create pin dir: %w", err)
+	}
+	undo := func(cause error) error {
+		return errors.Join(cause, Detach(pins))
+	}
+	for _, name := range pinnedMaps {
+		m := mapByName(&objs, name)
+		p := filepath.Join(cfg.PinDir, name)
+		if err := m.Pin(p); err != nil {
+			return nil, undo(fmt.Errorf("grosplit: pin %s: %w", name, err))
+		}
+		pins = append(pins, p)
+	}
+
+	// Drop counting is best effort: a kernel without the tracepoint still splits.
+	if l, err := link.AttachTracing(link.TracingOptions{Program: objs.PrgGsDrops, AttachType: ebpf.AttachTraceRawTp}); err == nil {
+		p := filepath.Join(cfg.PinDir, pinDropsLink)
+		perr := l.Pin(p)
+		l.Close()
+		if perr != nil {
+			return nil, undo(fmt.Errorf("grosplit: pin drop counter link: %w", perr))
+		}
+		pins = append(pins, p)
+	}
+
+	// The XDP link goes last: the moment it exists, frames are redirected, so the cpumap and
+	// the config must already be complete.
+	p := filepath.Join(cfg.PinDir, pinXDPLink)
+	err = netnsutil.Do(cfg.Netns, func() error {
+		// Both the ifindex and the kernel's lookup of it (BPF_LINK_CREATE) are per namespace.
+		dev, err := netlink.LinkByName(cfg.Device)
+		if err != nil {
+			return fmt.Errorf("grosplit: device %s: %w", cfg.Device, err)
+		}
+		l, err := link.AttachXDP(link.XDPOptions{
+			Program: objs.PrgGrosplit, Interface: dev.Attrs().Index, Flags: link.XDPDriverMode,
+		})
+		if err != nil {
+			return fmt.Errorf("grosplit: attach XDP to %s in %s: %w", cfg.Device, nsLabel(cfg.Netns), err)
+		}
+		defer l.Close()
+		if err := l.Pin(p); err != nil {
+			return fmt.Errorf("grosplit: pin XDP link: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, undo(err)
+	}
+	pins = append(pins, p)
+	return pins, nil
+}
+
+// Detach removes pins (the paths Attach returned), the XDP link first so that no frame is
+// redirected into a cpumap that is going away, then the directory if that left it empty.
+// Missing pins are not an error, so Detach can be retried.
+func Detach(pins []string) error {
+	var errs []error
+	ordered := make([]string, 0, len(pins))
+	for _, p := range pins {
+		if filepath.Base(p) == pinXDPLink {
+			ordered = append([]string{p}, ordered...)
+		} else {
+			ordered = append(ordered, p)
+		}
+	}
+	dirs := map[string]bool{}
+	for _, p := range ordered {
+		if strings.HasPrefix(filepath.Base(p), "link_") {
+			errs = append(errs, detachLink(p))
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("grosplit: unpin %s: %w", p, err))
+		}
+		dirs[filepath.Dir(p)] = true
+	}
+	for d := range dirs {
+		// Only if empty. Parents go too (PinRoot/<netns>, PinRoot) when empty, as the rest of
+		// peregrine does, but never above PinRoot nor above a PinDir the caller chose elsewhere.
+		if os.Remove(d) != nil {
+			continue
+		}
+		for d = filepath.Dir(d); isUnder(d, PinRoot) && os.Remove(d) == nil; d = filepath.Dir(d) {
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Pins lists the pinned objects an attached split has under pinDir (for a Detach from a
+// process that did not keep Attach's answer).
+func Pins(pinDir string) []string {
+	var out []string
+	for _, name := range append(append([]string{}, pinnedMaps...), pinDropsLink, pinXDPLink) {
+		p := filepath.Join(pinDir, name)
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func mapByName(o *gsObjects, name string) *ebpf.Map {
+	switch name {
+	case gsMapPrgGsCpus:
+		return o.PrgGsCpus
+	case gsMapPrgGsCfg:
+		return o.PrgGsCfg
+	case gsMapPrgGsStats:
+		return o.PrgGsStats
+	default:
+		return o.PrgGsFlows
+	}
+}
+
+func nsLabel(netns string) string {
+	if netns == "" {
+		return "the current namespace"
+	}
+	return "netns " + netns
+}
+
+// isUnder reports whether dir is root or inside it.
+func isUnder(dir, root string) bool {
+	rel, err := filepath.Rel(root, dir)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// detachLink detaches a pinned link at once. Unpinning alone also detaches, but only when the
+// kernel frees the link, which it defers (RCU, then a work item): callers that check the device
+// right after Detach would still see the program. Links without a detach operation (tracing)
+// just wait for the unpin.
+func detachLink(pin string) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("grosplit: open pinned link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("grosplit: detach %s: %w", pin, err)
+	}
+	return nil
+}
