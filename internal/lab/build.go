@@ -183,6 +183,11 @@ func (b *builder) underlay() error {
 				return err
 			}
 		}
+		if *s.WireFrames {
+			if err := ethtool(b.ctx, s.ns(hostName(i)), "eth0", "tx", "off"); err != nil {
+				return err
+			}
+		}
 		if len(s.RxCPUs) > 0 {
 			if err := SetRPS(s.ns(hostName(i)), "eth0", s.RxCPUs); err != nil {
 				return err

@@ -74,6 +74,9 @@ func TestDockerStyleHasThreeNamespacesPerPacket(t *testing.T) {
 	if err != nil || !strings.Contains(out, "generic-receive-offload: on") {
 		t.Fatalf("underlay GRO should be on: %v %s", err, out)
 	}
+	if !strings.Contains(out, "tx-checksumming: off") || !strings.Contains(out, "tx-tcp-segmentation: off") {
+		t.Fatalf("underlay should carry wire-like frames (tx checksum offload and TSO off): %s", out)
+	}
 }
 
 func TestFlannelStyleLayout(t *testing.T) {

@@ -50,6 +50,12 @@ type Spec struct {
 	RxCPUs []int `yaml:"rx_cpus" json:"rx_cpus"`
 	// GRO on the underlay (veth NAPI mode), like a real NIC. Pointer so YAML can turn it off.
 	GRO *bool `yaml:"gro" json:"gro"`
+	// WireFrames turns off transmit checksum offload (and with it TSO) on the hosts' underlay,
+	// so what crosses the "wire" is what a real link carries: MTU-sized frames with complete
+	// checksums, segmented by the sender. A veth with offloads passes 64 KB TSO super-packets
+	// with unfinished checksums to its peer, which no NIC ever delivers: the receiver would
+	// skip GRO entirely and XDP on the underlay would see frames it cannot checksum. Default on.
+	WireFrames *bool `yaml:"wire_frames" json:"wire_frames"`
 
 	UnderlayCIDR string `yaml:"underlay_cidr" json:"underlay_cidr"` // hosts get .1, .2, ...
 	OverlayCIDR  string `yaml:"overlay_cidr" json:"overlay_cidr"`   // docker: one L2 subnet; flannel: a /24 per host

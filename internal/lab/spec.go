@@ -42,6 +42,10 @@ func (s *Spec) Defaults() {
 		on := true
 		s.GRO = &on
 	}
+	if s.WireFrames == nil {
+		on := true
+		s.WireFrames = &on
+	}
 	if s.UnderlayCIDR == "" {
 		s.UnderlayCIDR = "198.18.0.0/24"
 	}
