@@ -7,10 +7,12 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/falcon" // registers mode "falcon"
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
@@ -49,6 +51,7 @@ func newAttachCmd() *cobra.Command {
 	var o datapath.Options
 	var cpus string
 	var asJSON bool
+	var ff falconFlags
 	c := &cobra.Command{
 		Use:   "attach MODE",
 		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
@@ -65,7 +68,9 @@ affinity and is left alone.`,
   sudo peregrine attach rps --lab               # every host of the lab "lab"
   sudo peregrine attach rps --lab --name fl     # every host of the lab "fl"
   sudo peregrine attach rps --netns prg-lab-h2 --cpus 1
-  sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC`,
+  sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC
+  sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
+  sudo peregrine attach falcon --static         # first choice only (no two-choice balancing)`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := datapath.Lookup(args[0]); err != nil {
@@ -78,6 +83,11 @@ affinity and is left alone.`,
 				}
 				o.CPUs = list
 			}
+			extra, err := ff.extra(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			o.Extra = extra
 			targets, l, err := tf.resolve()
 			if err != nil {
 				return err
@@ -116,7 +126,51 @@ affinity and is left alone.`,
 	c.Flags().StringVar(&o.Underlay, "underlay", "", "underlay NIC, when discovery cannot tell it")
 	c.Flags().StringVar(&cpus, "cpus", "", "CPUs the mode may use, e.g. 0-3 (default: all online CPUs)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the attachment records as JSON")
+	ff.add(c)
 	return c
+}
+
+// falconFlags are the paper's knobs of mode falcon (FALCON_CPUS is --cpus).
+type falconFlags struct {
+	threshold int
+	static    bool
+	interval  time.Duration
+	repick    time.Duration
+	splitCPUs string
+	split     string
+}
+
+func (f *falconFlags) add(c *cobra.Command) {
+	c.Flags().IntVar(&f.threshold, "threshold", falcon.DefaultThreshold, "falcon: load threshold in percent (0-100): at or above it on average the gate closes, per CPU it rejects a first choice")
+	c.Flags().BoolVar(&f.static, "static", false, "falcon: first choice only (the paper's \"static\"); default is two-choice (\"dynamic\")")
+	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period")
+	c.Flags().DurationVar(&f.repick, "repick", falcon.DefaultRepick, "falcon: idle time after which a flow's CPU choice may be re-picked")
+	c.Flags().StringVar(&f.splitCPUs, "split-cpus", "", "falcon: GRO split CPUs (XDP+cpumap on the underlay), e.g. 1")
+	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split auto|on|off (default: on when --split-cpus is given; auto acts as on for now)")
+}
+
+// extra turns the flags given into the mode's options; falcon's flags on another mode are an error.
+func (f *falconFlags) extra(c *cobra.Command, mode string) (map[string]string, error) {
+	names := []string{"threshold", "static", "interval", "repick", "split-cpus", "split"}
+	m := map[string]string{}
+	for _, n := range names {
+		fl := c.Flags().Lookup(n)
+		if !fl.Changed {
+			continue
+		}
+		if mode != "falcon" {
+			return nil, fmt.Errorf("--%s is a falcon flag; mode %s does not take it", n, mode)
+		}
+		key := strings.ReplaceAll(n, "-", "_")
+		m[key] = fl.Value.String()
+	}
+	if mode == "falcon" {
+		// Validate here too, so a bad value fails before anything is discovered.
+		if _, err := falcon.ParseConfig(nil, m); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 func modeList() string {
@@ -251,6 +305,16 @@ func newStatusCmd() *cobra.Command {
 				}
 				tw.Flush()
 				fmt.Printf("  knobs: %d of %d hold their set value\n", held, len(st.Knobs))
+				if m, err := datapath.Lookup(st.Mode); err == nil && st.Complete {
+					if r, ok := m.(datapath.Reporter); ok {
+						text, err := r.Report(st)
+						if err != nil {
+							fmt.Printf("  live state unavailable: %v\n", err)
+						} else {
+							fmt.Print(text)
+						}
+					}
+				}
 			}
 			return nil
 		},

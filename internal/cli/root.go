@@ -45,7 +45,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd())
 	return root
 }
 
@@ -70,4 +70,3 @@ func printJSON(w io.Writer, v any) error {
 func stderrLog(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "  "+format+"\n", args...)
 }
-

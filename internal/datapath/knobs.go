@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,10 +70,29 @@ func writeKnobs(ks []Knob, restore bool) []error {
 			continue // the namespace is gone, and its knobs with it
 		}
 		if err := netnsutil.WriteFileIn(k.Netns, k.Path, v); err != nil {
+			if restore && errors.Is(err, os.ErrNotExist) && deviceGone(k) {
+				continue // the device was removed (a container went away), and its knob with it
+			}
 			errs = append(errs, fmt.Errorf("write %q to %s: %w", v, k, err))
 		}
 	}
 	return errs
+}
+
+// deviceGone tells whether the device a /sys/class/net knob belongs to no longer exists.
+func deviceGone(k Knob) bool {
+	rest, ok := strings.CutPrefix(k.Path, "/sys/class/net/")
+	if !ok {
+		return false
+	}
+	dev, _, _ := strings.Cut(rest, "/")
+	gone := false
+	_ = netnsutil.WithSysfs(k.Netns, func() error {
+		_, err := os.Stat("/sys/class/net/" + dev)
+		gone = errors.Is(err, os.ErrNotExist)
+		return nil
+	})
+	return gone
 }
 
 // CurrentValue reads a knob's live value.

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -30,6 +31,27 @@ type Mode interface {
 	// Unload removes what Load attached, from the record alone (a new process may call it).
 	Unload(ctx context.Context, st *State) error
 }
+
+// Reporter is a mode that can describe its live state for `peregrine status`.
+type Reporter interface {
+	Report(st *State) (string, error)
+}
+
+// AgentRunner is a mode with a node agent: `peregrine agent MODE --target NS` runs it in the
+// foreground until it is told to stop (the mode's Load starts it detached).
+type AgentRunner interface {
+	RunAgent(ctx context.Context, target string) error
+}
+
+// PlanKnobs reads the current value of each knob (Old) so a mode's agent can record knobs it is
+// about to change for a device that appeared after attach.
+func PlanKnobs(ks []Knob) error { return readKnobs(ks) }
+
+// ApplyKnobs writes New (or Old with restore) to each knob and returns every failure.
+func ApplyKnobs(ks []Knob, restore bool) error { return errors.Join(writeKnobs(ks, restore)...) }
+
+// RxQueueKnobs lists a device's per-receive-queue knob files (rps_cpus, rps_flow_cnt...).
+func RxQueueKnobs(d Dev, file string) ([]string, error) { return rxQueueKnobs(d, file) }
 
 var modes = map[string]Mode{}
 

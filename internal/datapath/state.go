@@ -29,6 +29,10 @@ type State struct {
 	Knobs    []Knob            `json:"knobs"`
 	Pins     []string          `json:"pins,omitempty"` // paths under PinRoot, removed on detach
 	Complete bool              `json:"complete"`       // false while attach is still applying
+	// AgentPID is the mode's node agent (a detached process that outlives the CLI), 0 if none.
+	AgentPID int `json:"agent_pid,omitempty"`
+	// ModeState is the mode's own record (e.g. which per-device pieces it attached).
+	ModeState json.RawMessage `json:"mode_state,omitempty"`
 }
 
 func stateKey(target string) string {
@@ -39,6 +43,9 @@ func stateKey(target string) string {
 }
 
 func statePath(target string) string { return filepath.Join(StateDir, stateKey(target)+".json") }
+
+// SaveState writes a record (a mode saves progress with it, so a crash can still be undone).
+func SaveState(st *State) error { return saveState(st) }
 
 func saveState(st *State) error {
 	if err := os.MkdirAll(StateDir, 0o755); err != nil {
@@ -102,6 +109,8 @@ func removeState(target string) error {
 	return err
 }
 
+const lockWait = 2 * time.Second
+
 // lock serialises attach and detach across processes (flock on a file in StateDir).
 func lock() (release func(), err error) {
 	if err := os.MkdirAll(StateDir, 0o755); err != nil {
@@ -111,12 +120,56 @@ func lock() (release func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another peregrine process is attaching or detaching right now (lock %s held): wait for it and retry", f.Name())
+	// A mode's agent takes the lock for a few milliseconds when it records a device that came
+	// or went; wait that out rather than fail, but not a whole attach of another process.
+	deadline := time.Now().Add(lockWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("another peregrine process is attaching or detaching right now (lock %s held): wait for it and retry", f.Name())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }
+
+// UpdateState lets a mode's agent change the record of target under the attach/detach lock: fn
+// sees the record as saved and may change it; it is saved if fn returns nil. While another
+// process holds the lock (an attach or detach in progress) it retries for up to wait.
+// ErrNotAttached means the record is gone (the mode was detached).
+func UpdateState(target string, wait time.Duration, fn func(*State) error) error {
+	deadline := time.Now().Add(wait)
+	var release func()
+	for {
+		var err error
+		if release, err = lock(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer release()
+	st, err := LoadState(target)
+	if err != nil {
+		return err
+	}
+	if st == nil {
+		return ErrNotAttached
+	}
+	if err := fn(st); err != nil {
+		return err
+	}
+	return saveState(st)
+}
+
+// ErrNotAttached says there is no record for a target.
+var ErrNotAttached = errors.New("nothing is attached")
 
 // PinDir is where a mode pins its objects for a target.
 func PinDir(target string) string { return filepath.Join(PinRoot, stateKey(target)) }

@@ -31,6 +31,8 @@ type Dev struct {
 	Ifindex int    `json:"ifindex"`
 	Stage   string `json:"stage"`
 	Master  string `json:"master,omitempty"`
+	// Peer is the other end of a veth ("netns/name", as String prints it), when discovery found it.
+	Peer string `json:"peer,omitempty"`
 }
 
 func (d Dev) String() string {
@@ -223,6 +225,19 @@ func discoverBridgePorts(t *Topology, views []*nsView, v *nsView, br netlink.Lin
 			continue
 		}
 		add(pv, peer, StageVeth)
+		linkPeers(t, Dev{Netns: v.name, Name: l.Attrs().Name}, Dev{Netns: pv.name, Name: peer.Attrs().Name})
+	}
+}
+
+// linkPeers records each end of a veth pair as the other's Peer.
+func linkPeers(t *Topology, a, b Dev) {
+	for i := range t.Devs {
+		switch t.Devs[i].String() {
+		case a.String():
+			t.Devs[i].Peer = b.String()
+		case b.String():
+			t.Devs[i].Peer = a.String()
+		}
 	}
 }
 

@@ -1,0 +1,313 @@
+package falcon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe"
+)
+
+// The node agent: FALCON's load monitor (the prototype's do_timer hook) and the follower of
+// containers that come and go after attach.
+//
+//   - every interval it samples /proc/stat, keeps the EWMA of each CPU's busy share
+//     (load = 0.8 load + 0.2 busy, the prototype's (4 load + busy)/5), writes it to
+//     prg_falcon_load and opens the gate while the average over the FALCON CPUs is below the
+//     threshold; each re-opening bumps the epoch, so flows re-pick with fresh loads;
+//   - it listens to netlink link events in the namespaces of the overlay bridges and re-runs
+//     discovery (debounced) to attach bridge ports that appeared and forget those that left;
+//     every knob it changes is recorded in the attachment record before it is written;
+//   - it exits when the attachment's pins disappear (detach, lab down) or on SIGTERM.
+
+const (
+	rescanDebounce = 100 * time.Millisecond
+	rescanBackstop = 5 * time.Second // catches namespaces created after attach, missed events
+	pinCheck       = time.Second
+)
+
+type agent struct {
+	target string
+	cfg    Config
+	objs   *objects
+	log    *log.Logger
+	epoch  uint32
+	open   bool
+}
+
+func runAgent(ctx context.Context, target string) error {
+	lg := log.New(os.Stderr, "falcon-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
+	st, err := datapath.LoadState(target)
+	if err != nil {
+		return err
+	}
+	if st == nil || st.Mode != "falcon" {
+		return fmt.Errorf("falcon is not attached to %s", label(target))
+	}
+	cfg, err := ConfigOfState(st)
+	if err != nil {
+		return err
+	}
+	objs, err := openPinned(target, true)
+	if err != nil {
+		return err
+	}
+	defer objs.Close()
+	g, _ := objs.readGate()
+	a := &agent{target: target, cfg: cfg, objs: objs, log: lg, epoch: g.Epoch}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	lg.Printf("started: CPUs %v, threshold %d%%, two-choice %v, interval %v", cfg.CPUs, cfg.Threshold, cfg.TwoChoice, cfg.Interval)
+
+	events := make(chan struct{}, 1)
+	a.watch(ctx, st.Topology, events)
+
+	mon, err := probe.NewLoadMonitor(cfg.Interval, ewmaAlpha)
+	if err != nil {
+		return err
+	}
+	if s, err := probe.ReadCPUStat(); err == nil {
+		_ = mon.Observe(s)
+	}
+	tick := time.NewTicker(cfg.Interval)
+	defer tick.Stop()
+	pins := time.NewTicker(pinCheck)
+	defer pins.Stop()
+	backstop := time.NewTicker(rescanBackstop)
+	defer backstop.Stop()
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			lg.Printf("stopping: %v", context.Cause(ctx))
+			// Leave the stages where vanilla runs them while nobody watches the load.
+			_ = objs.writeGate(Gate{Open: false, Epoch: a.epoch, UpdatedNs: monoNow()})
+			return nil
+		case <-tick.C:
+			if err := a.sample(mon); err != nil {
+				lg.Printf("load sample: %v", err)
+			}
+		case <-pins.C:
+			if _, err := os.Stat(filepath.Join(pinDir(target), "prg_falcon_gate")); err != nil {
+				lg.Printf("pins are gone (detached): exiting")
+				return nil
+			}
+		case <-events:
+			if debounce == nil {
+				debounce = time.After(rescanDebounce)
+			}
+		case <-backstop.C:
+			if debounce == nil {
+				debounce = time.After(0)
+			}
+		case <-debounce:
+			debounce = nil
+			if err := a.rescan(); err != nil {
+				if errors.Is(err, datapath.ErrNotAttached) {
+					lg.Printf("record is gone (detached): exiting")
+					return nil
+				}
+				lg.Printf("rescan: %v", err)
+			}
+		}
+	}
+}
+
+// sample feeds the monitor and writes loads and the gate.
+func (a *agent) sample(mon *probe.LoadMonitor) error {
+	s, err := probe.ReadCPUStat()
+	if err != nil {
+		return err
+	}
+	if err := mon.Observe(s); err != nil && !errors.Is(err, probe.ErrEmptyInterval) && !errors.Is(err, probe.ErrCPUSetChanged) {
+		return err
+	}
+	cur := mon.Current()
+	for cpu, v := range cur {
+		if cpu >= MaxCPUID {
+			break
+		}
+		if err := a.objs.Load.Put(uint32(cpu), pct(v)); err != nil {
+			return fmt.Errorf("write load of CPU %d: %w", cpu, err)
+		}
+	}
+	avg := mon.Average(a.cfg.CPUs)
+	// NaN (no sample yet) keeps the gate closed.
+	open := !math.IsNaN(avg) && pct(avg) < uint32(a.cfg.Threshold)
+	if open && !a.open {
+		a.epoch++ // a deliberate re-pick point: every flow chooses again with fresh loads
+	}
+	a.open = open
+	g := Gate{Open: open, Epoch: a.epoch, UpdatedNs: monoNow()}
+	if !math.IsNaN(avg) {
+		g.AvgPct = pct(avg)
+	}
+	return a.objs.writeGate(g)
+}
+
+func pct(share float64) uint32 {
+	if math.IsNaN(share) || share <= 0 {
+		return 0
+	}
+	if share >= 1 {
+		return 100
+	}
+	return uint32(math.Round(share * 100))
+}
+
+// monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
+func monoNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec)
+}
+
+// watch subscribes to link events in the namespaces of the overlay (where bridge ports appear).
+func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- struct{}) {
+	nss := map[string]bool{t.Host: true}
+	for _, d := range t.Devs {
+		if d.Stage == datapath.StageVXLAN || d.Stage == datapath.StageVethHost {
+			nss[d.Netns] = true
+		}
+	}
+	for ns := range nss {
+		h, err := netnsutil.Handle(ns)
+		if err != nil {
+			a.log.Printf("watch %s: %v", label(ns), err)
+			continue
+		}
+		ch := make(chan netlink.LinkUpdate, 64)
+		err = netlink.LinkSubscribeWithOptions(ch, ctx.Done(), netlink.LinkSubscribeOptions{
+			Namespace: &h,
+			ErrorCallback: func(err error) {
+				if ctx.Err() == nil { // closing the subscription at exit reports an error too
+					a.log.Printf("netlink %s: %v", label(ns), err)
+				}
+			},
+		})
+		h.Close()
+		if err != nil {
+			a.log.Printf("watch %s: %v", label(ns), err)
+			continue
+		}
+		go func() {
+			for range ch {
+				select {
+				case events <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+}
+
+// rescan re-discovers the node and reconciles the bridge ports falcon is attached to.
+func (a *agent) rescan() error {
+	var underlay string
+	if st, err := datapath.LoadState(a.target); err == nil && st != nil {
+		underlay = st.Options[OptUnderlay]
+	}
+	topo, err := datapath.Discover(a.target, underlay)
+	if err != nil {
+		return err
+	}
+	want, _, err := desiredPieces(topo)
+	if err != nil {
+		return err
+	}
+	mask := lab.CPUMask(a.cfg.CPUs)
+	return datapath.UpdateState(a.target, 2*time.Second, func(st *datapath.State) error {
+		ms, err := readModeState(st)
+		if err != nil {
+			return err
+		}
+		wantKeys := map[string]bool{}
+		for _, p := range want {
+			wantKeys[p.key()] = true
+		}
+		var errs []error
+		var keep []Piece
+		have := map[string]bool{}
+		for _, p := range ms.Pieces {
+			if p.Stage != StageIDVeth || wantKeys[p.key()] {
+				keep = append(keep, p)
+				have[p.key()] = true
+				continue
+			}
+			// The port left: forget its link and restore or drop its peer's knobs.
+			errs = append(errs, detachPiece(a.objs, p))
+			st.Knobs = a.dropKnobs(st.Knobs, p.Next)
+			a.log.Printf("port %s gone: detached", p.Dev)
+		}
+		ms.Pieces = keep
+		for _, p := range want {
+			if p.Stage != StageIDVeth || have[p.key()] {
+				continue
+			}
+			ks, err := stageKnobs(p.Next, mask)
+			if err == nil {
+				err = datapath.PlanKnobs(ks)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", p.Next, err))
+				continue
+			}
+			// Recorded before written: a crash from here on is undone by detach.
+			st.Knobs = append(st.Knobs, ks...)
+			if err := datapath.SaveState(st); err != nil {
+				return err
+			}
+			if err := datapath.ApplyKnobs(ks, false); err != nil {
+				errs = append(errs, err)
+			}
+			if err := attachPiece(a.objs, a.target, &p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			ms.Pieces = append(ms.Pieces, p)
+			a.log.Printf("port %s (peer %s) appeared: attached", p.Dev, p.Next)
+		}
+		writeModeState(st, ms)
+		return errors.Join(errs...)
+	})
+}
+
+// dropKnobs removes the knobs of a device from the record, first restoring them if the device
+// is still there (the port left the bridge but the veth lives on).
+func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
+	prefix := "/sys/class/net/" + d.Name + "/"
+	var mine, rest []datapath.Knob
+	for _, k := range ks {
+		if k.Netns == d.Netns && strings.HasPrefix(k.Path, prefix) {
+			mine = append(mine, k)
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	if err := datapath.ApplyKnobs(mine, true); err != nil {
+		a.log.Printf("restore knobs of %s: %v", d, err)
+	}
+	return slices.Clip(rest)
+}
+
+func label(ns string) string {
+	if ns == "" {
+		return "this node"
+	}
+	return ns
+}

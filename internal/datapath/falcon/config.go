@@ -1,0 +1,178 @@
+package falcon
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+)
+
+// Keys of datapath.Options.Extra that falcon reads (the CLI's flags fill them). They are saved
+// with the attachment record, so the agent reads the same settings.
+const (
+	OptThreshold = "threshold"  // busy percent, 0..100 (default 80)
+	OptStatic    = "static"     // "true": first choice only (the paper's "static")
+	OptInterval  = "interval"   // load monitor period, e.g. 20ms
+	OptRepick    = "repick"     // idle time after which a flow's choice may be re-picked
+	OptSplitCPUs = "split_cpus" // GRO split CPUs (grosplit), CPU list
+	OptSplit     = "split"      // auto|on|off
+	OptUnderlay  = "underlay"   // saved by the framework
+)
+
+// Defaults. The paper's prototype updates its loads every 10 jiffies (10-40 ms at HZ 1000-250)
+// and found thresholds of 80-90 % best.
+const (
+	DefaultThreshold = 80
+	DefaultInterval  = 20 * time.Millisecond
+	DefaultRepick    = 200 * time.Millisecond
+	// ewmaAlpha is the prototype's load = (4*load + busy)/5.
+	ewmaAlpha = 0.2
+)
+
+// Config is falcon's settings after validation.
+type Config struct {
+	CPUs      []int // the FALCON set, ascending
+	Threshold int
+	TwoChoice bool
+	Interval  time.Duration
+	Repick    time.Duration
+	SplitCPUs []int
+	Split     string // off, on, auto
+}
+
+// ParseConfig reads falcon's settings from attach options (or a record's saved options).
+func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
+	c := Config{Threshold: DefaultThreshold, TwoChoice: true, Interval: DefaultInterval, Repick: DefaultRepick, Split: "off"}
+	c.CPUs = slices.Clone(cpus)
+	if len(c.CPUs) == 0 {
+		for i := 0; i < runtime.NumCPU(); i++ {
+			c.CPUs = append(c.CPUs, i)
+		}
+	}
+	slices.Sort(c.CPUs)
+	c.CPUs = slices.Compact(c.CPUs)
+	if len(c.CPUs) > MaxCPUs {
+		return c, fmt.Errorf("falcon: %d CPUs in the set; at most %d", len(c.CPUs), MaxCPUs)
+	}
+	for _, cpu := range c.CPUs {
+		if cpu < 0 || cpu >= MaxCPUID {
+			return c, fmt.Errorf("falcon: CPU %d is out of range 0..%d", cpu, MaxCPUID-1)
+		}
+	}
+	if err := datapath.CheckCPUs(c.CPUs); err != nil {
+		return c, fmt.Errorf("falcon: --cpus: %w", err)
+	}
+	if v, ok := extra[OptThreshold]; ok {
+		t, err := strconv.Atoi(strings.TrimSuffix(v, "%"))
+		if err != nil || t < 0 || t > 100 {
+			return c, fmt.Errorf("falcon: --threshold %q: want a whole percentage in 0..100", v)
+		}
+		c.Threshold = t
+	}
+	if v, ok := extra[OptStatic]; ok {
+		s, err := strconv.ParseBool(v)
+		if err != nil {
+			return c, fmt.Errorf("falcon: --static %q: want true or false", v)
+		}
+		c.TwoChoice = !s
+	}
+	var err error
+	if c.Interval, err = duration(extra, OptInterval, DefaultInterval, time.Millisecond, 10*time.Second); err != nil {
+		return c, err
+	}
+	if c.Repick, err = duration(extra, OptRepick, DefaultRepick, time.Millisecond, time.Hour); err != nil {
+		return c, err
+	}
+	if v, ok := extra[OptSplit]; ok {
+		switch v {
+		case "off", "on", "auto":
+			c.Split = v
+		default:
+			return c, fmt.Errorf("falcon: --split %q: want auto, on or off", v)
+		}
+	}
+	if v := extra[OptSplitCPUs]; v != "" {
+		if c.SplitCPUs, err = parseList(v); err != nil {
+			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
+		}
+		if err := datapath.CheckCPUs(c.SplitCPUs); err != nil {
+			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
+		}
+		if c.Split == "off" && extra[OptSplit] == "" {
+			c.Split = "on" // naming split CPUs asks for the split
+		}
+	}
+	if c.Split != "off" && len(c.SplitCPUs) == 0 {
+		return c, fmt.Errorf("falcon: --split %s needs --split-cpus", c.Split)
+	}
+	return c, nil
+}
+
+func duration(extra map[string]string, key string, def, lo, hi time.Duration) (time.Duration, error) {
+	v, ok := extra[key]
+	if !ok {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < lo || d > hi {
+		return 0, fmt.Errorf("falcon: --%s %q: want a duration in %v..%v", key, v, lo, hi)
+	}
+	return d, nil
+}
+
+// parseList reads "0-2,5" (the saved form is a hex mask; see cpusOfRecord).
+func parseList(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("bad CPU %q", part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("bad CPU range %q", part)
+			}
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// cpusOfRecord reads the CPU set back from a record: the framework saves it as a hex mask.
+func cpusOfRecord(opts map[string]string) ([]int, error) {
+	m, ok := opts["cpus"]
+	if !ok {
+		return nil, nil
+	}
+	var cpus []int
+	words := strings.Split(m, ",")
+	for wi := range words {
+		w, err := strconv.ParseUint(words[len(words)-1-wi], 16, 32)
+		if err != nil {
+			return nil, fmt.Errorf("saved CPU mask %q: %w", m, err)
+		}
+		for b := 0; b < 32; b++ {
+			if w&(1<<b) != 0 {
+				cpus = append(cpus, wi*32+b)
+			}
+		}
+	}
+	return cpus, nil
+}
+
+// ConfigOfState rebuilds the settings of a recorded attachment.
+func ConfigOfState(st *datapath.State) (Config, error) {
+	cpus, err := cpusOfRecord(st.Options)
+	if err != nil {
+		return Config{}, err
+	}
+	return ParseConfig(cpus, st.Options)
+}

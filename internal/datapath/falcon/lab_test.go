@@ -1,0 +1,604 @@
+package falcon
+
+import (
+	"context"
+	"errors"
+
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+)
+
+// Integration tests on lab topologies. The underlay's receive is pinned to CPU0 (--rx-cpus 0, a
+// NIC's IRQ core), so vanilla runs every stage of a flow on CPU0; falcon must move the VXLAN and
+// veth stageDevs to the CPUs the model predicts. With 2 CPUs three stageDevs cannot all differ, so
+// flows are picked whose stageDevs alternate: NIC 0 -> VXLAN 1 -> veth 0, and NIC 0 -> VXLAN 0 ->
+// veth 1. The first proves that a hash set at the underlay's ingress survives decapsulation and
+// decides vxlan0's RPS; the second that the bridge port's hash decides the container veth's.
+
+func labUp(t *testing.T, spec lab.Spec) *lab.Lab {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if err := stage.Check(); err != nil {
+		t.Skipf("no stage probe: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+			t.Errorf("down: %v", err)
+		}
+		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
+		if _, err := os.Stat(pinDir(lab.NsPrefix(spec.Name) + "h1")); err == nil {
+			t.Errorf("pins left behind at %s", pinDir(lab.NsPrefix(spec.Name)+"h1"))
+		}
+	})
+	l, err := lab.Up(ctx, spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// rxKnobs reads rps_cpus and rps_flow_cnt of every device of every lab namespace.
+func rxKnobs(t *testing.T, l *lab.Lab) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	nodes := append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...)
+	for _, n := range nodes {
+		for _, d := range n.Devices {
+			for _, f := range []string{"rps_cpus", "rps_flow_cnt"} {
+				p := "/sys/class/net/" + d.Name + "/queues/rx-0/" + f
+				v, err := netnsutil.ReadFileIn(n.Netns, p)
+				if err != nil {
+					continue // devices without rx queues (bridges)
+				}
+				out[n.Netns+":"+p] = v
+			}
+		}
+	}
+	return out
+}
+
+// stagesOf finds the receive stageDevs of container h1-c1 on host h1.
+type stageDevs struct {
+	nic, vxlan, veth datapath.Dev
+	nicKey, vxKey    stage.DevKey
+	vethKey          stage.DevKey
+	nicIno, vethIno  uint64
+}
+
+func findStages(t *testing.T, l *lab.Lab) stageDevs {
+	t.Helper()
+	host := l.Hosts[0].Netns
+	topo, err := datapath.Discover(host, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s stageDevs
+	s.nic, s.vxlan = topo.ByStage(datapath.StageNIC)[0], topo.ByStage(datapath.StageVXLAN)[0]
+	for _, d := range topo.ByStage(datapath.StageVeth) {
+		if d.Netns == c1.Netns {
+			s.veth = d
+		}
+	}
+	key := func(d datapath.Dev) (stage.DevKey, uint64) {
+		ino, err := inodeOf(d.Netns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stage.DevKey{Netns: ino, Ifindex: uint32(d.Ifindex)}, ino
+	}
+	s.nicKey, s.nicIno = key(s.nic)
+	s.vxKey, _ = key(s.vxlan)
+	s.vethKey, s.vethIno = key(s.veth)
+	return s
+}
+
+// pickFlow finds a UDP source port from h2-c1 to h1-c1 whose VXLAN stage lands on vxCPU and
+// veth stage on vethCPU, by the model, with falcon on CPUs 0-1.
+func pickFlow(l *lab.Lab, s stageDevs, vxCPU, vethCPU int) Flow {
+	p := Params{CPUs: []int{0, 1}, Threshold: 100, GateOpen: true}
+	vxSalt := VNISalt(DeviceSalt(s.nicIno, s.nic.Ifindex), uint32(l.Spec.VNI))
+	vethSalt := DeviceSalt(s.vethIno, s.veth.Ifindex)
+	for port := 20000; ; port++ {
+		f := Flow{Src: l.Spec.ContainerAddr(2, 1).Addr(), Dst: l.Spec.ContainerAddr(1, 1).Addr(),
+			Sport: uint16(port), Dport: 9999, Proto: 17}
+		if Choose(p, f.Hash(), vxSalt).CPU == vxCPU && Choose(p, f.Hash(), vethSalt).CPU == vethCPU {
+			return f
+		}
+	}
+}
+
+// sendFlow sends n small UDP datagrams of flow f at a modest rate (the load gate must stay open)
+// and returns the stage probe's per-CPU packet counts of the three stageDevs.
+func sendFlow(t *testing.T, l *lab.Lab, s stageDevs, f Flow, n int) map[string]map[int]uint64 {
+	t.Helper()
+	var recv *net.UDPConn
+	if err := netnsutil.Do(nsOf(l, "h1-c1"), func() error {
+		var err error
+		recv, err = net.ListenUDP("udp4", &net.UDPAddr{IP: f.Dst.AsSlice(), Port: int(f.Dport)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer recv.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, err := recv.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	var send *net.UDPConn
+	if err := netnsutil.Do(nsOf(l, "h2-c1"), func() error {
+		var err error
+		send, err = net.DialUDP("udp4", &net.UDPAddr{IP: f.Src.AsSlice(), Port: int(f.Sport)},
+			&net.UDPAddr{IP: f.Dst.AsSlice(), Port: int(f.Dport)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer send.Close()
+	p, err := stage.Start(stage.Options{NetnsNames: []string{s.nic.Netns, s.vxlan.Netns, s.veth.Netns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	before, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 64)
+	for i := 0; i < n; i++ {
+		if _, err := send.Write(payload); err != nil {
+			t.Fatal(err)
+		}
+		if i%20 == 19 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	after, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := after.Sub(before)
+	out := map[string]map[int]uint64{"nic": {}, "vxlan": {}, "veth": {}}
+	for _, dc := range d.Devices {
+		switch dc.DevKey {
+		case s.nicKey:
+			out["nic"][dc.CPU] += dc.Packets
+		case s.vxKey:
+			out["vxlan"][dc.CPU] += dc.Packets
+		case s.vethKey:
+			out["veth"][dc.CPU] += dc.Packets
+		}
+	}
+	return out
+}
+
+// mostlyOn asserts that at least 90 % of a stage's packets ran on cpu.
+func mostlyOn(t *testing.T, what string, counts map[int]uint64, cpu int) {
+	t.Helper()
+	var total uint64
+	for _, v := range counts {
+		total += v
+	}
+	if total < 100 {
+		t.Errorf("%s: only %d packets seen: %v", what, total, counts)
+		return
+	}
+	if counts[cpu]*10 < total*9 {
+		t.Errorf("%s: %v packets per CPU, want >= 90%% on CPU %d", what, counts, cpu)
+	}
+}
+
+func falconOpts() datapath.Options {
+	// threshold 100 and static: the test checks the pipelining, not the balancing (the unit
+	// tests check that), and must not depend on what else loads this machine.
+	return datapath.Options{CPUs: []int{0, 1}, KeepUnderlay: true,
+		Extra: map[string]string{OptThreshold: "100", OptStatic: "true"}}
+}
+
+func TestPipeliningOnLabs(t *testing.T) {
+	if n := numOnline(); n < 2 {
+		t.Skipf("needs 2 CPUs, have %d", n)
+	}
+	for _, style := range []string{lab.StyleDocker, lab.StyleFlannel} {
+		t.Run(style, func(t *testing.T) {
+			l := labUp(t, lab.Spec{Name: "tfalp" + style[:2], Style: style, Containers: 1, RxCPUs: []int{0}})
+			s := findStages(t, l)
+			before := rxKnobs(t, l)
+			host := l.Hosts[0].Netns
+
+			f := pickFlow(l, s, 1, 0)
+			vanilla := sendFlow(t, l, s, f, 3000)
+			for _, st := range []string{"nic", "vxlan", "veth"} {
+				mostlyOn(t, "vanilla "+st, vanilla[st], 0)
+			}
+
+			st, err := datapath.Attach(context.Background(), host, "falcon", falconOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+			if st.AgentPID == 0 || !isAgent(st.AgentPID, host) {
+				t.Fatalf("agent %d is not running", st.AgentPID)
+			}
+
+			got := sendFlow(t, l, s, f, 3000)
+			t.Logf("vanilla: %v; falcon flow 1: %v", vanilla, got)
+			mostlyOn(t, "falcon nic", got["nic"], 0)
+			mostlyOn(t, "falcon vxlan (hash set at the underlay's ingress)", got["vxlan"], 1)
+			mostlyOn(t, "falcon veth (hash set at the bridge port's egress)", got["veth"], 0)
+
+			f2 := pickFlow(l, s, 0, 1)
+			got = sendFlow(t, l, s, f2, 3000)
+			mostlyOn(t, "falcon flow 2 vxlan", got["vxlan"], 0)
+			mostlyOn(t, "falcon flow 2 veth", got["veth"], 1)
+
+			// status can read the live state
+			text, err := Mode{}.Report(st)
+			if err != nil || !strings.Contains(text, "gate      open") {
+				t.Errorf("report: %v\n%s", err, text)
+			}
+
+			if _, err := datapath.Detach(context.Background(), host); err != nil {
+				t.Fatal(err)
+			}
+			after := rxKnobs(t, l)
+			for k, v := range before {
+				if after[k] != v {
+					t.Errorf("%s: %q after detach, %q before attach", k, after[k], v)
+				}
+			}
+			if isAgent(st.AgentPID, host) {
+				t.Errorf("agent %d still runs after detach", st.AgentPID)
+			}
+			if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pins remain at %s", pinDir(host))
+			}
+			assertNoFalconProgs(t, s.nic, ebpf.AttachTCXIngress)
+			vanilla = sendFlow(t, l, s, f, 3000)
+			mostlyOn(t, "after detach vxlan", vanilla["vxlan"], 0)
+			mostlyOn(t, "after detach veth", vanilla["veth"], 0)
+		})
+	}
+}
+
+func assertNoFalconProgs(t *testing.T, d datapath.Dev, at ebpf.AttachType) {
+	t.Helper()
+	_ = netnsutil.Do(d.Netns, func() error {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: d.Ifindex, Attach: at})
+		if err != nil {
+			return nil // the device is gone
+		}
+		if len(res.Programs) > 0 {
+			t.Errorf("%s still runs %d tcx programs", d, len(res.Programs))
+		}
+		return nil
+	})
+}
+
+func numOnline() int {
+	n := 0
+	for c := 0; c < 64; c++ {
+		if datapath.CheckCPUs([]int{c}) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Containers that come after attach are picked up within a second; ones that go are forgotten.
+func TestAgentFollowsContainers(t *testing.T) {
+	l := labUp(t, lab.Spec{Name: "tfalhp", Style: lab.StyleDocker, Containers: 1})
+	host := l.Hosts[0].Netns
+	if _, err := datapath.Attach(context.Background(), host, "falcon", falconOpts()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+
+	ov := nsOf(l, "h1-ov")
+	newNs := nsOf(l, "h1-c9") // the lab prefix: lab down removes it whatever happens
+	if err := netnsutil.Create(newNs); err != nil {
+		t.Fatal(err)
+	}
+	hn, err := netnsutil.Handle(newNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = netnsutil.Do(ov, func() error {
+		br, err := netlink.LinkByName("br0")
+		if err != nil {
+			return err
+		}
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth9", MasterIndex: br.Attrs().Index},
+			PeerName: "eth0", PeerNamespace: netlink.NsFd(int(hn))}
+		if err := netlink.LinkAdd(v); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("veth9")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	hn.Close() // our handle would keep the namespace (and the veth) alive after Delete
+	if err != nil {
+		t.Fatal(err)
+	}
+	newVeth := datapath.Dev{Netns: newNs, Name: "eth0"}
+	waitFor(t, 2*time.Second, "new container's veth steered", func() bool {
+		v, err := netnsutil.ReadFileIn(newNs, "/sys/class/net/eth0/queues/rx-0/rps_cpus")
+		return err == nil && datapath.SameValue(v, "3") && hasPiece(t, host, newVeth)
+	})
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("picked up after %v, want within 1 s", d)
+	}
+
+	var pin string
+	if ms, _ := readModeStateOf(host); len(ms.Pieces) > 0 {
+		pin = ms.Pieces[len(ms.Pieces)-1].LinkPin
+	}
+	if _, err := os.Stat(pin); err != nil {
+		t.Errorf("link of the new port is not pinned: %v", err)
+	}
+	if err := netnsutil.Delete(newNs); err != nil { // the container goes, and its veth pair
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "gone container forgotten", func() bool { return !hasPiece(t, host, newVeth) })
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("link pin of the gone port remains: %v", err)
+	}
+	st, _ := datapath.LoadState(host)
+	for _, k := range st.Knobs {
+		if k.Netns == newNs {
+			t.Errorf("knob of the gone container still recorded: %s", k)
+		}
+	}
+	if _, err := datapath.Detach(context.Background(), host); err != nil {
+		t.Fatalf("detach after a container left: %v", err)
+	}
+}
+
+func hasPiece(t *testing.T, host string, next datapath.Dev) bool {
+	st, err := datapath.LoadState(host)
+	if err != nil || st == nil {
+		return false
+	}
+	ms, err := readModeState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ms.Pieces {
+		if p.Next.Netns == next.Netns && p.Next.Name == next.Name {
+			return true
+		}
+	}
+	return false
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Bad input changes nothing and says why; falcon does not stack with itself or with rps.
+func TestRefusals(t *testing.T) {
+	l := labUp(t, lab.Spec{Name: "tfalbad", Style: lab.StyleDocker, Containers: 1})
+	host := l.Hosts[0].Netns
+	before := rxKnobs(t, l)
+	unchanged := func(what string) {
+		t.Helper()
+		if st, _ := datapath.LoadState(host); st != nil {
+			t.Errorf("%s: a record was left", what)
+		}
+		after := rxKnobs(t, l)
+		for k, v := range before {
+			if after[k] != v {
+				t.Errorf("%s: %s changed to %q", what, k, after[k])
+			}
+		}
+	}
+	for name, o := range map[string]datapath.Options{
+		"absent CPU":    {CPUs: []int{0, 1000}},
+		"threshold 101": {Extra: map[string]string{OptThreshold: "101"}},
+		"threshold -5":  {Extra: map[string]string{OptThreshold: "-5"}},
+	} {
+		_, err := datapath.Attach(context.Background(), host, "falcon", o)
+		if err == nil {
+			t.Fatalf("%s accepted", name)
+		}
+		t.Logf("%s: %v", name, err)
+		unchanged(name)
+	}
+
+	// Another process's pins in the way.
+	dir := pinDir(host)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "prg_falcon_gate"), nil, 0o600); err == nil {
+		t.Fatal("bpffs accepted a plain file") // bpffs holds only BPF objects: use a map pin instead
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(filepath.Join(dir, "prg_falcon_gate")); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	_, err = datapath.Attach(context.Background(), host, "falcon", datapath.Options{})
+	if err == nil || !strings.Contains(err.Error(), "already exist") {
+		t.Fatalf("attach over foreign pins: %v", err)
+	}
+	t.Logf("foreign pins: %v", err)
+	unchanged("foreign pins")
+	if err := os.RemoveAll(datapath.PinDir(host)); err != nil {
+		t.Fatal(err)
+	}
+
+	// rps first: falcon refuses to stack on it; once rps is detached, falcon attaches.
+	if _, err := datapath.Attach(context.Background(), host, "rps", datapath.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
+		t.Fatal("falcon stacked on rps")
+	}
+	if _, err := datapath.Detach(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
+		t.Fatal("falcon stacked on itself")
+	}
+	if _, err := datapath.Detach(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	unchanged("after detach")
+}
+
+// A TCP connection carries on across attach and detach.
+func TestTCPSurvivesAttachDetach(t *testing.T) {
+	l := labUp(t, lab.Spec{Name: "tfaltcp", Style: lab.StyleDocker, Containers: 1})
+	host := l.Hosts[0].Netns
+	dst := l.Spec.ContainerAddr(1, 1).Addr()
+	var ln net.Listener
+	if err := netnsutil.Do(nsOf(l, "h1-c1"), func() error {
+		var err error
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 5201).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	received := make(chan int64, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			received <- -1
+			return
+		}
+		defer c.Close()
+		var n int64
+		buf := make([]byte, 64<<10)
+		for {
+			k, err := c.Read(buf)
+			n += int64(k)
+			if err != nil {
+				received <- n
+				return
+			}
+		}
+	}()
+	var c net.Conn
+	if err := netnsutil.Do(nsOf(l, "h2-c1"), func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(dst, 5201).String(), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop := time.Now().Add(3 * time.Second)
+	sent := int64(0)
+	errc := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 16<<10)
+		for time.Now().Before(stop) {
+			_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			k, err := c.Write(buf)
+			sent += int64(k)
+			if err != nil {
+				errc <- err
+				return
+			}
+			time.Sleep(200 * time.Microsecond) // leave the CPUs some room: the gate stays open
+		}
+		errc <- c.Close()
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{CPUs: []int{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if _, err := datapath.Detach(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("sender: %v", err)
+	}
+	select {
+	case n := <-received:
+		if n != sent {
+			t.Fatalf("received %d bytes of %d", n, sent)
+		}
+		t.Logf("%d bytes carried across attach and detach", n)
+	case <-time.After(5 * time.Second):
+		t.Fatal("receiver did not finish")
+	}
+}
+
+func nsOf(l *lab.Lab, short string) string { return lab.NsPrefix(l.Spec.Name) + short }
+
+// lab down with falcon attached stops the agent and removes the pins (the cleanup hook calls
+// Mode.Unload for namespaces being removed).
+func TestLabDownStopsAgent(t *testing.T) {
+	l := labUp(t, lab.Spec{Name: "tfaldn", Style: lab.StyleFlannel, Containers: 1})
+	host := l.Hosts[0].Netns
+	st, err := datapath.Attach(context.Background(), host, "falcon", falconOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.Down(l.Spec.Name, nil); err != nil {
+		t.Fatal(err)
+	}
+	if isAgent(st.AgentPID, host) {
+		t.Errorf("agent %d survived lab down", st.AgentPID)
+	}
+	if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pins survived lab down")
+	}
+	if st, _ := datapath.LoadState(host); st != nil {
+		t.Errorf("record survived lab down")
+	}
+}
+
+func readModeStateOf(host string) (modeState, error) {
+	st, err := datapath.LoadState(host)
+	if err != nil || st == nil {
+		return modeState{}, err
+	}
+	return readModeState(st)
+}

@@ -1,0 +1,177 @@
+package falcon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Mode is FALCON as a datapath mode.
+type Mode struct{}
+
+func init() { datapath.Register(Mode{}) }
+
+func (Mode) Name() string { return "falcon" }
+func (Mode) Summary() string {
+	return "FALCON: each stage (VXLAN, container veth) of a flow on its own CPU, two-choice balanced, load-gated"
+}
+
+// Knobs validates the settings, refuses to stack on another falcon, and plans the RPS knobs of
+// every device whose RPS carries a stage transition: the VXLAN devices and the container veths.
+// The underlay's own receive CPU is the NIC's (RSS/IRQ affinity) and is left alone.
+func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	cfg, err := ParseConfig(o.CPUs, o.Extra)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNotAttached(t); err != nil {
+		return nil, err
+	}
+	mask := lab.CPUMask(cfg.CPUs)
+	var ks []datapath.Knob
+	for _, d := range t.Devs {
+		if d.Stage != datapath.StageVXLAN && d.Stage != datapath.StageVeth {
+			continue
+		}
+		dk, err := stageKnobs(d, mask)
+		if err != nil {
+			return nil, err
+		}
+		ks = append(ks, dk...)
+	}
+	return ks, nil
+}
+
+// checkNotAttached refuses when falcon's pins for the target exist (another process, or a
+// crashed attach nobody detached, holds them) or a prg_falcon program already sits on one of the
+// devices falcon would use. Nothing has been changed when it is called.
+func checkNotAttached(t *datapath.Topology) error {
+	dir := pinDir(t.Host)
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		return fmt.Errorf("falcon: pinned objects already exist at %s (another peregrine attachment or its agent holds them): run `peregrine detach` for this node, or remove that directory if nothing is attached", dir)
+	}
+	for _, d := range t.Devs {
+		at := ebpf.AttachTCXEgress
+		switch d.Stage {
+		case datapath.StageNIC:
+			at = ebpf.AttachTCXIngress
+		case datapath.StageVethHost:
+		default:
+			continue
+		}
+		var names []string
+		_ = netnsutil.Do(d.Netns, func() error {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: d.Ifindex, Attach: at})
+			if err != nil {
+				return err // no tcx on this kernel: attach will say so
+			}
+			for _, p := range res.Programs {
+				prog, err := ebpf.NewProgramFromID(p.ID)
+				if err != nil {
+					continue
+				}
+				if info, err := prog.Info(); err == nil && strings.HasPrefix(info.Name, "prg_falcon") {
+					names = append(names, fmt.Sprintf("%s (id %d)", info.Name, p.ID))
+				}
+				prog.Close()
+			}
+			return nil
+		})
+		if len(names) > 0 {
+			return fmt.Errorf("falcon: %s already runs %s from another attachment: falcon does not stack with itself; detach that one first", d, strings.Join(names, ", "))
+		}
+	}
+	return nil
+}
+
+// Load loads and pins the programs, attaches them to the underlay (ingress) and every bridge
+// port (egress), and starts the node agent that runs the load monitor and follows containers.
+func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	cfg, err := ParseConfig(o.CPUs, o.Extra)
+	if err != nil {
+		return err
+	}
+	ports, err := vxlanPorts(t)
+	if err != nil {
+		return err
+	}
+	objs, err := loadObjects()
+	if err != nil {
+		return err
+	}
+	defer objs.Close()
+	if err := objs.writeConfig(cfg, ports); err != nil {
+		return err
+	}
+	// Closed until the agent's first load sample says there is room.
+	if err := objs.writeGate(Gate{Open: false, Epoch: 1}); err != nil {
+		return err
+	}
+	dir := pinDir(st.Target)
+	st.Pins = append(st.Pins, dir)
+	if err := datapath.SaveState(st); err != nil {
+		return err
+	}
+	if err := objs.pin(dir); err != nil {
+		return err
+	}
+	pieces, notes, err := desiredPieces(t)
+	if err != nil {
+		return err
+	}
+	t.Notes = append(t.Notes, notes...)
+	var ms modeState
+	for i := range pieces {
+		if err := attachPiece(objs, st.Target, &pieces[i]); err != nil {
+			writeModeState(st, ms)
+			return err
+		}
+		ms.Pieces = append(ms.Pieces, pieces[i])
+	}
+	writeModeState(st, ms)
+	if cfg.Split == "on" {
+		if err := splitAttach(t, cfg, st); err != nil {
+			return err
+		}
+	}
+	if err := datapath.SaveState(st); err != nil {
+		return err
+	}
+	pid, err := startAgent(st.Target)
+	if err != nil {
+		return err
+	}
+	st.AgentPID = pid
+	if err := datapath.SaveState(st); err != nil {
+		return err
+	}
+	return waitAgentReady(ctx, objs, pid, st.Target)
+}
+
+// Unload stops the agent, detaches every piece and the GRO split. The pins themselves (and with
+// them the maps) go with the record's Pins, which the framework removes.
+func (Mode) Unload(ctx context.Context, st *datapath.State) error {
+	var errs []error
+	if st.AgentPID > 0 {
+		errs = append(errs, stopAgent(st.AgentPID, st.Target))
+	}
+	errs = append(errs, splitDetach(st))
+	ms, err := readModeState(st)
+	errs = append(errs, err)
+	for _, p := range ms.Pieces {
+		errs = append(errs, detachPiece(nil, p))
+	}
+	return errors.Join(errs...)
+}
+
+// RunAgent is `peregrine agent falcon --target NS`.
+func (Mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }

@@ -1,0 +1,155 @@
+package falcon
+
+import (
+	"encoding/binary"
+	"net/netip"
+)
+
+// This file mirrors bpf/falcon.bpf.c's arithmetic in pure Go, so the choice of CPU can be
+// reasoned about (and tested against the program through BPF_PROG_TEST_RUN) without a kernel.
+
+// Kinds of decision, as the program records them (enum falcon_kind).
+const (
+	KindPass   = 0 // not an IP flow we understand: the packet is untouched
+	KindGate   = 1 // gate closed: hash 0, the stage stays on the current CPU
+	KindFirst  = 2 // first choice
+	KindSecond = 3 // first choice busy: second choice, kept even if busy
+	KindSticky = 4 // the flow's earlier choice for this stage
+)
+
+// Stage ids of the program (STAGE_*): which transition a program decides.
+const (
+	StageIDVXLAN = 0 // decided at the underlay's ingress, applied by the VXLAN device's RPS
+	StageIDVeth  = 1 // decided at a bridge port's egress, applied by the container veth's RPS
+)
+
+// Limits shared with the C side.
+const (
+	MaxCPUs  = 64   // entries of the FALCON CPU set
+	MaxCPUID = 1024 // size of the load map (CPU ids)
+	stages   = 4
+	slots    = 72
+)
+
+// KindName names a decision kind for people.
+func KindName(k uint32) string {
+	switch k {
+	case KindPass:
+		return "pass"
+	case KindGate:
+		return "gate-closed"
+	case KindFirst:
+		return "first"
+	case KindSecond:
+		return "second"
+	case KindSticky:
+		return "sticky"
+	}
+	return "?"
+}
+
+// Fmix32 is murmur3's finaliser, the program's hash step.
+func Fmix32(h uint32) uint32 {
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
+}
+
+// Flow is an inner 5-tuple as the program reads it: addresses as the 32-bit words it loads from
+// the packet (network byte order in memory, read as little-endian words on this machine), ports
+// in host order.
+type Flow struct {
+	Src, Dst     netip.Addr
+	Sport, Dport uint16
+	Proto        uint8
+}
+
+// words returns the address as the program's saddr/daddr array.
+func words(a netip.Addr) [4]uint32 {
+	var w [4]uint32
+	if a.Is4() {
+		b := a.As4()
+		w[0] = binary.LittleEndian.Uint32(b[:])
+		return w
+	}
+	b := a.As16()
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+// Hash is flow_hash(): the flow's hash before any stage salt.
+func (f Flow) Hash() uint32 {
+	h := uint32(0x9e3779b9)
+	for _, w := range words(f.Src) {
+		h = Fmix32(h ^ w)
+	}
+	for _, w := range words(f.Dst) {
+		h = Fmix32(h ^ w)
+	}
+	h = Fmix32(h ^ (uint32(f.Sport)<<16 | uint32(f.Dport)))
+	return Fmix32(h ^ uint32(f.Proto))
+}
+
+// DeviceSalt is the namespace-unique salt of a device: ifindex repeats across namespaces (Docker's
+// vxlan0 and a container's eth0 can share one), so the namespace inode goes in too.
+func DeviceSalt(netnsInode uint64, ifindex int) uint32 {
+	s := Fmix32(uint32(netnsInode) ^ 0x5bd1e995)
+	s = Fmix32(s ^ uint32(netnsInode>>32))
+	return Fmix32(s ^ uint32(ifindex))
+}
+
+// VNISalt is the VXLAN stage's salt as the underlay program forms it: the underlay sees only the
+// VNI, which tells VXLAN devices that share the underlay apart.
+func VNISalt(devSalt uint32, vni uint32) uint32 { return Fmix32(devSalt ^ vni) }
+
+// ReciprocalScale is the kernel's reciprocal_scale(): how RPS turns a hash into a map index.
+func ReciprocalScale(hash uint32, n uint32) uint32 { return uint32(uint64(hash) * uint64(n) >> 32) }
+
+// RPSHash is rps_hash(): a non-zero hash that RPS maps to index idx of an n-CPU map, chosen within
+// the index's range by the flow hash.
+func RPSHash(idx, n, flowHash uint32) uint32 {
+	lo := (uint64(idx)<<32 + uint64(n) - 1) / uint64(n)
+	hi := (uint64(idx+1)<<32 + uint64(n) - 1) / uint64(n)
+	h := lo + uint64(flowHash)%(hi-lo)
+	if h == 0 {
+		return 1
+	}
+	return uint32(h)
+}
+
+// Params are the settings a decision depends on.
+type Params struct {
+	CPUs      []int // the FALCON set, ascending
+	Threshold uint32
+	TwoChoice bool
+	GateOpen  bool
+	Load      map[int]uint32 // busy percent per CPU id; missing = 0
+}
+
+// Decision is what the program does with one packet at one stage transition.
+type Decision struct {
+	Kind uint32
+	Idx  uint32 // index into CPUs
+	CPU  int    // -1 when the gate is closed (the current CPU)
+	Hash uint32 // the hash written (0 when the gate is closed)
+}
+
+// Choose is Algorithm 1 for a packet of flow hash fh entering the stage salted with salt, when no
+// earlier choice of the flow is remembered (the program's sticky map is a cache of this result).
+func Choose(p Params, fh, salt uint32) Decision {
+	if !p.GateOpen {
+		return Decision{Kind: KindGate, CPU: -1}
+	}
+	n := uint32(len(p.CPUs))
+	h := Fmix32(fh + salt)
+	idx, kind := h%n, uint32(KindFirst)
+	if p.TwoChoice && p.Load[p.CPUs[idx]] >= p.Threshold {
+		idx, kind = Fmix32(h)%n, KindSecond
+	}
+	return Decision{Kind: kind, Idx: idx, CPU: p.CPUs[idx], Hash: RPSHash(idx, n, fh)}
+}

@@ -1,0 +1,202 @@
+package falcon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Piece is one device falcon attached a program to: the underlay (ingress, decides the VXLAN
+// stage) or a bridge port (egress, decides its veth peer's stage).
+type Piece struct {
+	Dev     datapath.Dev `json:"dev"`
+	Inode   uint64       `json:"netns_inode"`
+	Stage   uint32       `json:"stage"` // StageID*
+	Salt    uint32       `json:"salt"`  // salt of the stage it decides
+	LinkPin string       `json:"link_pin"`
+	// Next is the device whose RPS applies the decision (a bridge port's veth peer); zero for the
+	// underlay (it decides every VXLAN device behind it).
+	Next datapath.Dev `json:"next"`
+}
+
+// modeState is falcon's part of the attachment record.
+type modeState struct {
+	Pieces    []Piece  `json:"pieces"`
+	SplitPins []string `json:"split_pins,omitempty"` // grosplit's pins (--split)
+}
+
+func readModeState(st *datapath.State) (modeState, error) {
+	var ms modeState
+	if len(st.ModeState) == 0 {
+		return ms, nil
+	}
+	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
+		return ms, fmt.Errorf("falcon: record's mode state is corrupt: %w", err)
+	}
+	return ms, nil
+}
+
+func writeModeState(st *datapath.State, ms modeState) {
+	st.ModeState, _ = json.Marshal(ms)
+}
+
+func (p Piece) key() string { return fmt.Sprintf("%d/%d/%s", p.Inode, p.Dev.Ifindex, p.Dev.Name) }
+
+// inodeOf returns the namespace inode of a device's namespace.
+func inodeOf(ns string) (uint64, error) {
+	ino, err := netnsutil.Inode(netnsutil.Path(ns))
+	if err != nil {
+		return 0, fmt.Errorf("falcon: namespace %q: %w", ns, err)
+	}
+	return ino, nil
+}
+
+// devOf looks up the current ifindex of a device ("netns/name" as Dev.String prints it) among devs.
+func devByString(devs []datapath.Dev, s string) (datapath.Dev, bool) {
+	for _, d := range devs {
+		if d.String() == s {
+			return d, true
+		}
+	}
+	return datapath.Dev{}, false
+}
+
+// attachPiece puts the program on the device (tcx, inside its namespace), tells the program what
+// the device decides, and pins the link so it outlives this process.
+func attachPiece(o *objects, target string, p *Piece) error {
+	if err := o.setDev(p.Inode, p.Dev.Ifindex, p.Salt, p.Stage); err != nil {
+		return fmt.Errorf("falcon: %s: device map: %w", p.Dev, err)
+	}
+	prog, at := o.Port, ebpf.AttachTCXEgress
+	if p.Stage == StageIDVXLAN {
+		prog, at = o.Nic, ebpf.AttachTCXIngress
+	}
+	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("%d_%d_%s", p.Inode, p.Dev.Ifindex, sanitize(p.Dev.Name)))
+	var l link.Link
+	err := netnsutil.Do(p.Dev.Netns, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: p.Dev.Ifindex, Program: prog, Attach: at})
+		return err
+	})
+	if err != nil {
+		o.delDev(p.Inode, p.Dev.Ifindex)
+		return fmt.Errorf("falcon: attach tcx to %s: %w (tcx needs Linux 6.6+)", p.Dev, err)
+	}
+	defer l.Close()
+	if err := l.Pin(p.LinkPin); err != nil {
+		o.delDev(p.Inode, p.Dev.Ifindex)
+		return fmt.Errorf("falcon: pin link of %s: %w", p.Dev, err)
+	}
+	return nil
+}
+
+// detachPiece unpins the device's link (which detaches the program) and forgets the device.
+func detachPiece(o *objects, p Piece) error {
+	if o != nil {
+		o.delDev(p.Inode, p.Dev.Ifindex)
+	}
+	if err := os.Remove(p.LinkPin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("falcon: remove link pin of %s: %w", p.Dev, err)
+	}
+	return nil
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == '.' || r == ' ' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// stageKnobs plans the knobs of a device whose RPS applies falcon's choice: the FALCON set as its
+// RPS mask (so the RPS map is exactly the set, ascending) and no RFS flow table (RFS would follow
+// the application's CPU instead of the hash).
+func stageKnobs(d datapath.Dev, mask string) ([]datapath.Knob, error) {
+	var ks []datapath.Knob
+	for file, v := range map[string]string{"rps_cpus": mask, "rps_flow_cnt": "0"} {
+		paths, err := datapath.RxQueueKnobs(d, file)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range paths {
+			ks = append(ks, datapath.Knob{Netns: d.Netns, Path: p, New: v})
+		}
+	}
+	return ks, nil
+}
+
+// vxlanPorts lists the UDP ports of the topology's VXLAN devices (the underlay program's filter).
+func vxlanPorts(t *datapath.Topology) ([]uint16, error) {
+	seen := map[uint16]bool{}
+	var out []uint16
+	for _, d := range t.ByStage(datapath.StageVXLAN) {
+		err := netnsutil.Do(d.Netns, func() error {
+			l, err := netlink.LinkByName(d.Name)
+			if err != nil {
+				return err
+			}
+			vx, ok := l.(*netlink.Vxlan)
+			if !ok {
+				return fmt.Errorf("%s is not a VXLAN device", d)
+			}
+			port := uint16(vx.Port)
+			if port == 0 {
+				port = 8472 // the kernel's default when none is given
+			}
+			if !seen[port] {
+				seen[port] = true
+				out = append(out, port)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("falcon: VXLAN port of %s: %w", d, err)
+		}
+	}
+	if len(out) > 4 {
+		return nil, fmt.Errorf("falcon: %d distinct VXLAN ports; at most 4 are supported", len(out))
+	}
+	return out, nil
+}
+
+// desiredPieces lists the devices of a topology falcon attaches to.
+func desiredPieces(t *datapath.Topology) ([]Piece, []string, error) {
+	var ps []Piece
+	var notes []string
+	for _, d := range t.ByStage(datapath.StageNIC) {
+		ino, err := inodeOf(d.Netns)
+		if err != nil {
+			return nil, nil, err
+		}
+		ps = append(ps, Piece{Dev: d, Inode: ino, Stage: StageIDVXLAN, Salt: DeviceSalt(ino, d.Ifindex)})
+	}
+	for _, d := range t.ByStage(datapath.StageVethHost) {
+		next, ok := devByString(t.Devs, d.Peer)
+		if d.Peer == "" || !ok {
+			notes = append(notes, fmt.Sprintf("%s: veth peer not found, its stage is left alone", d))
+			continue
+		}
+		ino, err := inodeOf(d.Netns)
+		if err != nil {
+			return nil, nil, err
+		}
+		nino, err := inodeOf(next.Netns)
+		if err != nil {
+			return nil, nil, err
+		}
+		ps = append(ps, Piece{Dev: d, Inode: ino, Stage: StageIDVeth, Salt: DeviceSalt(nino, next.Ifindex), Next: next})
+	}
+	return ps, notes, nil
+}
