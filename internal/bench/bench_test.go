@@ -31,15 +31,31 @@ func TestParseConfigs(t *testing.T) {
 		t.Fatalf("names = %s", got)
 	}
 	for in, want := range map[string]string{
-		"calico":        "unknown style",
-		"docker/bogus":  "unknown mode",
-		"native/rps":    "no overlay",
-		"docker,docker": "twice",
-		"":              "no configuration",
+		"calico":             "unknown style",
+		"docker/bogus":       "unknown mode",
+		"native/rps":         "no overlay",
+		"docker/rps@x":       "key=value",
+		"docker/vanilla@a=1": "vanilla takes no options",
+		"docker,docker":      "twice",
+		"":                   "no configuration",
 	} {
 		if _, err := ParseConfigs(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseConfigs(%q) = %v, want %q", in, err, want)
 		}
+	}
+}
+
+func TestConfigOptions(t *testing.T) {
+	c, err := ParseConfig("docker/rps@split-cpus=1+static=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Name() != "docker/rps@split-cpus=1+static=true" || c.Extra["split_cpus"] != "1" || c.Extra["static"] != "true" {
+		t.Fatalf("parsed %+v name %s", c, c.Name())
+	}
+	m := mergeExtra(map[string]string{"split_cpus": "0", "rules": "x"}, c.Extra)
+	if m["split_cpus"] != "1" || m["rules"] != "x" {
+		t.Fatalf("merge: %v", m)
 	}
 }
 
@@ -142,7 +158,7 @@ func TestStageProbeSeesThreeDockerStages(t *testing.T) {
 
 func shortOptions(t *testing.T, scenario string) Options {
 	return Options{
-		Configs:  []Config{{lab.StyleNative, ModeVanilla}, {lab.StyleDocker, ModeVanilla}},
+		Configs:  []Config{{Style: lab.StyleNative, Mode: ModeVanilla}, {Style: lab.StyleDocker, Mode: ModeVanilla}},
 		Scenario: Scenario{Name: scenario, Duration: time.Second, Reps: 1, Warmup: 0},
 		OutDir:   t.TempDir(),
 	}
@@ -283,4 +299,28 @@ func TestBenchBetweenGivenNamespaces(t *testing.T) {
 	if _, _, err := Run(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("missing namespace: %v", err)
 	}
+}
+
+func TestSuitesParseAndQuickFalconIsShort(t *testing.T) {
+	for _, name := range SuiteNames() {
+		for _, quick := range []bool{true, false} {
+			for _, st := range suites[name].steps(quick) {
+				s := st.Scenario
+				if err := s.Validate(); err != nil {
+					t.Errorf("suite %s step %q: %v", name, st.Title, err)
+				}
+				cs, err := ParseConfigs(strings.Join(st.Configs, ","))
+				if err != nil {
+					t.Errorf("suite %s step %q: %v", name, st.Title, err)
+				}
+				if len(cs) > 0 && cs[0].Name() != "native" {
+					t.Errorf("suite %s step %q: the baseline (first config) should be native, is %s", name, st.Title, cs[0].Name())
+				}
+			}
+		}
+	}
+	if d := SuiteDuration("falcon", true); d > 8*time.Minute {
+		t.Errorf("quick falcon suite estimated at %s", d)
+	}
+	t.Logf("quick falcon suite: about %s; full: %s", SuiteDuration("falcon", true), SuiteDuration("falcon", false))
 }

@@ -9,19 +9,23 @@ import (
 	"strings"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode, for ParseConfig
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
 // ModeVanilla is "nothing attached": the kernel as it comes.
 const ModeVanilla = "vanilla"
 
-// Config is one column of a comparison: a lab style with a datapath mode on it.
+// Config is one column of a comparison: a lab style with a datapath mode on it, and the
+// mode's options (attach flags, e.g. falcon's split_cpus or mflow's batch).
 type Config struct {
 	Style string
 	Mode  string
+	Extra map[string]string
+	opts  string // the options as written, kept in the name
 }
 
-// Name is the config's name in results: "docker/vanilla", "native".
+// Name is the config's name in results: "docker/vanilla", "native", "docker/falcon@split_cpus=1".
 func (c Config) Name() string {
 	switch c.Style {
 	case lab.StyleNative:
@@ -29,14 +33,33 @@ func (c Config) Name() string {
 	case StyleGiven:
 		return c.Mode
 	}
+	if c.opts != "" {
+		return c.Style + "/" + c.Mode + "@" + c.opts
+	}
 	return c.Style + "/" + c.Mode
 }
 
-// ParseConfig reads "docker", "docker/rps" or "native".
+// ParseConfig reads "docker", "docker/rps", "native", or a mode with options:
+// "docker/falcon@split_cpus=1+static=true" (options joined by '+', as attach's flags with '_').
 func ParseConfig(s string) (Config, error) {
 	style, mode, _ := strings.Cut(strings.TrimSpace(s), "/")
+	mode, opts, hasOpts := strings.Cut(mode, "@")
 	if mode == "" {
 		mode = ModeVanilla
+	}
+	var extra map[string]string
+	if hasOpts {
+		if mode == ModeVanilla {
+			return Config{}, fmt.Errorf("config %q: vanilla takes no options", s)
+		}
+		extra = map[string]string{}
+		for _, kv := range strings.Split(opts, "+") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return Config{}, fmt.Errorf("config %q: option %q is not key=value (e.g. docker/falcon@split_cpus=1+static=true)", s, kv)
+			}
+			extra[strings.ReplaceAll(k, "-", "_")] = v
+		}
 	}
 	switch style {
 	case lab.StyleDocker, lab.StyleFlannel:
@@ -52,7 +75,7 @@ func ParseConfig(s string) (Config, error) {
 			return Config{}, fmt.Errorf("config %q: %w (or vanilla)", s, err)
 		}
 	}
-	return Config{Style: style, Mode: mode}, nil
+	return Config{Style: style, Mode: mode, Extra: extra, opts: opts}, nil
 }
 
 // ParseConfigs reads a comma-separated list, rejecting duplicates.

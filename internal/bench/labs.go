@@ -28,7 +28,7 @@ type testbed struct {
 func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i) }
 
 func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(string, ...any)) (*testbed, error) {
-	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: 1, RxCPUs: o.RxCPUs}
+	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs}
 	log("building lab %s for %s", spec.Name, cfg.Name())
 	l, err := lab.Up(ctx, spec, nil)
 	if err != nil {
@@ -37,7 +37,7 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 	tb := &testbed{cfg: cfg, lab: l, knobs: map[string]string{}}
 	if cfg.Mode != ModeVanilla {
 		for _, h := range l.Hosts {
-			st, err := datapath.Attach(ctx, h.Netns, cfg.Mode, datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0})
+			st, err := datapath.Attach(ctx, h.Netns, cfg.Mode, datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Extra: mergeExtra(o.modeExtra(cfg.Mode), cfg.Extra)})
 			if err != nil {
 				tb.teardown()
 				return nil, fmt.Errorf("%s: attach %s: %w", cfg.Name(), cfg.Mode, err)
@@ -57,6 +57,10 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 		recvHost = receiver.Host
 	}
 	tb.pair = pair{lab: l, sender: sender, receiver: receiver, senderHost: senderHost, appCPUs: o.AppCPUs, senderCPUs: o.SenderCPUs}
+	if err := tb.pair.setBackground(o.Scenario.Background); err != nil {
+		tb.teardown()
+		return nil, err
+	}
 	tb.stages = map[string]string{}
 	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
 		for _, n := range set {
@@ -143,4 +147,16 @@ func parseEthtoolK(txt string) map[string]bool {
 		}
 	}
 	return f
+}
+
+// mergeExtra lays a config's own mode options over the run-wide ones.
+func mergeExtra(base, over map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
 }

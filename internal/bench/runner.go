@@ -28,12 +28,15 @@ type Options struct {
 	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
 	RxCPUs, SenderCPUs, AppCPUs []int
 	NoStageProbe                bool
+	// ModeExtra are extra attach options for the modes (datapath.Options.Extra), e.g. prism's
+	// rules; see modeExtra for the defaults a mode gets in a benchmark.
+	ModeExtra map[string]string
 	// Given, if set, measures between existing namespaces instead of building labs; Configs
 	// is then ignored.
-	Given *Given
-	OutDir                      string    // where the result JSON goes
-	Log                         io.Writer // progress; nil for silence
-	Version                     string
+	Given   *Given
+	OutDir  string    // where the result JSON goes
+	Log     io.Writer // progress; nil for silence
+	Version string
 }
 
 // DefaultArrangement fills unset CPU lists like the papers' testbed, scaled to this machine:
@@ -93,10 +96,10 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	run := &results.Run{
 		Schema: results.Schema, ID: fmt.Sprintf("%s-%s", sc.Name, time.Now().Format("20060102-150405")),
 		Started: time.Now(), Env: environment(o.Version),
-		Lab: results.Lab{Hosts: 2, Containers: 1, MTU: 1500, Underlay: lab.UnderlayDirect, RxCPUs: o.RxCPUs},
+		Lab: results.Lab{Hosts: 2, Containers: sc.containers(), MTU: 1500, Underlay: lab.UnderlayDirect, RxCPUs: o.RxCPUs},
 		Scenario: results.Scenario{Name: sc.Name, Workload: sc.def().workload, Repetitions: sc.Reps, Warmup: sc.Warmup,
 			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
-			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate}},
+			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate, "background": sc.Background}},
 		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs,
 			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
 	}
@@ -234,7 +237,12 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 	if sp != nil {
 		before, _ = sp.Snapshot()
 	}
+	var h *hog
+	if len(o.Scenario.HogCPUs) > 0 {
+		h = startHog(o.Scenario.HogCPUs)
+	}
 	metrics, raw, err := o.Scenario.measure(ctx, tb.pair, x)
+	h.stop()
 	rep.Duration = time.Since(rep.Started)
 	var after stage.Snapshot
 	if sp != nil {

@@ -19,6 +19,10 @@ type Scenario struct {
 	Warmup   int           // discarded repetitions before them
 	Proto    string        // pingpong/underload: tcp or udp
 	Rate     int           // underload: messages/s; udp-inject: packets/s (0 = as fast as possible)
+	HogCPUs  []int         // CPUs kept busy by a spinning thread during each measurement (a hotspot)
+	// Background is bulk low-priority traffic during the measurement (PRISM's experiment): iperf3
+	// "tcp" or "udp" between a second container pair on the same hosts; "" or "none" for none.
+	Background string
 }
 
 // scenarioDef is the fixed part of each named scenario.
@@ -114,6 +118,9 @@ func (s *Scenario) Validate() error {
 	}
 	if s.Name == "underload" && s.Rate == 0 {
 		s.Rate = 10000
+	}
+	if err := s.validateBackground(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/lab"
@@ -11,7 +9,7 @@ import (
 )
 
 // StudyConfigs are the chapter-2 comparison: the host network against both overlay styles.
-var StudyConfigs = []Config{{lab.StyleNative, ModeVanilla}, {lab.StyleDocker, ModeVanilla}, {lab.StyleFlannel, ModeVanilla}}
+var StudyConfigs = []Config{{Style: lab.StyleNative, Mode: ModeVanilla}, {Style: lab.StyleDocker, Mode: ModeVanilla}, {Style: lab.StyleFlannel, Mode: ModeVanilla}}
 
 // Study is the characterization study of the dissertation's chapter 2 as a list of scenarios:
 // TCP throughput vs message size and vs flows, UDP packet rate vs datagram size (remote-sender
@@ -46,34 +44,7 @@ func (s Scenario) EstimatedDuration(configs int) time.Duration {
 	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
 }
 
-// RunStudy runs every scenario of the study in turn, each into its own result file.
+// RunStudy runs the characterization study suite.
 func RunStudy(ctx context.Context, quick bool, base Options) ([]*results.Run, []string, error) {
-	var runs []*results.Run
-	var paths []string
-	var errs []error
-	study := Study(quick)
-	var eta time.Duration
-	for _, s := range study {
-		eta += s.EstimatedDuration(len(base.Configs))
-	}
-	base.logf("study: %d scenarios on %d configs, about %s of measuring", len(study), len(base.Configs), eta.Round(time.Second))
-	for i, s := range study {
-		o := base
-		o.Scenario = s
-		o.logf("\n== study %d/%d: %s sizes %v flows %v", i+1, len(study), s.Name, s.Sizes, s.Flows)
-		run, path, err := Run(ctx, o)
-		if run != nil {
-			runs = append(runs, run)
-		}
-		if path != "" {
-			paths = append(paths, path)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", s.Name, err))
-			if ctx.Err() != nil {
-				break
-			}
-		}
-	}
-	return runs, paths, errors.Join(errs...)
+	return RunSuite(ctx, "study", quick, base)
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -23,6 +24,8 @@ type pair struct {
 	senderHost string // namespace of the sender's host (the injector sends on its underlay)
 	appCPUs    []int
 	senderCPUs []int
+	// bgSender, bgReceiver carry the background (LP) traffic when the scenario has one.
+	bgSender, bgReceiver lab.Node
 }
 
 // sinkPort is where the udp-inject sink listens in the receiver.
@@ -52,6 +55,7 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 	m := map[string]float64{}
 	var raw any
 	var err error
+	bg := s.startBackground(ctx, p)
 	switch s.Name {
 	case "tcp", "udp":
 		var r workload.Iperf3Result
@@ -107,6 +111,9 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		m[results.MetricLatencyP99] = r.P99Us
 	default:
 		return nil, nil, fmt.Errorf("scenario %q has no workload", s.Name)
+	}
+	if bg != nil {
+		err = errors.Join(err, bg.wait(m))
 	}
 	b, _ := json.Marshal(raw)
 	return m, b, err

@@ -25,6 +25,7 @@ type benchFlags struct {
 	reps, warmup, rate            int
 	proto, out                    string
 	noStage, asJSON, noReport     bool
+	background, prismRules        string
 }
 
 func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
@@ -37,6 +38,8 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.IntVar(&b.warmup, "warmup", 1, "discarded warm-up repetitions before them")
 		f.StringVar(&b.proto, "proto", "tcp", "pingpong/underload: tcp or udp")
 		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
+		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
+		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
 	}
 	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
 	f.StringVar(&b.app, "app-cpus", "", "CPUs of the receiving application (default 1)")
@@ -62,7 +65,10 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 			return o, fmt.Errorf("%s: %w", x.flag, err)
 		}
 	}
-	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate}
+	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background}
+	if b.prismRules != "" {
+		o.ModeExtra = map[string]string{"rules": b.prismRules}
+	}
 	if b.sizes != "" {
 		if o.Scenario.Sizes, err = parseIntList(b.sizes); err != nil {
 			return o, fmt.Errorf("--sizes: %w", err)
@@ -94,7 +100,7 @@ machine it shares CPU1 with the application).
 Scenarios:
 ` + bench.ScenarioHelp(),
 	}
-	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd())
+	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd())
 	return c
 }
 
@@ -168,27 +174,46 @@ func newBenchCompareCmd() *cobra.Command {
 }
 
 func newBenchStudyCmd() *cobra.Command {
+	c := newBenchSuiteCmd()
+	c.Use = "study"
+	c.Short = "Run the characterization study (native vs docker vs flannel) and write the HTML report"
+	c.Long = `The study reproduces chapter 2 of the dissertation: TCP throughput vs message size and number
+of flows, UDP packet rate vs datagram size, latency, and the memcached and nginx applications,
+each on the native path, the docker overlay and the flannel overlay, with per-CPU breakdowns,
+softirq counts and per-stage CPU placement. --quick finishes in under 5 minutes.
+Same as "peregrine bench suite study".`
+	c.Example = `  peregrine bench study --quick
+  peregrine bench study --out results/study-$(date +%F)`
+	c.Args = cobra.NoArgs
+	run := c.RunE
+	c.RunE = func(cmd *cobra.Command, _ []string) error { return run(cmd, []string{"study"}) }
+	return c
+}
+
+func newBenchSuiteCmd() *cobra.Command {
 	var b benchFlags
 	var quick bool
 	c := &cobra.Command{
-		Use:   "study",
-		Short: "Run the characterization study (native vs docker vs flannel) and write the HTML report",
-		Long: `The study reproduces chapter 2 of the dissertation: TCP throughput vs message size and number
-of flows, UDP packet rate vs datagram size, latency, and the memcached and nginx applications,
-each on the native path, the docker overlay and the flannel overlay, with per-CPU breakdowns,
-softirq counts and per-stage CPU placement. --quick finishes in under 5 minutes.`,
-		Example: `  peregrine bench study --quick
-  peregrine bench study --out results/study-$(date +%F)`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			b.duration, b.reps = time.Second, 1 // validated per scenario by the study itself
-			o, err := b.options(bench.StudyConfigs, "tcp")
+		Use:   "suite NAME",
+		Short: "Run a paper's set of experiments (several scenarios and configs) and write one HTML report",
+		Long: `A suite is a list of steps, each a scenario with the configurations it compares (native
+first: every ratio is against the native path), run in turn into one result file per step,
+then one HTML report over all of them.
+
+Suites:
+` + bench.SuiteHelp(),
+		Example: `  peregrine bench suite falcon --quick
+  peregrine bench suite study --out results/study`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b.duration, b.reps = time.Second, 1 // each step brings its own
+			o, err := b.options(nil, "tcp")
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			runs, _, err := bench.RunStudy(ctx, quick, o)
+			runs, _, err := bench.RunSuite(ctx, args[0], quick, o)
 			if len(runs) > 0 {
 				if terr := report.Table(os.Stdout, runs...); terr != nil {
 					fmt.Fprintln(os.Stderr, terr)
@@ -206,7 +231,7 @@ softirq counts and per-stage CPU placement. --quick finishes in under 5 minutes.
 		},
 	}
 	b.add(c, false)
-	c.Flags().BoolVar(&quick, "quick", false, "short variant: fewer points, 2 s measurements, 2 repetitions (under 5 minutes)")
+	c.Flags().BoolVar(&quick, "quick", false, "short variant: fewer points, 2 s measurements, 2 repetitions")
 	return c
 }
 

@@ -52,6 +52,7 @@ func newAttachCmd() *cobra.Command {
 	var cpus string
 	var asJSON bool
 	var ff falconFlags
+	var pf prismFlags
 	c := &cobra.Command{
 		Use:   "attach MODE",
 		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
@@ -88,6 +89,9 @@ affinity and is left alone.`,
 				return err
 			}
 			o.Extra = extra
+			if err := pf.extra(cmd, args[0], o.Extra); err != nil {
+				return err
+			}
 			targets, l, err := tf.resolve()
 			if err != nil {
 				return err
@@ -127,6 +131,7 @@ affinity and is left alone.`,
 	c.Flags().StringVar(&cpus, "cpus", "", "CPUs the mode may use, e.g. 0-3 (default: all online CPUs)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the attachment records as JSON")
 	ff.add(c)
+	pf.add(c)
 	return c
 }
 

@@ -45,7 +45,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd())
 	return root
 }
 

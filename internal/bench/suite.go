@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// Step is one scenario of a suite with the configs it compares (the first is the baseline).
+type Step struct {
+	Title    string
+	Scenario Scenario
+	Configs  []string
+}
+
+// suites are the papers' experiment sets at this machine's scale. Each returns its steps;
+// quick shortens them (fewer points, 2 s, 2 repetitions).
+var suites = map[string]struct {
+	help  string
+	steps func(quick bool) []Step
+}{
+	"study":  {"the characterization study (dissertation ch. 2): native vs docker vs flannel", studySteps},
+	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps},
+}
+
+// SuiteNames lists the suites.
+func SuiteNames() []string {
+	var ns []string
+	for n := range suites {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// SuiteHelp describes the suites, one per line.
+func SuiteHelp() string {
+	var b strings.Builder
+	for _, n := range SuiteNames() {
+		fmt.Fprintf(&b, "  %-7s %s\n", n, suites[n].help)
+	}
+	return b.String()
+}
+
+func studySteps(quick bool) []Step {
+	cfgs := []string{"native", "docker", "flannel"}
+	var out []Step
+	for _, s := range Study(quick) {
+		out = append(out, Step{Title: s.Name, Scenario: s, Configs: cfgs})
+	}
+	return out
+}
+
+// otherCPU is a CPU other than the IRQ core (CPU0): where a split or a hotspot goes.
+func otherCPU() int {
+	if runtime.NumCPU() > 1 {
+		return runtime.NumCPU() - 1
+	}
+	return 0
+}
+
+func falconSteps(quick bool) []Step {
+	d, reps, warm := 5*time.Second, 3, 1
+	sizes, flows := []int{16, 64, 1024}, []int{1, 2, 4, 8}
+	if quick {
+		d, reps, warm = 2*time.Second, 2, 1
+		sizes, flows = []int{64}, []int{1, 4}
+	}
+	sc := func(name string) Scenario { return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm} }
+	split := "docker/falcon@split_cpus=" + strconv.Itoa(otherCPU())
+	base := []string{"native", "docker", "docker/rps", "docker/falcon"}
+
+	pkt := sc("udp-inject")
+	pkt.Sizes = sizes
+	tcp := sc("tcp")
+	tcp.Sizes = []int{4096, 65536}
+	if quick {
+		tcp.Sizes = []int{65536}
+	}
+	under := sc("underload")
+	under.Rate = 10000
+	over := sc("underload")
+	over.Rate = 200000
+	multi := sc("udp-inject")
+	multi.Sizes, multi.Flows = []int{64}, flows
+	hot := sc("udp-inject")
+	hot.Sizes, hot.Flows, hot.HogCPUs = []int{64}, []int{4}, []int{otherCPU()}
+	thr := sc("udp-inject")
+	thr.Sizes, thr.Flows = []int{64}, []int{4}
+	cost := sc("udp-inject")
+	cost.Sizes, cost.Rate = []int{64}, 50000
+	return []Step{
+		{"single-flow UDP packet rate vs size", pkt, base},
+		{"TCP throughput, with and without GRO split", tcp, append(append([]string{}, base...), split)},
+		{"latency under load (10k msg/s)", under, []string{"native", "docker", "docker/falcon"}},
+		{"latency over load (200k msg/s)", over, []string{"native", "docker", "docker/falcon"}},
+		{"multi-flow UDP packet rate", multi, base},
+		{fmt.Sprintf("static vs dynamic with CPU%d busy (hotspot)", otherCPU()), hot, []string{"native", "docker", "docker/falcon@static=true", "docker/falcon"}},
+		{"threshold sweep", thr, []string{"native", "docker", "docker/falcon@threshold=50", "docker/falcon@threshold=80", "docker/falcon@threshold=100"}},
+		{"CPU cost at a fixed 50 kpps", cost, base},
+	}
+}
+
+// SuiteDuration estimates a suite's measuring time.
+func SuiteDuration(name string, quick bool) time.Duration {
+	var t time.Duration
+	for _, st := range suites[name].steps(quick) {
+		t += st.Scenario.EstimatedDuration(len(st.Configs))
+	}
+	return t
+}
+
+// RunSuite runs every step of a suite, each into its own result file. Configs in base are
+// replaced by each step's.
+func RunSuite(ctx context.Context, name string, quick bool, base Options) ([]*results.Run, []string, error) {
+	s, ok := suites[name]
+	if !ok {
+		return nil, nil, fmt.Errorf("unknown suite %q: choose one of %s", name, strings.Join(SuiteNames(), ", "))
+	}
+	steps := s.steps(quick)
+	for _, st := range steps { // every config must parse before anything is built
+		if _, err := ParseConfigs(strings.Join(st.Configs, ",")); err != nil {
+			return nil, nil, fmt.Errorf("suite %s, %s: %w", name, st.Title, err)
+		}
+	}
+	base.logf("suite %s: %d steps, about %s of measuring", name, len(steps), SuiteDuration(name, quick).Round(time.Second))
+	var runs []*results.Run
+	var paths []string
+	var errs []error
+	for i, st := range steps {
+		o := base
+		o.Scenario = st.Scenario
+		o.Configs, _ = ParseConfigs(strings.Join(st.Configs, ","))
+		o.logf("\n== %s %d/%d: %s", name, i+1, len(steps), st.Title)
+		run, path, err := Run(ctx, o)
+		if run != nil {
+			run.Notes = append([]string{st.Title}, run.Notes...)
+			if path != "" {
+				_ = run.Write(path)
+			}
+			runs = append(runs, run)
+		}
+		if path != "" {
+			paths = append(paths, path)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", st.Title, err))
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	return runs, paths, errors.Join(errs...)
+}

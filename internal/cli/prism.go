@@ -1,0 +1,252 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/prism" // registers mode "prism"
+)
+
+// prismFlags are attach's options for mode prism.
+type prismFlags struct {
+	rules     []string
+	rulesFile string
+	noAgent   bool
+}
+
+func (f *prismFlags) add(c *cobra.Command) {
+	c.Flags().StringArrayVar(&f.rules, "rule", nil, `prism: a high-priority rule, e.g. "proto=tcp dport=11211" (repeatable; see "peregrine prism add --help")`)
+	c.Flags().StringVar(&f.rulesFile, "rules-file", "", "prism: a file of rules, one per line, '#' comments")
+	c.Flags().BoolVar(&f.noAgent, "no-agent", false, "prism: no node agent (the endpoint map is not updated as containers come and go)")
+}
+
+// extra adds the prism flags given to m; they are an error on another mode.
+func (f *prismFlags) extra(c *cobra.Command, mode string, m map[string]string) error {
+	for _, n := range []string{"rule", "rules-file", "no-agent"} {
+		if c.Flags().Lookup(n).Changed && mode != "prism" {
+			return fmt.Errorf("--%s is a prism flag; mode %s does not take it", n, mode)
+		}
+	}
+	if mode != "prism" {
+		return nil
+	}
+	if len(f.rules) > 0 {
+		m[prism.OptRules] = strings.Join(f.rules, ";")
+	}
+	if f.rulesFile != "" {
+		m[prism.OptRulesFile] = f.rulesFile
+	}
+	if f.noAgent {
+		m[prism.OptAgent] = "off"
+	}
+	// Validate before anything is discovered, so a typo fails fast and changes nothing.
+	text := m[prism.OptRules]
+	if f.rulesFile != "" {
+		b, err := os.ReadFile(f.rulesFile)
+		if err != nil {
+			return fmt.Errorf("--rules-file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	if _, err := prism.ParseRules(text); err != nil {
+		return err
+	}
+	return nil
+}
+
+const ruleSyntax = `A rule is "key=value" criteria separated by spaces or commas; every criterion given must
+hold, and the first matching rule counts the packet. Keys:
+  proto    tcp, udp, sctp, icmp, icmpv6 or a number 0-255
+  sport    source port or range lo-hi (tcp, udp, sctp)
+  dport    destination port or range
+  src/dst  inner source/destination address or CIDR, IPv4 or IPv6
+  dscp     0-63 or a name: ef, af11..af43, cs0..cs7
+  family   ipv4 or ipv6
+"all" alone makes everything high priority. IP fragments never match port criteria (only the
+first fragment carries ports; all fragments of a datagram stay on one path).`
+
+func newPrismCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "prism",
+		Short: "List and change the high-priority rules of mode prism, live",
+		Long: `Mode prism (PRISM's sync mode) classifies every decapsulated overlay packet at the VXLAN
+device by its inner headers. Packets that match a rule are high priority (HP): they are handed
+with bpf_redirect_peer straight to the container's eth0, past the bridge and the veth backlog
+stage, with the headers the normal path would give them. Everything else is untouched.
+
+Topology requirements: the VXLAN device and the bridge-side veth of each container are in the
+same network namespace, the container end in another one (docker overlay namespaces and
+flannel's cni0 qualify). HP packets skip the bridge and, for flannel, the host's iptables
+FORWARD chain and conntrack: policies there do not apply to HP flows.
+
+` + ruleSyntax,
+	}
+	c.AddCommand(newPrismRulesCmd(), newPrismAddCmd(), newPrismDelCmd(), newPrismSyncCmd())
+	return c
+}
+
+func newPrismRulesCmd() *cobra.Command {
+	var tf targetFlags
+	var asJSON, endpoints bool
+	c := &cobra.Command{
+		Use:   "rules",
+		Short: "List the rules with their HP packet counters",
+		Example: `  sudo peregrine prism rules --lab
+  sudo peregrine prism rules --netns prg-lab-h2 --endpoints`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			targets, _, err := tf.resolve()
+			if err != nil {
+				return err
+			}
+			var views []*prism.View
+			for _, t := range targets {
+				v, err := prism.Inspect(t)
+				if err != nil {
+					return err
+				}
+				views = append(views, v)
+			}
+			if asJSON {
+				return printJSON(os.Stdout, views)
+			}
+			for _, v := range views {
+				fmt.Printf("%s:\n", label(v.Target))
+				tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "  ID\tRULE\tHP PACKETS\tHP BYTES")
+				for _, r := range v.Rules {
+					fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\n", r.ID, r.Rule, r.Packets, r.Bytes)
+				}
+				tw.Flush()
+				if len(v.Rules) == 0 {
+					fmt.Println("  (no rules: nothing is high priority; add some with `peregrine prism add`)")
+				}
+				fmt.Print(v.Format())
+				if endpoints {
+					for _, e := range v.Endpoints {
+						state := "held"
+						if e.Gone {
+							state = "GONE (HP packets dropped)"
+						} else if !e.Held {
+							state = "STALE (veth unregistered; HP packets dropped)"
+						}
+						fmt.Printf("    endpoint %-28s veth ifindex %-4d mac %s %s\n", e.Addr, e.Ifindex, e.MAC, state)
+					}
+				}
+			}
+			return nil
+		},
+	}
+	tf.add(c)
+	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines")
+	c.Flags().BoolVar(&endpoints, "endpoints", false, "also list the endpoint map (container address -> veth)")
+	return c
+}
+
+func newPrismAddCmd() *cobra.Command {
+	var tf targetFlags
+	var file string
+	var replace bool
+	c := &cobra.Command{
+		Use:   "add RULE...",
+		Short: "Add high-priority rules (or replace all of them with --replace), live",
+		Long:  "Add rules to an attached prism without detaching; the change is atomic for every packet.\n\n" + ruleSyntax,
+		Example: `  sudo peregrine prism add --lab "proto=tcp dport=11211"
+  sudo peregrine prism add --lab "dst=198.19.2.0/24 dscp=ef" "proto=udp sport=5000-5999"
+  sudo peregrine prism add --lab --replace --file hp.rules`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			text := strings.Join(args, ";")
+			if file != "" {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				text += "\n" + string(b)
+			}
+			if _, err := prism.ParseRules(text); err != nil {
+				return err
+			}
+			if !replace && strings.TrimSpace(text) == "" {
+				return errors.New("no rule given")
+			}
+			targets, _, err := tf.resolve()
+			if err != nil {
+				return err
+			}
+			for _, t := range targets {
+				var rs []prism.Rule
+				if replace {
+					rs, err = prism.ReplaceRules(t, text)
+				} else {
+					rs, err = prism.AddRules(t, text)
+				}
+				if err != nil {
+					return fmt.Errorf("%s: %w", label(t), err)
+				}
+				fmt.Printf("%s: %d rules installed\n", label(t), len(rs))
+			}
+			return nil
+		},
+	}
+	tf.add(c)
+	c.Flags().StringVar(&file, "file", "", "read rules from a file (one per line, '#' comments)")
+	c.Flags().BoolVar(&replace, "replace", false, "install exactly the rules given (unchanged rules keep their counters)")
+	return c
+}
+
+func newPrismDelCmd() *cobra.Command {
+	var tf targetFlags
+	c := &cobra.Command{
+		Use:   "del ID|RULE...",
+		Short: "Delete rules by ID or by their text, live",
+		Example: `  sudo peregrine prism del --lab 2
+  sudo peregrine prism del --lab "proto=tcp dport=11211"`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			targets, _, err := tf.resolve()
+			if err != nil {
+				return err
+			}
+			for _, t := range targets {
+				ids, err := prism.DelRules(t, args)
+				if err != nil {
+					return fmt.Errorf("%s: %w", label(t), err)
+				}
+				fmt.Printf("%s: deleted rules %v\n", label(t), ids)
+			}
+			return nil
+		},
+	}
+	tf.add(c)
+	return c
+}
+
+func newPrismSyncCmd() *cobra.Command {
+	var tf targetFlags
+	c := &cobra.Command{
+		Use:   "sync",
+		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			targets, _, err := tf.resolve()
+			if err != nil {
+				return err
+			}
+			for _, t := range targets {
+				a, u, g, err := prism.Sync(t)
+				if err != nil {
+					return fmt.Errorf("%s: %w", label(t), err)
+				}
+				fmt.Printf("%s: endpoints %d added, %d updated, %d gone\n", label(t), a, u, g)
+			}
+			return nil
+		},
+	}
+	tf.add(c)
+	return c
+}

@@ -1,0 +1,432 @@
+package prism
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Keys of datapath.Options.Extra that prism reads (the CLI's flags fill them); they are saved
+// with the attachment record.
+const (
+	OptRules     = "rules"      // rules separated by ';' (see ParseRule)
+	OptRulesFile = "rules_file" // a file of rules, one per line, '#' comments
+	OptAgent     = "agent"      // "off": no node agent (endpoints are frozen at attach)
+)
+
+type mode struct{}
+
+func init() { datapath.Register(mode{}) }
+
+func (mode) Name() string { return "prism" }
+func (mode) Summary() string {
+	return "PRISM sync mode: inner-header rules pick high-priority flows, which skip the bridge and veth backlog (bpf_redirect_peer)"
+}
+
+// piece is one VXLAN device prism's program is attached to.
+type piece struct {
+	Dev     datapath.Dev `json:"dev"`
+	Inode   uint32       `json:"netns_inode"`
+	Routed  bool         `json:"routed"`
+	LinkPin string       `json:"link_pin"`
+}
+
+// modeState is prism's part of the attachment record: the installed rules are authoritative
+// here (the maps mirror them), so `prism rules` and a new process agree.
+type modeState struct {
+	Rules  []Rule   `json:"rules"`
+	Pieces []piece  `json:"pieces"`
+	Notes  []string `json:"notes,omitempty"`
+}
+
+func readModeState(st *datapath.State) (modeState, error) {
+	var ms modeState
+	if len(st.ModeState) == 0 {
+		return ms, nil
+	}
+	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
+		return ms, fmt.Errorf("prism: record's mode state is corrupt: %w", err)
+	}
+	return ms, nil
+}
+
+func writeModeState(st *datapath.State, ms modeState) { st.ModeState, _ = json.Marshal(ms) }
+
+// rulesFromOptions reads the rules given at attach.
+func rulesFromOptions(extra map[string]string) ([]Rule, error) {
+	text := extra[OptRules]
+	if f := extra[OptRulesFile]; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("prism: rules file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	rs, err := ParseRules(text)
+	if err != nil {
+		return nil, fmt.Errorf("prism: %w", err)
+	}
+	return mergeRules(nil, rs)
+}
+
+// Knobs: the sync mode changes no sysfs knob.
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	if _, err := rulesFromOptions(o.Extra); err != nil {
+		return nil, err // refuse bad rules before anything is changed
+	}
+	return nil, nil
+}
+
+func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	rules, err := rulesFromOptions(o.Extra)
+	if err != nil {
+		return err
+	}
+	objs, err := loadObjects()
+	if err != nil {
+		return err
+	}
+	defer objs.Close()
+	dir := pinDir(st.Target)
+	if err := objs.pin(dir); err != nil {
+		return err
+	}
+	st.Pins = append(st.Pins, dir)
+	ms := modeState{Rules: rules}
+	writeModeState(st, ms)
+	if err := datapath.SaveState(st); err != nil {
+		return err
+	}
+	if err := objs.Cfg.Put(uint32(0), prsPrismCfg{}); err != nil {
+		return fmt.Errorf("prism: init config: %w", err)
+	}
+	for _, r := range rules {
+		if err := objs.resetCounters(r.ID); err != nil {
+			return fmt.Errorf("prism: counters: %w", err)
+		}
+	}
+	if err := objs.writeRules(rules); err != nil {
+		return err
+	}
+	vxs, err := discoverVXLAN(t)
+	if err != nil {
+		return err
+	}
+	// Endpoints first, so the program finds them from its first packet.
+	eps, notes := discoverEndpoints(t, vxs)
+	if _, err := syncEndpoints(objs, eps, time.Now()); err != nil {
+		return err
+	}
+	for _, vx := range vxs {
+		p, err := attachPiece(objs, st.Target, vx)
+		if err != nil {
+			return err
+		}
+		ms.Pieces = append(ms.Pieces, p)
+		writeModeState(st, ms)
+		if err := datapath.SaveState(st); err != nil {
+			return err
+		}
+	}
+	ms.Notes = append(notes, unmatchedNotes(rules, eps)...)
+	writeModeState(st, ms)
+	if o.Extra[OptAgent] != "off" {
+		pid, err := startAgent(st.Target)
+		if err != nil {
+			return err
+		}
+		st.AgentPID = pid
+	}
+	return nil
+}
+
+// attachPiece configures the program for a VXLAN device and attaches it at tcx ingress inside
+// the device's namespace; the pinned link outlives this process.
+func attachPiece(o *objects, target string, vx vxlanDev) (piece, error) {
+	p := piece{Dev: vx.Dev, Inode: vx.Inode, Routed: vx.Routed}
+	dv := prsPrismDev{}
+	copy(dv.Mac[:], vx.MAC)
+	if vx.Routed {
+		dv.Routed = 1
+	}
+	if err := o.Dev.Put(prsPrgDevKey{Netns: vx.Inode, Ifindex: uint32(vx.Dev.Ifindex)}, dv); err != nil {
+		return p, fmt.Errorf("prism: %s: device map: %w", vx.Dev, err)
+	}
+	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("%d_%d_%s", vx.Inode, vx.Dev.Ifindex,
+		strings.NewReplacer("/", "_", ".", "_").Replace(vx.Dev.Name)))
+	var l link.Link
+	err := netnsutil.Do(vx.Dev.Netns, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: vx.Dev.Ifindex, Program: o.Vx, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if err != nil {
+		return p, fmt.Errorf("prism: attach tcx ingress to %s: %w (tcx needs Linux 6.6+)", vx.Dev, err)
+	}
+	defer l.Close()
+	if err := l.Pin(p.LinkPin); err != nil {
+		return p, fmt.Errorf("prism: pin link of %s: %w", vx.Dev, err)
+	}
+	return p, nil
+}
+
+// unmatchedNotes warns about rules whose destination covers no local container: they can
+// never redirect anything on this host (the frames take the normal path, counted as misses).
+func unmatchedNotes(rules []Rule, eps []endpoint) []string {
+	var notes []string
+	for _, r := range rules {
+		if !r.Dst.IsValid() {
+			continue
+		}
+		hit := false
+		for _, e := range eps {
+			if r.Dst.Contains(e.Addr) {
+				hit = true
+				break
+			}
+		}
+		if !hit {
+			notes = append(notes, fmt.Sprintf("rule %d (%s) matches no container on this host: its packets will take the normal path", r.ID, r))
+		}
+	}
+	return notes
+}
+
+// Unload stops the agent and removes the tcx links (pins); the framework removes the rest of
+// the pin directory afterwards.
+func (mode) Unload(_ context.Context, st *datapath.State) error {
+	var errs []error
+	if st.AgentPID != 0 {
+		errs = append(errs, stopAgent(st.AgentPID, st.Target))
+	}
+	ms, err := readModeState(st)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range ms.Pieces {
+		if err := os.Remove(p.LinkPin); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("prism: remove link pin of %s: %w", p.Dev, err))
+		}
+	}
+	// Links pinned by an attach that crashed before recording them.
+	if err := os.RemoveAll(filepath.Join(pinDir(st.Target), linksSub)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// View is what `prism rules` and `status` show: the rules with their HP counters, the
+// program's counters and the endpoints.
+type View struct {
+	Target    string         `json:"target"`
+	Rules     []RuleView     `json:"rules"`
+	Stats     Stats          `json:"stats"`
+	Endpoints []EndpointView `json:"endpoints"`
+	Agent     string         `json:"agent"`
+	Notes     []string       `json:"notes,omitempty"`
+}
+
+// RuleView is one rule with its counters.
+type RuleView struct {
+	ID      int    `json:"id"`
+	Rule    string `json:"rule"`
+	Packets uint64 `json:"hp_packets"`
+	Bytes   uint64 `json:"hp_bytes"`
+}
+
+// Inspect reads the live view of prism on target.
+func Inspect(target string) (*View, error) {
+	st, err := prismState(target)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := readModeState(st)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := openPinned(target)
+	if err != nil {
+		return nil, err
+	}
+	defer objs.Close()
+	v := &View{Target: target, Notes: ms.Notes, Agent: "off"}
+	for _, r := range ms.Rules {
+		c, err := objs.ruleCount(r.ID)
+		if err != nil {
+			return nil, fmt.Errorf("prism: counters of rule %d: %w", r.ID, err)
+		}
+		v.Rules = append(v.Rules, RuleView{ID: r.ID, Rule: r.String(), Packets: c.Packets, Bytes: c.Bytes})
+	}
+	if v.Stats, err = objs.stats(); err != nil {
+		return nil, err
+	}
+	if v.Endpoints, err = objs.endpoints(); err != nil {
+		return nil, err
+	}
+	if st.AgentPID != 0 {
+		v.Agent = fmt.Sprintf("pid %d, not running (endpoints frozen; log %s)", st.AgentPID, AgentLog(target))
+		if isAgent(st.AgentPID, target) {
+			v.Agent = fmt.Sprintf("pid %d, running", st.AgentPID)
+		}
+	}
+	return v, nil
+}
+
+// Report implements datapath.Reporter for `peregrine status`.
+func (mode) Report(st *datapath.State) (string, error) {
+	v, err := Inspect(st.Target)
+	if err != nil {
+		return "", err
+	}
+	return v.Format(), nil
+}
+
+// Format renders the view as status lines.
+func (v *View) Format() string {
+	var b strings.Builder
+	s := v.Stats
+	gone, live := 0, 0
+	for _, e := range v.Endpoints {
+		if e.Gone || !e.Held {
+			gone++
+		} else {
+			live++
+		}
+	}
+	fmt.Fprintf(&b, "  prism: %d rules, %d endpoints (%d gone), agent %s\n", len(v.Rules), live, gone, v.Agent)
+	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
+	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d; HP dropped: vanished %d, stale %d, errors %d\n",
+		s.Miss, s.L2, s.TTL, s.Gone, s.Stale, s.Err)
+	for _, r := range v.Rules {
+		fmt.Fprintf(&b, "    rule %-2d %-40s HP packets %d, bytes %d\n", r.ID, r.Rule, r.Packets, r.Bytes)
+	}
+	for _, n := range v.Notes {
+		fmt.Fprintf(&b, "    note: %s\n", n)
+	}
+	return b.String()
+}
+
+func prismState(target string) (*datapath.State, error) {
+	st, err := datapath.LoadState(target)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil || st.Mode != "prism" {
+		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
+	}
+	return st, nil
+}
+
+// changeRules applies fn to the installed rules under the record's lock and installs the result.
+func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error) {
+	var out []Rule
+	err := datapath.UpdateState(target, 3*time.Second, func(st *datapath.State) error {
+		if st.Mode != "prism" {
+			return fmt.Errorf("%s has mode %s attached, not prism", label(target), st.Mode)
+		}
+		ms, err := readModeState(st)
+		if err != nil {
+			return err
+		}
+		next, err := fn(ms.Rules)
+		if err != nil {
+			return err
+		}
+		objs, err := openPinned(target)
+		if err != nil {
+			return err
+		}
+		defer objs.Close()
+		old := map[int]bool{}
+		for _, r := range ms.Rules {
+			old[r.ID] = true
+		}
+		for _, r := range next {
+			if !old[r.ID] {
+				if err := objs.resetCounters(r.ID); err != nil {
+					return err
+				}
+			}
+		}
+		if err := objs.writeRules(next); err != nil {
+			return err
+		}
+		ms.Rules, out = next, next
+		writeModeState(st, ms)
+		return nil
+	})
+	if errors.Is(err, datapath.ErrNotAttached) {
+		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
+	}
+	return out, err
+}
+
+// AddRules parses text (rules separated by ';' or newlines) and appends them, live.
+func AddRules(target, text string) ([]Rule, error) {
+	add, err := ParseRules(text)
+	if err != nil {
+		return nil, err
+	}
+	if len(add) == 0 {
+		return nil, fmt.Errorf("no rule given")
+	}
+	return changeRules(target, func(have []Rule) ([]Rule, error) { return mergeRules(have, add) })
+}
+
+// ReplaceRules installs exactly the rules in text, live (IDs of unchanged rules are kept).
+func ReplaceRules(target, text string) ([]Rule, error) {
+	want, err := ParseRules(text)
+	if err != nil {
+		return nil, err
+	}
+	return changeRules(target, func(have []Rule) ([]Rule, error) {
+		var keep []Rule
+		for _, h := range have {
+			for _, w := range want {
+				if h.same(w) {
+					keep = append(keep, h)
+				}
+			}
+		}
+		var add []Rule
+		for _, w := range want {
+			found := false
+			for _, k := range keep {
+				found = found || k.same(w)
+			}
+			if !found {
+				add = append(add, w)
+			}
+		}
+		return mergeRules(keep, add)
+	})
+}
+
+// DelRules removes rules by ID or by text, live; it returns the removed IDs.
+func DelRules(target string, which []string) ([]int, error) {
+	var ids []int
+	_, err := changeRules(target, func(have []Rule) ([]Rule, error) {
+		out, removed, err := removeRules(have, which)
+		ids = removed
+		return out, err
+	})
+	return ids, err
+}
+
+func label(ns string) string {
+	if ns == "" {
+		return "this node"
+	}
+	return ns
+}
