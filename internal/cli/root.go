@@ -26,6 +26,7 @@ Its parts:
   status   show what is attached and what it changed
   bench    measure styles and modes side by side (ratios in one run), with probes
   report   turn result files into tables and an HTML report with plots
+  metrics  serve Prometheus metrics of the node's receive path and attachments
 
 Everything peregrine creates is named with the prefix "prg-" (namespaces, links, pinned
 objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always clean up.`,
@@ -45,7 +46,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd())
 	return root
 }
 

@@ -1,0 +1,112 @@
+// Package metrics exports what peregrine sees on a node in the Prometheus format: the kernel's
+// receive counters per CPU (softnet_stat, NET_RX/NET_TX softirqs), the datapath attachments and
+// whether their knobs still hold, and, optionally, the eBPF stage probe's per-device, per-CPU
+// packets and softirq time. Values are read at scrape time: no background sampling.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/probe"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+)
+
+const ns = "peregrine"
+
+// Collector is a prometheus.Collector over peregrine's probes and records.
+type Collector struct {
+	stage   *stage.Probe // nil: no per-stage metrics
+	devices func() (map[stage.DevKey]stage.DeviceInfo, error)
+
+	softnet, softirq, attached, knobs, knobsHeld, stagePkts, stageNs, scrapeErr *prometheus.Desc
+}
+
+// New returns a collector; sp may be nil.
+func New(sp *stage.Probe) *Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, nil)
+	}
+	return &Collector{
+		stage:     sp,
+		devices:   stage.ResolveDevices,
+		softnet:   d("softnet_total", "Per-CPU /proc/net/softnet_stat counters (processed, dropped, time_squeeze, received_rps, flow_limit).", "cpu", "counter"),
+		softirq:   d("softirqs_total", "Per-CPU softirq counts from /proc/softirqs.", "cpu", "type"),
+		attached:  d("attached", "1 for each datapath attachment on record (mode, target namespace).", "mode", "target", "complete"),
+		knobs:     d("knobs", "Knobs an attachment changed.", "mode", "target"),
+		knobsHeld: d("knobs_held", "Knobs of an attachment that still hold the value it set.", "mode", "target"),
+		stagePkts: d("stage_packets_total", "Packets entering the stack per device and CPU (eBPF stage probe; since the probe started).", "netns", "device", "cpu"),
+		stageNs:   d("stage_softirq_seconds_total", "NET_RX softirq time attributed per device and CPU (eBPF stage probe).", "netns", "device", "cpu"),
+		scrapeErr: d("scrape_errors", "Sources that failed in this scrape.", "source"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.softnet, c.softirq, c.attached, c.knobs, c.knobsHeld, c.stagePkts, c.stageNs, c.scrapeErr} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	fail := func(src string) { ch <- prometheus.MustNewConstMetric(c.scrapeErr, prometheus.GaugeValue, 1, src) }
+	if sn, err := probe.ReadSoftnet(); err == nil {
+		for _, p := range sn.PerCPU {
+			cpu := strconv.Itoa(p.CPU)
+			for name, v := range map[string]uint64{"processed": p.Processed, "dropped": p.Dropped, "time_squeeze": p.TimeSqueeze,
+				"received_rps": p.ReceivedRPS, "flow_limit": p.FlowLimitCount} {
+				ch <- prometheus.MustNewConstMetric(c.softnet, prometheus.CounterValue, float64(v), cpu, name)
+			}
+		}
+	} else {
+		fail("softnet")
+	}
+	if si, err := probe.ReadSoftirqs(); err == nil {
+		for _, typ := range []string{"NET_RX", "NET_TX"} {
+			for i, v := range si.Counts[typ] {
+				if i < len(si.CPUs) {
+					ch <- prometheus.MustNewConstMetric(c.softirq, prometheus.CounterValue, float64(v), strconv.Itoa(si.CPUs[i]), typ)
+				}
+			}
+		}
+	} else {
+		fail("softirqs")
+	}
+	if states, err := datapath.AllStates(); err == nil {
+		for _, st := range states {
+			target := st.Target
+			if target == "" {
+				target = "host"
+			}
+			ch <- prometheus.MustNewConstMetric(c.attached, prometheus.GaugeValue, 1, st.Mode, target, strconv.FormatBool(st.Complete))
+			held := 0
+			for _, k := range st.Knobs {
+				if datapath.SameValue(datapath.CurrentValue(k), k.New) {
+					held++
+				}
+			}
+			ch <- prometheus.MustNewConstMetric(c.knobs, prometheus.GaugeValue, float64(len(st.Knobs)), st.Mode, target)
+			ch <- prometheus.MustNewConstMetric(c.knobsHeld, prometheus.GaugeValue, float64(held), st.Mode, target)
+		}
+	} else {
+		fail("datapath")
+	}
+	if c.stage != nil {
+		snap, err := c.stage.Snapshot()
+		if err != nil {
+			fail("stage")
+			return
+		}
+		if devs, err := c.devices(); err == nil {
+			snap.Annotate(devs)
+		}
+		for _, d := range snap.Devices {
+			cpu := strconv.Itoa(d.CPU)
+			ch <- prometheus.MustNewConstMetric(c.stagePkts, prometheus.CounterValue, float64(d.Packets), d.NetnsName, d.Name, cpu)
+			ch <- prometheus.MustNewConstMetric(c.stageNs, prometheus.CounterValue, float64(d.SoftirqNs)/1e9, d.NetnsName, d.Name, cpu)
+		}
+	}
+}
