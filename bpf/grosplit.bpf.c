@@ -16,6 +16,10 @@
  *   - micro-flows (batch == B > 0, MFLOW): a per-flow packet counter; consecutive batches of B
  *     packets rotate round-robin over the slots, starting at the flow's hashed slot. This DOES
  *     reorder across batches by design: stock kernels have no in-order reassembly point.
+ *   - MFLOW with elephant detection (cfg.mflow == 1, internal/datapath/mflow): micro-flows as
+ *     above, but only for flows whose rate makes them elephants (bpf/mflow.h); a mouse's frames
+ *     pass (the normal path) or, with mice_affine, keep flow affinity. Per-flow state lives in
+ *     prg_gs_mflows, and the per-target batch counters say how the batches spread.
  * IP fragments hash without ports (ports=0), so every fragment of a datagram stays together.
  * Anything not understood (non-IP, short, truncated, bad header lengths) gets XDP_PASS and stays
  * on the IRQ core untouched. A target CPU without a cpumap entry (the CPU set changing under
@@ -25,6 +29,7 @@
  */
 #include "common.h"
 #include <bpf/bpf_endian.h>
+#include "mflow.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -49,6 +54,14 @@ struct gs_cfg {
 	__u32 cpumap_id;           /* kernel id of prg_gs_cpus: the drop tracepoint filters on it */
 	__u16 vxlan_ports[GS_MAX_PORTS]; /* host order */
 	__u32 cpus[GS_MAX_SLOTS];  /* slot -> CPU id (a key of prg_gs_cpus) */
+	/* MFLOW (appended so the fields above keep their offsets) */
+	__u32 mflow;               /* 1: elephant-gated micro-flows with mf below; batch is ignored */
+	__u32 mice_affine;         /* 1: mice keep flow affinity on the split CPUs; 0: they pass */
+	struct mf_params mf;
+	/* Ring guard (mflow): a split CPU whose ring holds ring_guard frames or more is skipped for
+	 * the next slot; with every ring that full the frame passes. 0 = off. */
+	__u32 ring_guard;
+	__u32 pad_guard;
 };
 
 /* Per-CPU (the CPU running XDP) counters. Field order is the Go struct's order. */
@@ -62,6 +75,19 @@ struct gs_stats {
 	__u64 last_slot;           /* debug: its slot in cfg.cpus */
 	__u64 last_cpu;            /* debug: its target CPU */
 	__u64 to_cpu[GS_MAX_CPUS]; /* redirected, by target CPU id */
+	/* MFLOW (cfg.mflow) */
+	__u64 mice;                /* frames of flows below the elephant threshold */
+	__u64 batches;             /* micro-flow batches started */
+	__u64 batch_to_cpu[GS_MAX_CPUS]; /* batches started, by target CPU id */
+	__u64 diverted;            /* frames sent to another split CPU because their ring was nearly full */
+	__u64 overflow;            /* frames passed because every split CPU's ring was nearly full */
+};
+
+/* Ring occupancy per split CPU for the guard: enq counts frames redirected to it, deq frames its
+ * cpumap kthread took (prg_gs_deq) plus frames the cpumap dropped at enqueue. */
+struct gs_ring {
+	__u64 enq;
+	__u64 deq;
 };
 
 /* The flow key the hash covers. Addresses are v4-in-first-word or full v6. */
@@ -100,6 +126,21 @@ struct {
 	__type(key, struct gs_flow);
 	__type(value, __u64);
 } prg_gs_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GS_MAX_CPUS);
+	__type(key, __u32);
+	__type(value, struct gs_ring);
+} prg_gs_rings SEC(".maps");
+
+/* MFLOW per-flow state (cfg.mflow only): rate window, elephant flag, micro-flow numbering. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gs_flow);
+	__type(value, struct mf_flow_state);
+} prg_gs_mflows SEC(".maps");
 
 /* murmur3's 32-bit finalizer: cheap, and every input bit reaches every output bit. */
 static __always_inline __u32 gs_mix(__u32 h)
@@ -289,7 +330,31 @@ int prg_grosplit(struct xdp_md *ctx)
 	__u32 h = gs_hash(&f);
 	__u32 slot = gs_slot(h, n);
 	__u32 batch = cfg->batch; /* read once: Go may rewrite the config under us */
-	if (batch > 0) {
+	int opens = 0;
+	if (cfg->mflow) {
+		__u32 mb = cfg->mf.batch;
+		if (mb == 0)
+			goto pass;
+		struct mf_flow_state zero_state = {}, *s = bpf_map_lookup_elem(&prg_gs_mflows, &f);
+		if (!s) {
+			bpf_map_update_elem(&prg_gs_mflows, &f, &zero_state, BPF_NOEXIST);
+			s = bpf_map_lookup_elem(&prg_gs_mflows, &f);
+		}
+		if (!s)
+			goto pass;
+		__u64 seq = 0;
+		__u64 bytes = bpf_xdp_get_buff_len(ctx);
+		if (!mf_account(s, &cfg->mf, bpf_ktime_get_ns(), 1, bytes, &seq)) {
+			st->mice++;
+			if (!cfg->mice_affine)
+				goto pass;
+		} else {
+			slot = mf_slot(slot, seq, 1, mb, n, &opens);
+			s->last_slot = slot;
+			if (opens)
+				s->batches++;
+		}
+	} else if (batch > 0) {
 		/* Micro-flows: the counter is shared by every CPU that sees the flow, hence atomic. */
 		__u64 one = 0, *cnt = bpf_map_lookup_elem(&prg_gs_flows, &f);
 		if (!cnt) {
@@ -307,6 +372,32 @@ int prg_grosplit(struct xdp_md *ctx)
 	if (slot >= GS_MAX_SLOTS)
 		goto pass;
 	__u32 cpu = cfg->cpus[slot];
+	struct gs_ring *ring = 0;
+	__u32 guard = cfg->ring_guard;
+	if (guard) {
+		/* A full ring drops at enqueue; rather reorder (another CPU, or the normal path) than
+		 * lose a frame. A few tries cover small sets; the last resort is a pass. */
+		int ok = 0;
+		for (int i = 0; i < 4; i++) {
+			if (i > 0) {
+				slot = slot + 1 < n ? slot + 1 : 0;
+				asm volatile("" : "+r"(slot));
+				if (slot >= GS_MAX_SLOTS)
+					goto pass;
+				cpu = cfg->cpus[slot];
+			}
+			ring = bpf_map_lookup_elem(&prg_gs_rings, &cpu);
+			if (!ring || ring->enq - ring->deq < guard) {
+				ok = 1;
+				break;
+			}
+			st->diverted++;
+		}
+		if (!ok) {
+			st->overflow++;
+			goto pass;
+		}
+	}
 
 	/* flags 0: a missing entry returns XDP_ABORTED, which we turn into a pass, never a drop */
 	long act = bpf_redirect_map(&prg_gs_cpus, cpu, 0);
@@ -314,13 +405,20 @@ int prg_grosplit(struct xdp_md *ctx)
 		st->missed++;
 		goto pass;
 	}
+	if (ring)
+		__sync_fetch_and_add(&ring->enq, 1);
 	st->redirected++;
 	st->vxlan += vx;
 	st->last_hash = h;
 	st->last_slot = slot;
 	st->last_cpu = cpu;
-	if (cpu < GS_MAX_CPUS)
+	if (cpu < GS_MAX_CPUS) {
 		st->to_cpu[cpu]++;
+		if (opens) {
+			st->batches++;
+			st->batch_to_cpu[cpu]++;
+		}
+	}
 	return XDP_REDIRECT;
 pass:
 	st->passed++;
@@ -341,5 +439,22 @@ int BPF_PROG(prg_gs_drops, int map_id, unsigned int processed, unsigned int drop
 	struct gs_stats *st = bpf_map_lookup_elem(&prg_gs_stats, &zero);
 	if (st)
 		st->dropped += drops;
+	/* Dropped frames never reach the kthread: count them out of the ring guard's occupancy. */
+	__u32 cpu = to_cpu;
+	struct gs_ring *ring = bpf_map_lookup_elem(&prg_gs_rings, &cpu);
+	if (ring)
+		__sync_fetch_and_add(&ring->deq, drops);
 	return 0;
+}
+
+/* Second-level program of the split CPUs' cpumap entries (mflow only): it runs in the cpumap
+ * kthread for each frame taken off the ring, before the skb is built, and counts it. */
+SEC("xdp.frags/cpumap") /* frags like prg_grosplit: the cpumap accepts only matching programs */
+int prg_gs_deq(struct xdp_md *ctx)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct gs_ring *ring = bpf_map_lookup_elem(&prg_gs_rings, &cpu);
+	if (ring)
+		__sync_fetch_and_add(&ring->deq, 1);
+	return XDP_PASS;
 }

@@ -53,6 +53,7 @@ func newAttachCmd() *cobra.Command {
 	var asJSON bool
 	var ff falconFlags
 	var pf prismFlags
+	var mf mflowFlags
 	c := &cobra.Command{
 		Use:   "attach MODE",
 		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
@@ -71,7 +72,9 @@ affinity and is left alone.`,
   sudo peregrine attach rps --netns prg-lab-h2 --cpus 1
   sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC
   sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
-  sudo peregrine attach falcon --static         # first choice only (no two-choice balancing)`,
+  sudo peregrine attach falcon --static         # first choice only (no two-choice balancing)
+  sudo peregrine attach mflow --lab --cpus 0-1 --batch 256 --elephant-pps 10000
+  sudo peregrine attach mflow --split-at device --merge`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := datapath.Lookup(args[0]); err != nil {
@@ -90,6 +93,9 @@ affinity and is left alone.`,
 			}
 			o.Extra = extra
 			if err := pf.extra(cmd, args[0], o.Extra); err != nil {
+				return err
+			}
+			if err := mf.extra(cmd, args[0], o.CPUs, o.Extra); err != nil {
 				return err
 			}
 			targets, l, err := tf.resolve()
@@ -132,6 +138,7 @@ affinity and is left alone.`,
 	c.Flags().BoolVar(&asJSON, "json", false, "print the attachment records as JSON")
 	ff.add(c)
 	pf.add(c)
+	mf.add(c)
 	return c
 }
 

@@ -21,7 +21,11 @@ const (
 	pinDropsLink = "link_drops" // tracing link of the cpumap drop counter
 )
 
-var pinnedMaps = []string{gsMapPrgGsCpus, gsMapPrgGsCfg, gsMapPrgGsStats, gsMapPrgGsFlows}
+var pinnedMaps = []string{gsMapPrgGsCpus, gsMapPrgGsCfg, gsMapPrgGsStats, gsMapPrgGsFlows, gsMapPrgGsMflows, gsMapPrgGsRings}
+
+// pinDeq is the second-level cpumap program (mflow's ring guard), pinned so a live CPU-set
+// change (SetCPUs, another process) can give new entries the same program.
+const pinDeq = "prog_deq"
 
 // Attach loads the split, attaches the XDP program to cfg.Device in native (driver) mode inside
 // cfg.Netns, fills the cpumap and pins everything under cfg.PinDir. It returns every pinned path
@@ -58,7 +62,11 @@ func Attach(cfg Config) (pins []string, err error) {
 	// Only the pins keep the split alive once Attach returns: close every fd of ours.
 	defer objs.Close()
 
-	if err := setCPUs(objs.PrgGsCpus, objs.PrgGsCfg, cfg, nil); err != nil {
+	var deq *ebpf.Program // mflow: counts what each split CPU takes off its ring
+	if cfg.MFlow != nil {
+		deq = objs.PrgGsDeq
+	}
+	if err := setCPUs(objs.PrgGsCpus, objs.PrgGsCfg, cfg, nil, deq); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o755); err != nil {
@@ -72,6 +80,13 @@ func Attach(cfg Config) (pins []string, err error) {
 		p := filepath.Join(cfg.PinDir, name)
 		if err := m.Pin(p); err != nil {
 			return nil, undo(fmt.Errorf("grosplit: pin %s: %w", name, err))
+		}
+		pins = append(pins, p)
+	}
+	if deq != nil {
+		p := filepath.Join(cfg.PinDir, pinDeq)
+		if err := deq.Pin(p); err != nil {
+			return nil, undo(fmt.Errorf("grosplit: pin %s: %w", pinDeq, err))
 		}
 		pins = append(pins, p)
 	}
@@ -154,7 +169,7 @@ func Detach(pins []string) error {
 // process that did not keep Attach's answer).
 func Pins(pinDir string) []string {
 	var out []string
-	for _, name := range append(append([]string{}, pinnedMaps...), pinDropsLink, pinXDPLink) {
+	for _, name := range append(append([]string{}, pinnedMaps...), pinDeq, pinDropsLink, pinXDPLink) {
 		p := filepath.Join(pinDir, name)
 		if _, err := os.Stat(p); err == nil {
 			out = append(out, p)
@@ -171,6 +186,10 @@ func mapByName(o *gsObjects, name string) *ebpf.Map {
 		return o.PrgGsCfg
 	case gsMapPrgGsStats:
 		return o.PrgGsStats
+	case gsMapPrgGsMflows:
+		return o.PrgGsMflows
+	case gsMapPrgGsRings:
+		return o.PrgGsRings
 	default:
 		return o.PrgGsFlows
 	}

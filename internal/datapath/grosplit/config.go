@@ -44,6 +44,8 @@ type Config struct {
 	// Batch 0 keeps flow affinity (no reordering). B > 0 is MFLOW's micro-flow mode: batches of
 	// B consecutive packets of a flow rotate round-robin over CPUs, which reorders across batches.
 	Batch int
+	// MFlow, if set, turns on MFLOW's elephant-gated micro-flows (see mflow.go); Batch must be 0.
+	MFlow *MFlow
 }
 
 // withDefaults returns a copy with zero fields filled and everything checked.
@@ -73,6 +75,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Batch < 0 || c.Batch > 1<<30 {
 		return c, fmt.Errorf("grosplit: batch %d out of range (0 = flow affinity, B > 0 = micro-flows)", c.Batch)
+	}
+	if err := c.MFlow.check(c.Batch); err != nil {
+		return c, err
 	}
 	return c, checkCPUs(c.CPUs)
 }
@@ -153,6 +158,12 @@ func (c Config) bpfCfg(cpumapID uint32) gsGsCfg {
 	copy(v.VxlanPorts[:], c.VXLANPorts)
 	for i, cpu := range c.CPUs {
 		v.Cpus[i] = uint32(cpu)
+	}
+	c.MFlow.fill(&v)
+	if c.MFlow != nil {
+		// Leave room for the frames in flight between the guard's check and the enqueue (bulks
+		// of 8 per CPU, several XDP CPUs on a veth underlay).
+		v.RingGuard = uint32(c.QueueSize - min(128, c.QueueSize/2))
 	}
 	return v
 }

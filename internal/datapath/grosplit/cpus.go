@@ -42,12 +42,19 @@ func SetCPUs(pinDir string, cpus []int, queueSize int) error {
 		old = append(old, int(cur.Cpus[i]))
 	}
 	c := Config{CPUs: cpus, QueueSize: queueSize, Batch: int(cur.Batch),
-		VXLANPorts: append([]uint16{}, cur.VxlanPorts[:min(cur.N_ports, MaxPorts)]...)}
-	return setCPUs(cpumap, cfgMap, c, old)
+		VXLANPorts: append([]uint16{}, cur.VxlanPorts[:min(cur.N_ports, MaxPorts)]...), MFlow: mflowOf(cur)}
+	var deq *ebpf.Program
+	if c.MFlow != nil {
+		if deq, err = ebpf.LoadPinnedProgram(filepath.Join(pinDir, pinDeq), nil); err != nil {
+			return fmt.Errorf("grosplit: open the ring guard's program: %w", err)
+		}
+		defer deq.Close()
+	}
+	return setCPUs(cpumap, cfgMap, c, old, deq)
 }
 
 // setCPUs moves the split from the old CPU set to c.CPUs (see SetCPUs for the order).
-func setCPUs(cpumap, cfgMap *ebpf.Map, c Config, old []int) error {
+func setCPUs(cpumap, cfgMap *ebpf.Map, c Config, old []int, deq *ebpf.Program) error {
 	info, err := cpumap.Info()
 	if err != nil {
 		return fmt.Errorf("grosplit: cpumap info: %w", err)
@@ -68,6 +75,9 @@ func setCPUs(cpumap, cfgMap *ebpf.Map, c Config, old []int) error {
 		}
 		// Fd 0: no second-level XDP program on the split CPU, it goes straight to the stack.
 		v := gsBpfCpumapVal{Qsize: uint32(c.QueueSize)}
+		if deq != nil {
+			v.BpfProg.Fd = int32(deq.FD()) // runs on the split CPU for each frame it takes
+		}
 		if err := cpumap.Update(uint32(cpu), &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("grosplit: add CPU %d to the cpumap (qsize %d): %w", cpu, c.QueueSize, err)
 		}

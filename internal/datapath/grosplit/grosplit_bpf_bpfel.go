@@ -30,6 +30,18 @@ type gsGsCfg struct {
 	CpumapId   uint32
 	VxlanPorts [8]uint16
 	Cpus       [64]uint32
+	Mflow      uint32
+	MiceAffine uint32
+	Mf         struct {
+		_        structs.HostLayout
+		Batch    uint32
+		Pad      uint32
+		ElephPps uint64
+		ElephBps uint64
+		WindowNs uint64
+	}
+	RingGuard uint32
+	PadGuard  uint32
 }
 
 type gsGsFlow struct {
@@ -38,6 +50,12 @@ type gsGsFlow struct {
 	Dst   [4]uint32
 	Ports uint32
 	Proto uint32
+}
+
+type gsGsRing struct {
+	_   structs.HostLayout
+	Enq uint64
+	Deq uint64
 }
 
 type gsGsStats struct {
@@ -51,6 +69,30 @@ type gsGsStats struct {
 	LastSlot   uint64
 	LastCpu    uint64
 	ToCpu      [256]uint64
+	Mice       uint64
+	Batches    uint64
+	BatchToCpu [256]uint64
+	Diverted   uint64
+	Overflow   uint64
+}
+
+type gsMfFlowState struct {
+	_          structs.HostLayout
+	FirstNs    uint64
+	LastNs     uint64
+	WinStart   uint64
+	WinPkts    uint64
+	WinBytes   uint64
+	RatePps    uint64
+	RateBps    uint64
+	Pkts       uint64
+	Bytes      uint64
+	Seq        uint64
+	Batches    uint64
+	Elephant   uint32
+	LastSlot   uint32
+	Promotions uint32
+	Demotions  uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -60,8 +102,11 @@ const (
 	gsMapPrgGsCfg     = "prg_gs_cfg"
 	gsMapPrgGsCpus    = "prg_gs_cpus"
 	gsMapPrgGsFlows   = "prg_gs_flows"
+	gsMapPrgGsMflows  = "prg_gs_mflows"
+	gsMapPrgGsRings   = "prg_gs_rings"
 	gsMapPrgGsStats   = "prg_gs_stats"
 	gsProgPrgGrosplit = "prg_grosplit"
+	gsProgPrgGsDeq    = "prg_gs_deq"
 	gsProgPrgGsDrops  = "prg_gs_drops"
 )
 
@@ -108,6 +153,7 @@ type gsSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gsProgramSpecs struct {
 	PrgGrosplit *ebpf.ProgramSpec `ebpf:"prg_grosplit"`
+	PrgGsDeq    *ebpf.ProgramSpec `ebpf:"prg_gs_deq"`
 	PrgGsDrops  *ebpf.ProgramSpec `ebpf:"prg_gs_drops"`
 }
 
@@ -115,10 +161,12 @@ type gsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gsMapSpecs struct {
-	PrgGsCfg   *ebpf.MapSpec `ebpf:"prg_gs_cfg"`
-	PrgGsCpus  *ebpf.MapSpec `ebpf:"prg_gs_cpus"`
-	PrgGsFlows *ebpf.MapSpec `ebpf:"prg_gs_flows"`
-	PrgGsStats *ebpf.MapSpec `ebpf:"prg_gs_stats"`
+	PrgGsCfg    *ebpf.MapSpec `ebpf:"prg_gs_cfg"`
+	PrgGsCpus   *ebpf.MapSpec `ebpf:"prg_gs_cpus"`
+	PrgGsFlows  *ebpf.MapSpec `ebpf:"prg_gs_flows"`
+	PrgGsMflows *ebpf.MapSpec `ebpf:"prg_gs_mflows"`
+	PrgGsRings  *ebpf.MapSpec `ebpf:"prg_gs_rings"`
+	PrgGsStats  *ebpf.MapSpec `ebpf:"prg_gs_stats"`
 }
 
 // gsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -147,10 +195,12 @@ func (o *gsObjects) Close() error {
 //
 // It can be passed to loadGsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gsMaps struct {
-	PrgGsCfg   *ebpf.Map `ebpf:"prg_gs_cfg"`
-	PrgGsCpus  *ebpf.Map `ebpf:"prg_gs_cpus"`
-	PrgGsFlows *ebpf.Map `ebpf:"prg_gs_flows"`
-	PrgGsStats *ebpf.Map `ebpf:"prg_gs_stats"`
+	PrgGsCfg    *ebpf.Map `ebpf:"prg_gs_cfg"`
+	PrgGsCpus   *ebpf.Map `ebpf:"prg_gs_cpus"`
+	PrgGsFlows  *ebpf.Map `ebpf:"prg_gs_flows"`
+	PrgGsMflows *ebpf.Map `ebpf:"prg_gs_mflows"`
+	PrgGsRings  *ebpf.Map `ebpf:"prg_gs_rings"`
+	PrgGsStats  *ebpf.Map `ebpf:"prg_gs_stats"`
 }
 
 func (m *gsMaps) Close() error {
@@ -158,6 +208,8 @@ func (m *gsMaps) Close() error {
 		m.PrgGsCfg,
 		m.PrgGsCpus,
 		m.PrgGsFlows,
+		m.PrgGsMflows,
+		m.PrgGsRings,
 		m.PrgGsStats,
 	)
 }
@@ -173,12 +225,14 @@ type gsVariables struct {
 // It can be passed to loadGsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gsPrograms struct {
 	PrgGrosplit *ebpf.Program `ebpf:"prg_grosplit"`
+	PrgGsDeq    *ebpf.Program `ebpf:"prg_gs_deq"`
 	PrgGsDrops  *ebpf.Program `ebpf:"prg_gs_drops"`
 }
 
 func (p *gsPrograms) Close() error {
 	return _GsClose(
 		p.PrgGrosplit,
+		p.PrgGsDeq,
 		p.PrgGsDrops,
 	)
 }

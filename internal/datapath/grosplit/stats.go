@@ -18,6 +18,14 @@ type CPUStats struct {
 	VXLAN      uint64 // of Redirected: hashed on the inner 5-tuple
 	// ToCPU counts Redirected by split CPU.
 	ToCPU map[int]uint64
+	// MFLOW (Config.MFlow): frames of flows below the elephant threshold, micro-flow batches
+	// started, and those by split CPU.
+	Mice       uint64
+	Batches    uint64
+	BatchToCPU map[int]uint64
+	// The ring guard: frames sent to another split CPU because theirs was nearly full, and
+	// frames passed (normal path) because every ring was.
+	Diverted, Overflow uint64
 	// The last redirected frame, for tests and debugging: its flow hash, slot in the CPU list
 	// and split CPU.
 	LastHash uint32
@@ -32,7 +40,7 @@ type Stats struct {
 
 // Sum adds up the CPUs (Last* fields are left zero: "last" has no meaning across CPUs).
 func (s Stats) Sum() CPUStats {
-	t := CPUStats{CPU: -1, ToCPU: map[int]uint64{}}
+	t := CPUStats{CPU: -1, ToCPU: map[int]uint64{}, BatchToCPU: map[int]uint64{}}
 	for _, c := range s.PerCPU {
 		t.Redirected += c.Redirected
 		t.Passed += c.Passed
@@ -41,6 +49,13 @@ func (s Stats) Sum() CPUStats {
 		t.VXLAN += c.VXLAN
 		for k, v := range c.ToCPU {
 			t.ToCPU[k] += v
+		}
+		t.Mice += c.Mice
+		t.Diverted += c.Diverted
+		t.Overflow += c.Overflow
+		t.Batches += c.Batches
+		for k, v := range c.BatchToCPU {
+			t.BatchToCPU[k] += v
 		}
 	}
 	return t
@@ -65,10 +80,16 @@ func readStats(m *ebpf.Map) (Stats, error) {
 	for cpu, v := range per {
 		c := CPUStats{CPU: cpu, Redirected: v.Redirected, Passed: v.Passed, Missed: v.Missed,
 			Dropped: v.Dropped, VXLAN: v.Vxlan, ToCPU: map[int]uint64{},
-			LastHash: uint32(v.LastHash), LastSlot: int(v.LastSlot), LastCPU: int(v.LastCpu)}
+			LastHash: uint32(v.LastHash), LastSlot: int(v.LastSlot), LastCPU: int(v.LastCpu),
+			Mice: v.Mice, Batches: v.Batches, BatchToCPU: map[int]uint64{}, Diverted: v.Diverted, Overflow: v.Overflow}
 		for to, n := range v.ToCpu {
 			if n > 0 {
 				c.ToCPU[to] = n
+			}
+		}
+		for to, n := range v.BatchToCpu {
+			if n > 0 {
+				c.BatchToCPU[to] = n
 			}
 		}
 		s.PerCPU[cpu] = c

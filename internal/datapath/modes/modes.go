@@ -6,5 +6,6 @@ package modes
 import (
 	_ "github.com/peregrine-net/peregrine/internal/datapath"        // rps
 	_ "github.com/peregrine-net/peregrine/internal/datapath/falcon" // falcon
+	_ "github.com/peregrine-net/peregrine/internal/datapath/mflow"  // mflow
 	_ "github.com/peregrine-net/peregrine/internal/datapath/prism"  // prism
 )

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * MFLOW's skb-level pieces on a stock kernel (the IRQ split itself is grosplit.bpf.c, mflow mode).
+ *
+ *   prg_mflow_dev   tcx ingress of the underlay: "device scaling". The packet has been through
+ *                   the NIC stage (skb, GRO) on the IRQ core; before it reaches the VXLAN device
+ *                   it is numbered into micro-flows (bpf/mflow.h) and each batch gets a hash
+ *                   that the VXLAN device's RPS (rps_cpus = the splitting CPUs, ascending) maps
+ *                   to the batch's CPU. bpf_set_hash marks the hash L4 so decapsulation keeps it
+ *                   (as falcon). The VXLAN device's receive, the bridge and the veth transmit
+ *                   then run on the splitting CPUs in parallel. A GRO super-packet counts as its
+ *                   segments and is never cut. Mice get hash 0: RPS leaves them where they are.
+ *   prg_mflow_port  tcx egress of a bridge port: "merge" (optional). For a split flow it sets a
+ *                   fixed per-flow hash so the container veth's RPS brings every batch back to
+ *                   ONE CPU before the transport. The per-CPU backlogs feeding that CPU are still
+ *                   unordered relative to each other, so this narrows, not removes, reordering.
+ *                   It only reads the flow map: in full-path mode Go points prg_mf_flows at the
+ *                   XDP split's prg_gs_mflows (same key and value layout).
+ *
+ * The flow key is grosplit's (struct gs_flow): inner 5-tuple, words as loaded from the packet,
+ * ports 0 for IP fragments. Keep the parsing in step with grosplit.bpf.c and the Go model.
+ */
+#include "common.h"
+#include <bpf/bpf_endian.h>
+#include "mflow.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define MF_MAX_SLOTS 64
+#define MF_MAX_PORTS 8
+#define TCX_NEXT (-1)
+
+struct mf_cfg {
+	__u32 n_cpus;      /* 0 = off: everything untouched */
+	__u32 mice_affine; /* 1: mice keep the kernel's hash (RPS spreads them by flow) */
+	__u32 n_ports;
+	__u32 merge;       /* 1: prg_mflow_port merges split flows */
+	__u16 vxlan_ports[MF_MAX_PORTS];
+	__u32 cpus[MF_MAX_SLOTS]; /* ascending: the order of the RPS map */
+	struct mf_params mf;
+};
+
+struct mf_stats {
+	__u64 split;       /* packets (segments) of elephants steered per batch */
+	__u64 mice;        /* packets of mice */
+	__u64 passed;      /* not VXLAN, not parsed: untouched */
+	__u64 batches;
+	__u64 merged;      /* packets of split flows merged at a bridge port */
+	__u64 to_cpu[MF_MAX_CPUS];
+	__u64 batch_to_cpu[MF_MAX_CPUS];
+	__u64 merge_to_cpu[MF_MAX_CPUS];
+	__u64 last_hash;   /* debug: the hash written last */
+	__u64 last_slot;
+};
+
+struct mf_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__u32 ports;
+	__u32 proto;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mf_cfg);
+} prg_mf_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mf_stats);
+} prg_mf_stats SEC(".maps");
+
+/* Same type, size and layout as grosplit's prg_gs_mflows, so Go can hand that map in instead. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct mf_key);
+	__type(value, struct mf_flow_state);
+} prg_mf_flows SEC(".maps");
+
+static __always_inline __u32 mf_mix(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* grosplit's gs_hash, so a flow's first batch starts on the same slot in both modes. */
+static __always_inline __u32 mf_hash(const struct mf_key *f)
+{
+	__u32 h = 0x9e3779b9;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = mf_mix(h ^ f->src[i]);
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = mf_mix(h ^ f->dst[i]);
+	h = mf_mix(h ^ f->ports);
+	return mf_mix(h ^ f->proto);
+}
+
+/* A hash that RPS (reciprocal_scale over n CPUs) maps to slot idx; never 0 (see falcon.bpf.c). */
+static __always_inline __u32 mf_rps_hash(__u32 idx, __u32 n, __u32 fh)
+{
+	__u64 lo = (((__u64)idx << 32) + n - 1) / n;
+	__u64 hi = (((__u64)(idx + 1) << 32) + n - 1) / n;
+	__u64 h = lo + (__u64)fh % (hi - lo);
+	return h ? (__u32)h : 1;
+}
+
+/* Inner frame at off -> key. 0 ok, -1 not IP or malformed. */
+static __always_inline int mf_parse(struct __sk_buff *ctx, __u32 off, struct mf_key *f)
+{
+	struct ethhdr eth;
+	if (bpf_skb_load_bytes(ctx, off, &eth, sizeof(eth)))
+		return -1;
+	off += sizeof(eth);
+	__u16 proto = bpf_ntohs(eth.h_proto);
+	int l4ok = 0;
+	if (proto == 0x0800) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
+			return -1;
+		f->src[0] = ip.saddr;
+		f->dst[0] = ip.daddr;
+		f->proto = ip.protocol;
+		off += ip.ihl * 4;
+		l4ok = (ip.frag_off & bpf_htons(0x3fff)) == 0;
+	} else if (proto == 0x86dd) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6)
+			return -1;
+		__builtin_memcpy(f->src, &ip6.saddr, 16);
+		__builtin_memcpy(f->dst, &ip6.daddr, 16);
+		f->proto = ip6.nexthdr;
+		off += sizeof(ip6);
+		l4ok = 1;
+	} else {
+		return -1;
+	}
+	if (l4ok && (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP || f->proto == 132)) {
+		__u16 p[2];
+		if (bpf_skb_load_bytes(ctx, off, p, sizeof(p)))
+			return -1;
+		f->ports = (__u32)p[0] | ((__u32)p[1] << 16);
+	}
+	return 0;
+}
+
+static __always_inline int mf_is_vxlan(const struct mf_cfg *cfg, __u16 port)
+{
+#pragma unroll
+	for (int i = 0; i < MF_MAX_PORTS; i++) {
+		if (i >= cfg->n_ports)
+			break;
+		if (cfg->vxlan_ports[i] == port)
+			return 1;
+	}
+	return 0;
+}
+
+/* Outer Ethernet / IPv4|IPv6 / UDP to a VXLAN port: the offset of the inner frame, or 0. */
+static __always_inline __u32 mf_vxlan_inner(struct __sk_buff *ctx, const struct mf_cfg *cfg)
+{
+	struct ethhdr eth;
+	if (bpf_skb_load_bytes(ctx, 0, &eth, sizeof(eth)))
+		return 0;
+	__u32 off = sizeof(eth);
+	if (eth.h_proto == bpf_htons(0x0800)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5 ||
+		    ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x3fff)))
+			return 0;
+		off += ip.ihl * 4;
+	} else if (eth.h_proto == bpf_htons(0x86dd)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6 || ip6.nexthdr != IPPROTO_UDP)
+			return 0;
+		off += sizeof(ip6);
+	} else {
+		return 0;
+	}
+	struct udphdr udp;
+	if (bpf_skb_load_bytes(ctx, off, &udp, sizeof(udp)) || !mf_is_vxlan(cfg, bpf_ntohs(udp.dest)))
+		return 0;
+	return off + sizeof(udp) + 8;
+}
+
+#define bound_slot(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (MF_MAX_SLOTS - 1); })
+#define bound_cpu(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (MF_MAX_CPUS - 1); })
+
+SEC("tcx/ingress")
+int prg_mflow_dev(struct __sk_buff *ctx)
+{
+	__u32 zero = 0;
+	struct mf_cfg *cfg = bpf_map_lookup_elem(&prg_mf_cfg, &zero);
+	struct mf_stats *st = bpf_map_lookup_elem(&prg_mf_stats, &zero);
+	if (!cfg || !st)
+		return TCX_NEXT;
+	__u32 n = cfg->n_cpus, batch = cfg->mf.batch;
+	struct mf_key f = {};
+	__u32 inner;
+	if (n == 0 || n > MF_MAX_SLOTS || batch == 0 || !(inner = mf_vxlan_inner(ctx, cfg)) ||
+	    mf_parse(ctx, inner, &f)) {
+		st->passed++;
+		return TCX_NEXT;
+	}
+	struct mf_flow_state zs = {}, *s = bpf_map_lookup_elem(&prg_mf_flows, &f);
+	if (!s) {
+		bpf_map_update_elem(&prg_mf_flows, &f, &zs, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&prg_mf_flows, &f);
+	}
+	if (!s) {
+		st->passed++;
+		return TCX_NEXT;
+	}
+	__u64 units = ctx->gso_segs ? ctx->gso_segs : 1, seq = 0;
+	__u32 fh = mf_hash(&f);
+	if (!mf_account(s, &cfg->mf, bpf_ktime_get_ns(), units, ctx->len, &seq)) {
+		st->mice += units;
+		if (!cfg->mice_affine)
+			bpf_set_hash(ctx, 0); /* stays on this CPU, as without RPS */
+		return TCX_NEXT;
+	}
+	int opens;
+	__u32 base = (__u32)(((__u64)fh * n) >> 32);
+	__u32 slot = bound_slot(mf_slot(base, seq, units, batch, n, &opens));
+	__u32 h = mf_rps_hash(slot, n, fh);
+	bpf_set_hash(ctx, h);
+	s->last_slot = slot;
+	__u32 cpu = bound_cpu(cfg->cpus[slot]);
+	st->split += units;
+	st->to_cpu[cpu] += units;
+	if (opens) {
+		s->batches++;
+		st->batches++;
+		st->batch_to_cpu[cpu]++;
+	}
+	st->last_hash = h;
+	st->last_slot = slot;
+	return TCX_NEXT;
+}
+
+SEC("tcx/egress")
+int prg_mflow_port(struct __sk_buff *ctx)
+{
+	__u32 zero = 0;
+	struct mf_cfg *cfg = bpf_map_lookup_elem(&prg_mf_cfg, &zero);
+	struct mf_stats *st = bpf_map_lookup_elem(&prg_mf_stats, &zero);
+	if (!cfg || !st)
+		return TCX_NEXT;
+	__u32 n = cfg->n_cpus;
+	struct mf_key f = {};
+	if (!cfg->merge || n == 0 || n > MF_MAX_SLOTS || mf_parse(ctx, 0, &f))
+		return TCX_NEXT;
+	struct mf_flow_state *s = bpf_map_lookup_elem(&prg_mf_flows, &f);
+	if (!s || !s->elephant) {
+		if (!cfg->mice_affine)
+			bpf_set_hash(ctx, 0); /* mice: the container stage stays where it was */
+		return TCX_NEXT;
+	}
+	__u32 fh = mf_hash(&f);
+	__u32 slot = bound_slot((__u32)(((__u64)fh * n) >> 32));
+	__u32 h = mf_rps_hash(slot, n, fh);
+	bpf_set_hash(ctx, h);
+	__u64 units = ctx->gso_segs ? ctx->gso_segs : 1;
+	st->merged += units;
+	st->merge_to_cpu[bound_cpu(cfg->cpus[slot])] += units;
+	st->last_hash = h;
+	st->last_slot = slot;
+	return TCX_NEXT;
+}

@@ -1,0 +1,56 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/mflow" // registers mode "mflow"
+)
+
+// mflowFlags are attach's options for mode mflow (the splitting CPUs are --cpus).
+type mflowFlags struct {
+	batch       int
+	elephantPPS string
+	elephantBPS string
+	window      time.Duration
+	splitAt     string
+	merge       bool
+	mice        string
+	queueSize   int
+}
+
+var mflowFlagNames = []string{"batch", "elephant-pps", "elephant-bps", "window", "split-at", "merge", "mice", "queue-size"}
+
+func (f *mflowFlags) add(c *cobra.Command) {
+	c.Flags().IntVar(&f.batch, "batch", mflow.DefaultBatch, "mflow: packets per micro-flow (batch); splitting CPUs are --cpus (default: 2)")
+	c.Flags().StringVar(&f.elephantPPS, "elephant-pps", fmt.Sprint(mflow.DefaultElephantPPS), "mflow: split flows at or above this packet rate (0 = no packet-rate test)")
+	c.Flags().StringVar(&f.elephantBPS, "elephant-bps", "0", "mflow: split flows at or above this bit rate, e.g. 500M (0 = no bit-rate test; both 0 = split every flow)")
+	c.Flags().DurationVar(&f.window, "window", mflow.DefaultWindow, "mflow: rate window of the elephant test")
+	c.Flags().StringVar(&f.splitAt, "split-at", mflow.SplitFullPath, "mflow: full-path (IRQ split with XDP, before skb allocation) or device (before the VXLAN device, tcx + RPS)")
+	c.Flags().BoolVar(&f.merge, "merge", false, "mflow: run the transport of each split flow on ONE CPU (container veth RPS); narrows, does not remove, reordering")
+	c.Flags().StringVar(&f.mice, "mice", "pass", "mflow: flows below the threshold: pass (normal path) or affine (one splitting CPU per flow)")
+	c.Flags().IntVar(&f.queueSize, "queue-size", 0, "mflow: cpumap ring per splitting CPU in frames (full-path; default 2048)")
+}
+
+// extra adds the mflow flags given to m; they are an error on another mode.
+func (f *mflowFlags) extra(c *cobra.Command, mode string, cpus []int, m map[string]string) error {
+	for _, n := range mflowFlagNames {
+		fl := c.Flags().Lookup(n)
+		if !fl.Changed {
+			continue
+		}
+		if mode != "mflow" {
+			return fmt.Errorf("--%s is an mflow flag; mode %s does not take it", n, mode)
+		}
+		m[strings.ReplaceAll(n, "-", "_")] = fl.Value.String()
+	}
+	if mode != "mflow" {
+		return nil
+	}
+	// Validate before anything is discovered, so a bad value fails fast and changes nothing.
+	_, err := mflow.ParseConfig(cpus, m, []int{0, 1})
+	return err
+}

@@ -1,0 +1,223 @@
+package mflow
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// Unit tests of the skb-level programs with BPF_PROG_TEST_RUN: device-scaling batches (a GRO
+// super-packet counts its segments and is never cut), the hash RPS maps to the batch's CPU,
+// mice untouched, and the merge program's one CPU per split flow.
+
+func loadTest(t *testing.T) *mfObjects {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (loads BPF programs)")
+	}
+	o, err := loadObjects(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	return o
+}
+
+// Frame builders (checksums zero: the programs do not look at them).
+func eth(proto uint16) []byte {
+	return binary.BigEndian.AppendUint16([]byte{2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1}, proto)
+}
+
+func ip4(src, dst string, proto byte, payload []byte) []byte {
+	b := make([]byte, 20)
+	b[0], b[8], b[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(b[2:], uint16(20+len(payload)))
+	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
+	copy(b[12:], s[:])
+	copy(b[16:], d[:])
+	return append(b, payload...)
+}
+
+func ports(sport, dport uint16, n int) []byte {
+	b := make([]byte, n)
+	binary.BigEndian.PutUint16(b, sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	return b
+}
+
+func innerTCP(sport uint16) []byte {
+	tcp := ports(sport, 5201, 20+64)
+	tcp[12] = 5 << 4
+	return append(eth(0x0800), ip4("198.19.0.2", "198.19.0.3", 6, tcp)...)
+}
+
+func vxlanFrame(inner []byte) []byte {
+	udp := ports(51000, 4789, 8)
+	binary.BigEndian.PutUint16(udp[4:], uint16(16+len(inner)))
+	payload := append(append(udp, 0x08, 0, 0, 0, 0, 0, 42, 0), inner...)
+	return append(eth(0x0800), ip4("198.18.0.1", "198.18.0.2", 17, payload)...)
+}
+
+// keyOf is the flow key the programs build for innerTCP(sport).
+func keyOf(sport uint16) mfMfKey {
+	s, d := netip.MustParseAddr("198.19.0.2").As4(), netip.MustParseAddr("198.19.0.3").As4()
+	var p [4]byte
+	binary.BigEndian.PutUint16(p[:], sport)
+	binary.BigEndian.PutUint16(p[2:], 5201)
+	return mfMfKey{Src: [4]uint32{binary.LittleEndian.Uint32(s[:])}, Dst: [4]uint32{binary.LittleEndian.Uint32(d[:])},
+		Ports: binary.LittleEndian.Uint32(p[:]), Proto: 6}
+}
+
+func configure(t *testing.T, o *mfObjects, c Config) {
+	t.Helper()
+	if err := writeConfig(o.PrgMfCfg, c, []uint16{4789}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type runResult struct {
+	slot       int
+	hash       uint32
+	split      uint64
+	mice       uint64
+	batches    uint64
+	merged     uint64
+	hashedSlot bool // the run wrote a hash (last_hash changed)
+}
+
+func sumStats(t *testing.T, o *mfObjects) mfMfStats {
+	t.Helper()
+	var per []mfMfStats
+	if err := o.PrgMfStats.Lookup(uint32(0), &per); err != nil {
+		t.Fatal(err)
+	}
+	var s mfMfStats
+	for _, v := range per {
+		s.Split += v.Split
+		s.Mice += v.Mice
+		s.Batches += v.Batches
+		s.Merged += v.Merged
+		if v.LastHash != 0 {
+			s.LastHash, s.LastSlot = v.LastHash, v.LastSlot
+		}
+	}
+	return s
+}
+
+func run(t *testing.T, o *mfObjects, prog *ebpf.Program, frame []byte, segs uint32) runResult {
+	t.Helper()
+	// Zero last_hash first, so a run that writes none is visible.
+	var per []mfMfStats
+	if err := o.PrgMfStats.Lookup(uint32(0), &per); err != nil {
+		t.Fatal(err)
+	}
+	for i := range per {
+		per[i].LastHash = 0
+	}
+	if err := o.PrgMfStats.Update(uint32(0), per, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	before := sumStats(t, o)
+	ctx := make([]byte, 192) // struct __sk_buff; gso_segs is at offset 164
+	binary.LittleEndian.PutUint32(ctx[164:], segs)
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	if int32(ret) != -1 {
+		t.Fatalf("program returned %d, want TCX_NEXT (-1): it must never drop or redirect", int32(ret))
+	}
+	after := sumStats(t, o)
+	return runResult{slot: int(after.LastSlot), hash: uint32(after.LastHash), split: after.Split - before.Split,
+		mice: after.Mice - before.Mice, batches: after.Batches - before.Batches, merged: after.Merged - before.Merged,
+		hashedSlot: after.LastHash != 0}
+}
+
+// rpsSlot is what get_rps_cpu picks from an n-CPU map for a hash.
+func rpsSlot(h uint32, n int) int { return int(uint64(h) * uint64(n) >> 32) }
+
+func TestDeviceSplitCountsSegments(t *testing.T) {
+	o := loadTest(t)
+	const n, batch = 2, 8
+	configure(t, o, Config{CPUs: []int{0, 1}, Batch: batch, Window: time.Second})
+	frame := vxlanFrame(innerTCP(40000))
+	// Super-packets of 3 segments: packets 0-2, 3-5, 6-8 (crosses into batch 1: opens it, but
+	// stays on batch 0's slot: a super-packet is never cut), 9-11, 12-14, 15-17 (opens batch 2).
+	var slots []int
+	var opened []uint64
+	for i := 0; i < 6; i++ {
+		r := run(t, o, o.PrgMflowDev, frame, 3)
+		if r.split != 3 || !r.hashedSlot {
+			t.Fatalf("super-packet %d: split %d (want 3 segments), hashed %v", i, r.split, r.hashedSlot)
+		}
+		if got := rpsSlot(r.hash, n); got != r.slot {
+			t.Errorf("super-packet %d: hash %#x lands on RPS slot %d, the program meant %d", i, r.hash, got, r.slot)
+		}
+		slots = append(slots, r.slot)
+		opened = append(opened, r.batches)
+	}
+	base := slots[0]
+	want := []int{base, base, base, (base + 1) % n, (base + 1) % n, (base + 1) % n}
+	wantOpen := []uint64{1, 0, 1, 0, 0, 1}
+	for i := range want {
+		if slots[i] != want[i] || opened[i] != wantOpen[i] {
+			t.Errorf("super-packet %d: slot %d opens %d, want slot %d opens %d (slots %v)", i, slots[i], opened[i], want[i], wantOpen[i], slots)
+		}
+	}
+	// Not VXLAN: untouched.
+	plain := append(eth(0x0800), ip4("198.18.0.1", "198.18.0.2", 17, ports(1, 2, 8))...)
+	if r := run(t, o, o.PrgMflowDev, plain, 1); r.split != 0 || r.mice != 0 || r.hashedSlot {
+		t.Errorf("a non-VXLAN frame was touched: %+v", r)
+	}
+}
+
+func TestDeviceSplitMiceUntouched(t *testing.T) {
+	o := loadTest(t)
+	configure(t, o, Config{CPUs: []int{0, 1}, Batch: 8, ElephantPPS: 1e9, Window: time.Millisecond})
+	frame := vxlanFrame(innerTCP(40000))
+	for i := 0; i < 10; i++ {
+		r := run(t, o, o.PrgMflowDev, frame, 1)
+		if r.mice != 1 || r.split != 0 || r.batches != 0 || r.hashedSlot {
+			t.Fatalf("mouse packet %d: %+v, want counted as a mouse and no batch hash", i, r)
+		}
+	}
+}
+
+func TestMergeOneCPUPerSplitFlow(t *testing.T) {
+	o := loadTest(t)
+	c := Config{CPUs: []int{0, 1}, Batch: 8, Window: time.Second, Merge: true}
+	configure(t, o, c)
+	// An elephant (as the split point records it) and a mouse.
+	if err := o.PrgMfFlows.Put(keyOf(40000), mfMfFlowState{Elephant: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.PrgMfFlows.Put(keyOf(40001), mfMfFlowState{Elephant: 0}); err != nil {
+		t.Fatal(err)
+	}
+	first := -1
+	for i := 0; i < 10; i++ {
+		r := run(t, o, o.PrgMflowPort, innerTCP(40000), 2)
+		if r.merged != 2 || !r.hashedSlot {
+			t.Fatalf("elephant packet %d at the bridge port: %+v, want merged (2 segments)", i, r)
+		}
+		slot := rpsSlot(r.hash, len(c.CPUs))
+		if first == -1 {
+			first = slot
+		}
+		if slot != first {
+			t.Errorf("elephant packet %d merged onto slot %d, earlier ones onto %d: merge must pick ONE CPU", i, slot, first)
+		}
+	}
+	if r := run(t, o, o.PrgMflowPort, innerTCP(40001), 1); r.merged != 0 || r.hashedSlot {
+		t.Errorf("a mouse was merged: %+v", r)
+	}
+	c.Merge = false
+	configure(t, o, c)
+	if r := run(t, o, o.PrgMflowPort, innerTCP(40000), 1); r.merged != 0 || r.hashedSlot {
+		t.Errorf("merge off, yet the port program touched the flow: %+v", r)
+	}
+}

@@ -1,0 +1,323 @@
+package mflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe"
+)
+
+// Mode is MFLOW as a datapath mode.
+type Mode struct{}
+
+func init() { datapath.Register(Mode{}) }
+
+func (Mode) Name() string { return "mflow" }
+func (Mode) Summary() string {
+	return "MFLOW: elephant flows cut into micro-flows (batches) processed on several CPUs; IRQ split (XDP) or device split"
+}
+
+// modeState is mflow's part of the attachment record.
+type modeState struct {
+	Config    Config   `json:"config"`
+	SplitPins []string `json:"split_pins,omitempty"` // grosplit's pins, every underlay
+	SplitDirs []string `json:"split_dirs,omitempty"`
+	Links     []string `json:"links,omitempty"` // tcx link pins
+	// Receivers are the container namespaces whose reordering counters status reports, with
+	// their values at attach.
+	Receivers map[string]map[string]int64 `json:"receivers,omitempty"`
+	// SoftnetDropped is every CPU's backlog drop count at attach: device scaling and merge add
+	// backlog (RPS) queues, whose overflow drops only show there.
+	SoftnetDropped map[int]uint64 `json:"softnet_dropped,omitempty"`
+}
+
+// tcxTarget is one tcx program to attach.
+type tcxTarget struct {
+	prog *ebpf.Program
+	at   ebpf.AttachType
+	dev  datapath.Dev
+}
+
+func readModeState(st *datapath.State) (modeState, error) {
+	var ms modeState
+	if len(st.ModeState) == 0 {
+		return ms, nil
+	}
+	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
+		return ms, fmt.Errorf("mflow: record's mode state is corrupt: %w", err)
+	}
+	return ms, nil
+}
+
+func saveModeState(st *datapath.State, ms modeState) error {
+	st.ModeState, _ = json.Marshal(ms)
+	return datapath.SaveState(st)
+}
+
+// reorderCounters are what status shows of each receiving container.
+var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "TcpExt.TCPTSReorder",
+	"TcpExt.TCPDSACKRecv", "Tcp.RetransSegs", "TcpExt.TCPSpuriousRTOs"}
+
+// config reads the settings from attach options; online CPUs fill the default split set.
+func config(o datapath.Options) (Config, error) {
+	online, err := onlineCPUs()
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := ParseConfig(o.CPUs, o.Extra, online)
+	if err != nil {
+		return c, err
+	}
+	if err := datapath.CheckCPUs(c.CPUs); err != nil {
+		return c, fmt.Errorf("mflow: splitting CPUs: %w", err)
+	}
+	return c, nil
+}
+
+// Knobs validates, refuses to stack, and plans the RPS masks (see the package doc).
+func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	c, err := config(o)
+	if err != nil {
+		return nil, err
+	}
+	if entries, err := os.ReadDir(pinDir(t.Host)); err == nil && len(entries) > 0 {
+		return nil, fmt.Errorf("mflow: pinned objects already exist at %s: run `peregrine detach` for this node, or remove that directory if nothing is attached", pinDir(t.Host))
+	}
+	nics := t.ByStage(datapath.StageNIC)
+	if len(nics) == 0 {
+		return nil, fmt.Errorf("mflow: no underlay device found behind %s (give it with --underlay)", t.Host)
+	}
+	irq, err := irqCPUs(nics)
+	if err != nil {
+		return nil, err
+	}
+	note, err := checkOverlap(c, irq)
+	if err != nil {
+		return nil, err
+	}
+	if note != "" {
+		t.Notes = append(t.Notes, note)
+	}
+	mask := lab.CPUMask(c.CPUs)
+	var ks []datapath.Knob
+	add := func(d datapath.Dev, file, v string) error {
+		paths, err := datapath.RxQueueKnobs(d, file)
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			ks = append(ks, datapath.Knob{Netns: d.Netns, Path: p, New: v})
+		}
+		return nil
+	}
+	for _, d := range t.Devs {
+		var err error
+		switch {
+		case d.Stage == datapath.StageNIC && c.SplitAt == SplitFullPath:
+			// RPS runs again on the skb the split CPU built and would send the whole flow back
+			// to the RPS CPU. In a lab the mask stands for the NIC's IRQ affinity: with XDP the
+			// IRQ split replaces it (the XDP program runs where the frames arrive).
+			if o.KeepUnderlay {
+				t.Notes = append(t.Notes, fmt.Sprintf("mflow: %s: the underlay's rps_cpus (the lab's IRQ-core emulation) is cleared while the IRQ split is attached, or RPS would gather each split flow on one CPU again; XDP runs where the frames arrive (with a veth underlay: the sender's CPU)", d))
+			}
+			err = add(d, "rps_cpus", "0")
+		case d.Stage == datapath.StageVXLAN && c.SplitAt == SplitDevice:
+			if err = add(d, "rps_cpus", mask); err == nil {
+				err = add(d, "rps_flow_cnt", "0") // RFS would follow the app, not the batch hash
+			}
+		case d.Stage == datapath.StageVXLAN:
+			err = add(d, "rps_cpus", "0") // later stages follow the split CPU
+		case d.Stage == datapath.StageVeth && c.Merge:
+			if err = add(d, "rps_cpus", mask); err == nil {
+				err = add(d, "rps_flow_cnt", "0")
+			}
+		case d.Stage == datapath.StageVeth:
+			err = add(d, "rps_cpus", "0")
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return ks, nil
+}
+
+// irqCPUs are the CPUs the underlay's receive runs on as far as software can tell: its RPS mask
+// (a lab's IRQ emulation, or a tuned node). Unknown (no RPS) gives nil.
+func irqCPUs(nics []datapath.Dev) ([]int, error) {
+	var out []int
+	for _, d := range nics {
+		paths, err := datapath.RxQueueKnobs(d, "rps_cpus")
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range paths {
+			v, err := netnsutil.ReadFileIn(d.Netns, p)
+			if err != nil {
+				return nil, fmt.Errorf("mflow: read %s:%s: %w", d.Netns, p, err)
+			}
+			for _, c := range cpusOfMask(v) {
+				if !slices.Contains(out, c) {
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Load attaches the split (XDP or tcx), the merge pieces, and records it all.
+func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	c, err := config(o)
+	if err != nil {
+		return err
+	}
+	ms := modeState{Config: c}
+	dir := pinDir(st.Target)
+	st.Pins = append(st.Pins, dir) // removed by the framework after Unload
+	if err := saveModeState(st, ms); err != nil {
+		return err
+	}
+	ports, err := vxlanPorts(t)
+	if err != nil {
+		return err
+	}
+	nics := t.ByStage(datapath.StageNIC)
+	var shared *ebpf.Map // the XDP split's flow map, for the merge program
+	if c.SplitAt == SplitFullPath {
+		for _, d := range nics {
+			sd := splitDir(st.Target, d.Name)
+			pins, err := grosplit.Attach(grosplit.Config{Netns: d.Netns, Device: d.Name, CPUs: c.CPUs, PinDir: sd,
+				QueueSize: c.QueueSize, VXLANPorts: ports,
+				MFlow: &grosplit.MFlow{Batch: c.Batch, ElephantPPS: c.ElephantPPS, ElephantBPS: c.ElephantBPS,
+					Window: c.Window, MiceAffine: c.MiceAffine}})
+			ms.SplitPins = append(ms.SplitPins, pins...)
+			ms.SplitDirs = append(ms.SplitDirs, sd)
+			if serr := saveModeState(st, ms); serr != nil {
+				return errors.Join(err, serr)
+			}
+			if err != nil {
+				return fmt.Errorf("mflow: IRQ split on %s: %w", d, err)
+			}
+		}
+		if c.Merge {
+			if len(nics) > 1 {
+				t.Notes = append(t.Notes, "mflow: several underlays: --merge sees the elephants of the first one only")
+			}
+			if shared, err = ebpf.LoadPinnedMap(filepath.Join(ms.SplitDirs[0], "prg_gs_mflows"), nil); err != nil {
+				return fmt.Errorf("mflow: open the split's flow map: %w", err)
+			}
+			defer shared.Close()
+		}
+	}
+	if c.SplitAt == SplitDevice || c.Merge {
+		objs, err := loadObjects(shared)
+		if err != nil {
+			return err
+		}
+		defer objs.Close()
+		if err := writeConfig(objs.PrgMfCfg, c, ports); err != nil {
+			return err
+		}
+		if err := pinMaps(objs, dir, shared == nil); err != nil {
+			return err
+		}
+		var targets []tcxTarget
+		if c.SplitAt == SplitDevice {
+			for _, d := range nics {
+				targets = append(targets, tcxTarget{objs.PrgMflowDev, ebpf.AttachTCXIngress, d})
+			}
+		}
+		if c.Merge {
+			for _, d := range t.ByStage(datapath.StageVethHost) {
+				targets = append(targets, tcxTarget{objs.PrgMflowPort, ebpf.AttachTCXEgress, d})
+			}
+		}
+		for _, tg := range targets {
+			pin, err := attachTCX(tg.prog, tg.at, tg.dev, dir)
+			if err != nil {
+				return err
+			}
+			ms.Links = append(ms.Links, pin)
+			if err := saveModeState(st, ms); err != nil {
+				return err
+			}
+		}
+	}
+	ms.Receivers = map[string]map[string]int64{}
+	for _, d := range t.ByStage(datapath.StageVeth) {
+		if cs, err := probe.ReadNstat(d.Netns); err == nil {
+			ms.Receivers[d.Netns] = pick(cs)
+		}
+	}
+	if sn, err := probe.ReadSoftnet(); err == nil {
+		ms.SoftnetDropped = map[int]uint64{}
+		for _, r := range sn.PerCPU {
+			ms.SoftnetDropped[r.CPU] = r.Dropped
+		}
+	}
+	return saveModeState(st, ms)
+}
+
+func pick(cs probe.Counters) map[string]int64 {
+	out := map[string]int64{}
+	for _, n := range reorderCounters {
+		if v, ok := cs.Get(n); ok {
+			out[n] = v
+		}
+	}
+	return out
+}
+
+// Unload detaches the tcx links, then the XDP split; the pin directory goes with st.Pins.
+func (Mode) Unload(ctx context.Context, st *datapath.State) error {
+	ms, err := readModeState(st)
+	errs := []error{err}
+	links := ms.Links
+	if entries, err := os.ReadDir(filepath.Join(pinDir(st.Target), linksSub)); err == nil {
+		for _, e := range entries { // pins a crash left out of the record
+			p := filepath.Join(pinDir(st.Target), linksSub, e.Name())
+			if !slices.Contains(links, p) {
+				links = append(links, p)
+			}
+		}
+	}
+	for _, p := range links {
+		errs = append(errs, detachTCX(p))
+	}
+	pins := ms.SplitPins
+	if entries, err := os.ReadDir(pinDir(st.Target)); err == nil {
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "xdp-") {
+				for _, p := range grosplit.Pins(filepath.Join(pinDir(st.Target), e.Name())) {
+					if !slices.Contains(pins, p) {
+						pins = append(pins, p)
+					}
+				}
+			}
+		}
+	}
+	if len(pins) > 0 {
+		errs = append(errs, grosplit.Detach(pins))
+	}
+	return errors.Join(errs...)
+}
+
+func onlineCPUs() ([]int, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return nil, fmt.Errorf("mflow: read online CPUs: %w", err)
+	}
+	return ParseCPUList(strings.TrimSpace(string(b)))
+}
