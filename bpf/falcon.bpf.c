@@ -29,6 +29,7 @@
  * Keep the arithmetic in step with internal/datapath/falcon/model.go: the tests compare them.
  */
 #include "common.h"
+#include "rps.h"
 #include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "GPL";
@@ -163,40 +164,20 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
  * needs; an empty asm hides the value from it. */
 #define bound_idx(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (FALCON_MAX_CPUS - 1); })
 
-/* murmur3's finaliser. FALCON uses hash_32(), a multiply whose low bits (all that "% n" reads)
- * are poor; a full avalanche keeps stages independent on small CPU sets. */
-static __always_inline __u32 fmix32(__u32 h)
-{
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
-}
+/* prg_fmix32 (bpf/rps.h) stands in for FALCON's hash_32(), a multiply whose low bits (all that
+ * "% n" reads) are poor; a full avalanche keeps stages independent on small CPU sets. */
 
 static __always_inline __u32 flow_hash(const struct falcon_flow *f)
 {
 	__u32 h = 0x9e3779b9;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = fmix32(h ^ f->saddr[i]);
+		h = prg_fmix32(h ^ f->saddr[i]);
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = fmix32(h ^ f->daddr[i]);
-	h = fmix32(h ^ (((__u32)f->sport << 16) | f->dport));
-	return fmix32(h ^ f->proto);
-}
-
-/* A hash RPS maps to set index idx: reciprocal_scale(h, n) = (h * n) >> 32 = idx for every h in
- * [ceil(idx * 2^32 / n), ceil((idx + 1) * 2^32 / n)). The flow hash picks a point in that range,
- * so the skb keeps a flow-specific hash; 0 (no hash) is avoided. */
-static __always_inline __u32 rps_hash(__u32 idx, __u32 n, __u32 fh)
-{
-	__u64 lo = (((__u64)idx << 32) + n - 1) / n;
-	__u64 hi = (((__u64)(idx + 1) << 32) + n - 1) / n;
-	__u64 h = lo + (__u64)fh % (hi - lo);
-	return h ? (__u32)h : 1;
+		h = prg_fmix32(h ^ f->daddr[i]);
+	h = prg_fmix32(h ^ (((__u32)f->sport << 16) | f->dport));
+	return prg_fmix32(h ^ f->proto);
 }
 
 static __always_inline void count(__u32 stage, __u32 slot)
@@ -306,14 +287,14 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, 
 		kind = KIND_STICKY;
 		c->last_ns = now;
 	} else {
-		__u32 h = fmix32(fh + f->salt); /* FALCON: hash_32(skb->hash + ifindex) */
+		__u32 h = prg_fmix32(fh + f->salt); /* FALCON: hash_32(skb->hash + ifindex) */
 		idx = h % n;
 		kind = KIND_FIRST;
 		if (cfg->two_choice) {
 			__u32 cpu = cfg->cpus[bound_idx(idx)];
 			__u32 *load = bpf_map_lookup_elem(&prg_falcon_load, &cpu);
 			if (load && *load >= cfg->threshold) {
-				idx = fmix32(h) % n; /* second choice, committed even if busy */
+				idx = prg_fmix32(h) % n; /* second choice, committed even if busy */
 				kind = KIND_SECOND;
 			}
 		}
@@ -321,7 +302,7 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, 
 		bpf_map_update_elem(&prg_falcon_flow, f, &nc, BPF_ANY);
 	}
 	idx = bound_idx(idx);
-	bpf_set_hash(ctx, rps_hash(idx, n, fh));
+	bpf_set_hash(ctx, prg_rps_hash(idx, n, fh));
 	record(ctx, kind, stage, idx, cfg->cpus[idx], fh, f->salt);
 	count(stage, idx);
 	count(stage, SLOT_KIND(kind));
@@ -374,7 +355,7 @@ int prg_falcon_nic(struct __sk_buff *ctx)
 	if (parse_inner(ctx, udp_off + sizeof(udp) + sizeof(vx), &f))
 		goto pass;
 	/* Several VXLAN devices may share one underlay: the VNI tells them apart. */
-	f.salt = fmix32(d->salt ^ (bpf_ntohl(vx[1]) >> 8));
+	f.salt = prg_fmix32(d->salt ^ (bpf_ntohl(vx[1]) >> 8));
 	steer(ctx, &f, d->stage);
 	return TCX_NEXT;
 pass:

@@ -29,8 +29,19 @@
  *
  * Rules are double-buffered: userspace fills the inactive half of prg_prism_rule, then flips
  * prg_prism_cfg.set, so a rule change is atomic for every packet.
+ *
+ * HP isolation (--hp-cpus): prg_prism_nic runs at tcx ingress of the underlay, i.e. in the NIC
+ * stage after its GRO and before vxlan_rcv. It classifies the *inner* frame of every VXLAN frame
+ * with the same rules and writes an L4 hash (bpf_set_hash) that the VXLAN device's RPS maps to a
+ * reserved CPU for HP and to a non-reserved one for everything else (bpf/rps.h). From the VXLAN
+ * device on (its RPS backlog, prg_prism_vx, the bridge or the redirect, the container's stack)
+ * HP then runs on the reserved CPUs and never shares a backlog with bulk traffic. A packet whose
+ * NIC stage already runs on a CPU of its class (LP on a non-reserved IRQ core) gets hash 0 and
+ * stays there without an RPS hop, exactly as on the vanilla path. The NIC stage and the VXLAN
+ * gro_cell, which run before RPS, stay shared (see gen.go).
  */
 #include "common.h"
+#include "rps.h"
 #include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "GPL";
@@ -79,6 +90,12 @@ enum {
 	PR_ST_TTL,      /* HP, routed and TTL/hop limit would expire: normal path */
 	PR_ST_ERR,      /* HP, a header rewrite failed: dropped */
 	PR_ST_NODEV,    /* the program runs on a device it was not configured for: normal path */
+	/* prg_prism_nic (HP isolation), per frame at the underlay */
+	PR_ST_ISO_VX,   /* VXLAN frames seen (outer UDP to a VXLAN port) */
+	PR_ST_ISO_HP,   /* steered to a reserved CPU */
+	PR_ST_ISO_LP,   /* steered to a non-reserved CPU (including inner frames rules can't read) */
+	PR_ST_ISO_OFF,  /* isolation not configured, or no CPU to steer to: untouched */
+	PR_ST_ISO_STAY, /* of HP+LP: already on a CPU of its class, kept there (hash 0: no RPS hop) */
 	PR_ST_N,
 };
 
@@ -118,6 +135,34 @@ struct prism_ep {
 	__u32 flags;      /* PR_EP_* */
 	__u64 gone_ns;    /* userspace's clock when it marked the endpoint gone (expiry) */
 };
+
+/* HP isolation: the VXLAN devices' RPS map is the CPU set S (ascending, n entries); HP goes to
+ * S[hp_idx[...]], everything else to S[lp_idx[...]]. n == 0: isolation off. */
+#define PR_MAX_CPUS 256
+struct prism_iso {
+	__u32 n;
+	__u32 hp_count;
+	__u32 lp_count;
+	__u16 vxlan_port[4]; /* outer UDP destination ports carrying VXLAN (host order), 0 = unused */
+	__u16 hp_idx[PR_MAX_CPUS];
+	__u16 lp_idx[PR_MAX_CPUS];
+};
+
+/* Class of a CPU id in prg_prism_cpucls. */
+#define PR_CLS_HP 1
+#define PR_CLS_LP 2
+#define PR_MAX_CPU_ID 4096
+
+/* The last steering decision on this CPU (tests read it, people may). */
+struct prism_last {
+	__u32 hp;   /* 1 HP, 0 LP */
+	__u32 idx;  /* index into S; PR_IDX_STAY: kept on this CPU */
+	__u32 hash; /* skb->hash as RPS will read it */
+	__u32 flow_hash;
+	__u32 cpu;  /* the CPU the NIC stage (and the VXLAN gro_cell) runs on */
+	__u32 pad;
+};
+#define PR_IDX_STAY 0xffff
 
 struct prism_rcnt {
 	__u64 packets;
@@ -173,6 +218,28 @@ struct {
 	__type(value, struct prism_rcnt);
 } prg_prism_rcnt SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct prism_iso);
+} prg_prism_iso SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct prism_last);
+} prg_prism_last SEC(".maps");
+
+/* CPU id -> PR_CLS_* (0: in neither set). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PR_MAX_CPU_ID);
+	__type(key, __u32);
+	__type(value, __u8);
+} prg_prism_cpucls SEC(".maps");
+
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 /* The inner headers the rules look at. */
@@ -200,14 +267,15 @@ static __always_inline int is_l4_with_ports(__u8 p)
 	return p == PR_IPPROTO_TCP || p == PR_IPPROTO_UDP || p == PR_IPPROTO_SCTP;
 }
 
-/* parse reads the inner Ethernet/IP/L4 headers. -1: not something rules apply to (non-IP, a
- * VLAN tag, short or malformed), and the frame goes the normal path untouched. */
-static __always_inline int parse(struct __sk_buff *ctx, struct ethhdr *eth, struct pr_pkt *p)
+/* parse reads the inner Ethernet/IP/L4 headers of the frame at base (0 at the VXLAN device,
+ * behind the outer headers at the underlay). -1: not something rules apply to (non-IP, a VLAN
+ * tag, short or malformed), and the frame goes the normal path untouched. */
+static __always_inline int parse(struct __sk_buff *ctx, __u32 base, struct ethhdr *eth, struct pr_pkt *p)
 {
-	__u32 off = sizeof(*eth), l4;
+	__u32 off = base + sizeof(*eth), l4;
 	__u8 nh;
 
-	if (bpf_skb_load_bytes(ctx, 0, eth, sizeof(*eth)))
+	if (bpf_skb_load_bytes(ctx, base, eth, sizeof(*eth)))
 		return -1;
 	if (eth->h_proto == bpf_htons(PR_ETH_P_IP)) {
 		struct iphdr ip;
@@ -328,6 +396,21 @@ static long match_one(__u32 i, void *data)
 	return 0;
 }
 
+/* classify runs the active rules over m->p; m->hit is the first matching rule or -1. */
+static __always_inline void classify(struct pr_match *m)
+{
+	__u32 zero = 0;
+	struct prism_cfg *cfg = bpf_map_lookup_elem(&prg_prism_cfg, &zero);
+	if (!cfg)
+		return;
+	__u32 set = cfg->set & 1;
+	__u32 n = set ? cfg->n[1] : cfg->n[0];
+	if (n > PR_MAX_RULES)
+		n = PR_MAX_RULES;
+	m->base = set * PR_MAX_RULES;
+	bpf_loop(n, match_one, m, 0);
+}
+
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] &&
@@ -373,7 +456,6 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	struct net_device *nd = skb->dev;
 	struct pr_match m = {.hit = -1};
 	struct ethhdr eth;
-	__u32 zero = 0;
 
 	count(PR_ST_SEEN);
 	if (!nd) {
@@ -386,24 +468,14 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		count(PR_ST_NODEV);
 		return PR_TC_ACT_OK;
 	}
-	if (parse(ctx, &eth, &m.p)) {
+	if (parse(ctx, 0, &eth, &m.p)) {
 		count(PR_ST_UNPARSED);
 		return PR_TC_ACT_OK;
 	}
 	if (m.p.frag)
 		count(PR_ST_FRAG);
 
-	struct prism_cfg *cfg = bpf_map_lookup_elem(&prg_prism_cfg, &zero);
-	if (!cfg) {
-		count(PR_ST_LP);
-		return PR_TC_ACT_OK;
-	}
-	__u32 set = cfg->set & 1;
-	__u32 n = set ? cfg->n[1] : cfg->n[0];
-	if (n > PR_MAX_RULES)
-		n = PR_MAX_RULES;
-	m.base = set * PR_MAX_RULES;
-	bpf_loop(n, match_one, &m, 0);
+	classify(&m);
 	if (m.hit < 0) {
 		count(PR_ST_LP);
 		return PR_TC_ACT_OK;
@@ -461,4 +533,124 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	}
 	count(PR_ST_REDIR);
 	return bpf_redirect_peer(port->ifindex, 0);
+}
+
+/* ---- HP isolation: prg_prism_nic at the underlay ---- */
+
+#define PR_TCX_NEXT (-1)
+#define PR_IPPROTO_UDP_OUTER 17
+
+/* The compiler knows the bound and drops a mask the verifier (which does not track "%") needs;
+ * an empty asm hides the value from it. */
+#define pr_bound(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (PR_MAX_CPUS - 1); })
+
+/* pkt_hash spreads flows over the CPUs of a class; the same flow always gets the same value, so
+ * a flow never changes CPU (no reordering) while the CPU set stays. */
+static __always_inline __u32 pkt_hash(const struct pr_pkt *p)
+{
+	__u32 h = 0x9e3779b9;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = prg_fmix32(h ^ p->saddr[i]);
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = prg_fmix32(h ^ p->daddr[i]);
+	h = prg_fmix32(h ^ (((__u32)p->sport << 16) | p->dport));
+	return prg_fmix32(h ^ p->proto);
+}
+
+static __always_inline int iso_vxlan_port(const struct prism_iso *iso, __u16 port)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		if (iso->vxlan_port[i] && iso->vxlan_port[i] == port)
+			return 1;
+	return 0;
+}
+
+/* vxlan_inner returns the offset of the inner frame of a VXLAN frame, or 0 if this is not one. */
+static __always_inline __u32 vxlan_inner(struct __sk_buff *ctx, const struct prism_iso *iso)
+{
+	struct ethhdr eth;
+	__u32 off = sizeof(eth), udp_off;
+
+	if (bpf_skb_load_bytes(ctx, 0, &eth, sizeof(eth)))
+		return 0;
+	if (eth.h_proto == bpf_htons(PR_ETH_P_IP)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5 ||
+		    ip.protocol != PR_IPPROTO_UDP_OUTER || (ip.frag_off & bpf_htons(0x3fff)))
+			return 0;
+		udp_off = off + ip.ihl * 4;
+	} else if (eth.h_proto == bpf_htons(PR_ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6 ||
+		    ip6.nexthdr != PR_IPPROTO_UDP_OUTER)
+			return 0;
+		udp_off = off + sizeof(ip6);
+	} else {
+		return 0;
+	}
+	struct udphdr udp;
+	if (bpf_skb_load_bytes(ctx, udp_off, &udp, sizeof(udp)) || !iso_vxlan_port(iso, bpf_ntohs(udp.dest)))
+		return 0;
+	__u32 vx[2]; /* flags(8) reserved(24) | VNI(24) reserved(8) */
+	if (bpf_skb_load_bytes(ctx, udp_off + sizeof(udp), vx, sizeof(vx)) || !(vx[0] & bpf_htonl(0x08000000)))
+		return 0;
+	return udp_off + sizeof(udp) + sizeof(vx);
+}
+
+SEC("tc")
+int prg_prism_nic(struct __sk_buff *ctx)
+{
+	__u32 zero = 0;
+	struct prism_iso *iso = bpf_map_lookup_elem(&prg_prism_iso, &zero);
+	if (!iso)
+		return PR_TCX_NEXT;
+	__u32 inner = vxlan_inner(ctx, iso);
+	if (!inner)
+		return PR_TCX_NEXT; /* not overlay traffic: not ours to steer */
+	count(PR_ST_ISO_VX);
+	__u32 n = iso->n, hp_count = iso->hp_count, lp_count = iso->lp_count;
+	if (n == 0 || n > PR_MAX_CPUS || lp_count == 0 || lp_count > PR_MAX_CPUS || hp_count > PR_MAX_CPUS) {
+		count(PR_ST_ISO_OFF);
+		return PR_TCX_NEXT;
+	}
+
+	struct pr_match m = {.hit = -1};
+	struct ethhdr eth;
+	__u32 fh = 0;
+	/* An inner frame the rules cannot read (ARP, VLAN...) is LP: the reserved CPUs carry HP only. */
+	if (!parse(ctx, inner, &eth, &m.p)) {
+		fh = pkt_hash(&m.p);
+		classify(&m);
+	}
+	__u32 hp = m.hit >= 0 && hp_count > 0;
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u8 *cls = bpf_map_lookup_elem(&prg_prism_cpucls, &cpu);
+	__u32 idx = PR_IDX_STAY;
+	if (cls && *cls == (hp ? PR_CLS_HP : PR_CLS_LP)) {
+		/* The NIC put the packet on a CPU of its class (LP on the IRQ core, typically): keep it
+		 * here as the vanilla path would. Hash 0 makes RPS skip it (get_rps_cpu: no hash); any
+		 * other hash, even one for this CPU, would cost an extra trip through the backlog. */
+		bpf_set_hash(ctx, 0);
+		count(PR_ST_ISO_STAY);
+	} else {
+		idx = hp ? iso->hp_idx[pr_bound(fh % hp_count)] : iso->lp_idx[pr_bound(fh % lp_count)];
+		if (idx >= n) { /* a torn update of the map: leave the packet alone */
+			count(PR_ST_ISO_OFF);
+			return PR_TCX_NEXT;
+		}
+		bpf_set_hash(ctx, prg_rps_hash(idx, n, fh));
+	}
+	count(hp ? PR_ST_ISO_HP : PR_ST_ISO_LP);
+	struct prism_last *l = bpf_map_lookup_elem(&prg_prism_last, &zero);
+	if (l) {
+		l->hp = hp;
+		l->idx = idx;
+		l->hash = ctx->hash;
+		l->flow_hash = fh;
+		l->cpu = cpu;
+	}
+	return PR_TCX_NEXT;
 }

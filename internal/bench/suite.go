@@ -28,6 +28,8 @@ var suites = map[string]struct {
 }{
 	"study":  {"the characterization study (dissertation ch. 2): native vs docker vs flannel", studySteps},
 	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps},
+	"mflow":  {"MFLOW's experiments: single-flow TCP/UDP by size, reordering vs batch size, device vs full-path splitting, latency, flows", mflowSteps},
+	"prism":  {"PRISM's experiments: HP ping-pong alone and under TCP/UDP bulk background, memcached as HP under bulk", prismSteps},
 }
 
 // SuiteNames lists the suites.
@@ -105,6 +107,58 @@ func falconSteps(quick bool) []Step {
 		{fmt.Sprintf("static vs dynamic with CPU%d busy (hotspot)", otherCPU()), hot, []string{"native", "docker", "docker/falcon@static=true", "docker/falcon"}},
 		{"threshold sweep", thr, []string{"native", "docker", "docker/falcon@threshold=50", "docker/falcon@threshold=80", "docker/falcon@threshold=100"}},
 		{"CPU cost at a fixed 50 kpps", cost, base},
+	}
+}
+
+func mflowSteps(quick bool) []Step {
+	d, reps, warm := 5*time.Second, 3, 1
+	tcpSizes, udpSizes, flows := []int{4096, 65536}, []int{16, 1024}, []int{1, 2, 4, 8}
+	batches := []int{16, 64, 256, 1024}
+	if quick {
+		d, reps, warm = 2*time.Second, 2, 1
+		tcpSizes, udpSizes, flows, batches = []int{65536}, []int{64}, []int{1, 4}, []int{16, 256}
+	}
+	sc := func(name string) Scenario { return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm} }
+	modes := []string{"native", "docker", "docker/rps", "docker/falcon", "docker/mflow", "docker/mflow@split_at=device"}
+	tcp := sc("tcp")
+	tcp.Sizes = tcpSizes
+	udp := sc("udp-inject")
+	udp.Sizes = udpSizes
+	reorder := sc("tcp")
+	reorder.Sizes = []int{65536}
+	batchCfgs := []string{"native", "docker"}
+	for _, b := range batches {
+		batchCfgs = append(batchCfgs, fmt.Sprintf("docker/mflow@batch=%d", b))
+	}
+	seq := sc("udp-inject")
+	seq.Sizes = []int{64}
+	lat := sc("pingpong")
+	multi := sc("udp-inject")
+	multi.Sizes, multi.Flows = []int{64}, flows
+	return []Step{
+		{"single-flow TCP by message size", tcp, modes},
+		{"single-flow UDP packet rate by size (sequence-checked)", udp, modes},
+		{"reordering vs batch size, TCP 64 KB (see receiver.TcpExt.TCPOFOQueue)", reorder, batchCfgs},
+		{"reordering vs batch size, UDP 64 B (reordered_count)", seq, batchCfgs},
+		{"latency (TCP ping-pong)", lat, modes},
+		{"multi-flow UDP packet rate", multi, modes},
+	}
+}
+
+func prismSteps(quick bool) []Step {
+	d, reps, warm := 5*time.Second, 3, 1
+	if quick {
+		d, reps, warm = 2*time.Second, 2, 1
+	}
+	sc := func(name, bg string) Scenario {
+		return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm, Background: bg}
+	}
+	cfgs := []string{"native", "docker", "docker/prism", "docker/prism@hp_cpus=" + strconv.Itoa(otherCPU())}
+	return []Step{
+		{"HP ping-pong alone", sc("pingpong", ""), cfgs},
+		{"HP ping-pong under TCP bulk background", sc("pingpong", "tcp"), cfgs},
+		{"HP ping-pong under UDP bulk background", sc("pingpong", "udp"), cfgs},
+		{"memcached (HP) under TCP bulk background", sc("memcached", "tcp"), cfgs},
 	}
 }
 

@@ -17,17 +17,19 @@ type prismFlags struct {
 	rules     []string
 	rulesFile string
 	noAgent   bool
+	hpCPUs    string
 }
 
 func (f *prismFlags) add(c *cobra.Command) {
 	c.Flags().StringArrayVar(&f.rules, "rule", nil, `prism: a high-priority rule, e.g. "proto=tcp dport=11211" (repeatable; see "peregrine prism add --help")`)
 	c.Flags().StringVar(&f.rulesFile, "rules-file", "", "prism: a file of rules, one per line, '#' comments")
 	c.Flags().BoolVar(&f.noAgent, "no-agent", false, "prism: no node agent (the endpoint map is not updated as containers come and go)")
+	c.Flags().StringVar(&f.hpCPUs, "hp-cpus", "", "prism: CPUs reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3")
 }
 
 // extra adds the prism flags given to m; they are an error on another mode.
 func (f *prismFlags) extra(c *cobra.Command, mode string, m map[string]string) error {
-	for _, n := range []string{"rule", "rules-file", "no-agent"} {
+	for _, n := range []string{"rule", "rules-file", "no-agent", "hp-cpus"} {
 		if c.Flags().Lookup(n).Changed && mode != "prism" {
 			return fmt.Errorf("--%s is a prism flag; mode %s does not take it", n, mode)
 		}
@@ -43,6 +45,9 @@ func (f *prismFlags) extra(c *cobra.Command, mode string, m map[string]string) e
 	}
 	if f.noAgent {
 		m[prism.OptAgent] = "off"
+	}
+	if f.hpCPUs != "" {
+		m[prism.OptHPCPUs] = f.hpCPUs
 	}
 	// Validate before anything is discovered, so a typo fails fast and changes nothing.
 	text := m[prism.OptRules]

@@ -3,6 +3,8 @@ package falcon
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 // This file mirrors bpf/falcon.bpf.c's arithmetic in pure Go, so the choice of CPU can be
@@ -108,19 +110,11 @@ func DeviceSalt(netnsInode uint64, ifindex int) uint32 {
 func VNISalt(devSalt uint32, vni uint32) uint32 { return Fmix32(devSalt ^ vni) }
 
 // ReciprocalScale is the kernel's reciprocal_scale(): how RPS turns a hash into a map index.
-func ReciprocalScale(hash uint32, n uint32) uint32 { return uint32(uint64(hash) * uint64(n) >> 32) }
+func ReciprocalScale(hash uint32, n uint32) uint32 { return datapath.ReciprocalScale(hash, n) }
 
-// RPSHash is rps_hash(): a non-zero hash that RPS maps to index idx of an n-CPU map, chosen within
-// the index's range by the flow hash.
-func RPSHash(idx, n, flowHash uint32) uint32 {
-	lo := (uint64(idx)<<32 + uint64(n) - 1) / uint64(n)
-	hi := (uint64(idx+1)<<32 + uint64(n) - 1) / uint64(n)
-	h := lo + uint64(flowHash)%(hi-lo)
-	if h == 0 {
-		return 1
-	}
-	return uint32(h)
-}
+// RPSHash is rps_hash(): a non-zero hash that RPS maps to index idx of an n-CPU map (shared with
+// prism's HP isolation: datapath.RPSHash, bpf/rps.h).
+func RPSHash(idx, n, flowHash uint32) uint32 { return datapath.RPSHash(idx, n, flowHash) }
 
 // Params are the settings a decision depends on.
 type Params struct {

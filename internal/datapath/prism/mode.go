@@ -23,6 +23,7 @@ const (
 	OptRules     = "rules"      // rules separated by ';' (see ParseRule)
 	OptRulesFile = "rules_file" // a file of rules, one per line, '#' comments
 	OptAgent     = "agent"      // "off": no node agent (endpoints are frozen at attach)
+	// OptHPCPUs ("hp_cpus", isolation.go): CPUs reserved for HP flows.
 )
 
 type mode struct{}
@@ -34,11 +35,13 @@ func (mode) Summary() string {
 	return "PRISM sync mode: inner-header rules pick high-priority flows, which skip the bridge and veth backlog (bpf_redirect_peer)"
 }
 
-// piece is one VXLAN device prism's program is attached to.
+// piece is one device a prism program is attached to: a VXLAN device (prg_prism_vx) or, with
+// --hp-cpus, an underlay device (prg_prism_nic).
 type piece struct {
 	Dev     datapath.Dev `json:"dev"`
 	Inode   uint32       `json:"netns_inode"`
 	Routed  bool         `json:"routed"`
+	NIC     bool         `json:"nic,omitempty"`
 	LinkPin string       `json:"link_pin"`
 }
 
@@ -48,6 +51,8 @@ type modeState struct {
 	Rules  []Rule   `json:"rules"`
 	Pieces []piece  `json:"pieces"`
 	Notes  []string `json:"notes,omitempty"`
+	// Isolation is the --hp-cpus plan; nil without it.
+	Isolation *isoConfig `json:"isolation,omitempty"`
 }
 
 func readModeState(st *datapath.State) (modeState, error) {
@@ -80,16 +85,25 @@ func rulesFromOptions(extra map[string]string) ([]Rule, error) {
 	return mergeRules(nil, rs)
 }
 
-// Knobs: the sync mode changes no sysfs knob.
+// Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
+// RPS. Bad rules and CPU lists are refused here, before anything is changed.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	if _, err := rulesFromOptions(o.Extra); err != nil {
-		return nil, err // refuse bad rules before anything is changed
+		return nil, err
 	}
-	return nil, nil
+	iso, err := parseIsolation(o.CPUs, o.Extra)
+	if err != nil || iso == nil {
+		return nil, err
+	}
+	return isoKnobs(t, iso)
 }
 
 func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	rules, err := rulesFromOptions(o.Extra)
+	if err != nil {
+		return err
+	}
+	iso, err := parseIsolation(o.CPUs, o.Extra)
 	if err != nil {
 		return err
 	}
@@ -139,6 +153,11 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 			return err
 		}
 	}
+	if iso != nil {
+		if err := attachIsolation(objs, t, st, &ms, iso); err != nil {
+			return err
+		}
+	}
 	ms.Notes = append(notes, unmatchedNotes(rules, eps)...)
 	writeModeState(st, ms)
 	if o.Extra[OptAgent] != "off" {
@@ -179,6 +198,31 @@ func attachPiece(o *objects, target string, vx vxlanDev) (piece, error) {
 		return p, fmt.Errorf("prism: pin link of %s: %w", vx.Dev, err)
 	}
 	return p, nil
+}
+
+// attachIsolation configures and attaches prg_prism_nic on every underlay device, recording each
+// link as it goes (a crash leaves nothing detach cannot find).
+func attachIsolation(objs *objects, t *datapath.Topology, st *datapath.State, ms *modeState, iso *isoConfig) error {
+	ports, err := vxlanPorts(t)
+	if err != nil {
+		return err
+	}
+	if err := objs.writeIso(iso, ports); err != nil {
+		return err
+	}
+	ms.Isolation = iso
+	for _, d := range t.ByStage(datapath.StageNIC) {
+		p, err := attachNIC(objs, st.Target, d)
+		if err != nil {
+			return err
+		}
+		ms.Pieces = append(ms.Pieces, p)
+		writeModeState(st, *ms)
+		if err := datapath.SaveState(st); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // unmatchedNotes warns about rules whose destination covers no local container: they can
@@ -235,6 +279,8 @@ type View struct {
 	Endpoints []EndpointView `json:"endpoints"`
 	Agent     string         `json:"agent"`
 	Notes     []string       `json:"notes,omitempty"`
+	// Isolation is the --hp-cpus plan, nil without it.
+	Isolation *isoConfig `json:"isolation,omitempty"`
 }
 
 // RuleView is one rule with its counters.
@@ -260,7 +306,7 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	defer objs.Close()
-	v := &View{Target: target, Notes: ms.Notes, Agent: "off"}
+	v := &View{Target: target, Notes: ms.Notes, Agent: "off", Isolation: ms.Isolation}
 	for _, r := range ms.Rules {
 		c, err := objs.ruleCount(r.ID)
 		if err != nil {
@@ -308,6 +354,10 @@ func (v *View) Format() string {
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
 	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d; HP dropped: vanished %d, stale %d, errors %d\n",
 		s.Miss, s.L2, s.TTL, s.Gone, s.Stale, s.Err)
+	if iso := v.Isolation; iso != nil {
+		fmt.Fprintf(&b, "  prism: HP isolation: HP on CPUs %s, the rest on %s (VXLAN RPS set %s); underlay VXLAN frames %d: HP %d, LP %d (kept on their CPU %d), untouched %d\n",
+			cpuList(iso.HP), cpuList(iso.LP), cpuList(iso.Set), s.IsoVXLAN, s.IsoHP, s.IsoLP, s.IsoStay, s.IsoOff)
+	}
 	for _, r := range v.Rules {
 		fmt.Fprintf(&b, "    rule %-2d %-40s HP packets %d, bytes %d\n", r.ID, r.Rule, r.Packets, r.Bytes)
 	}

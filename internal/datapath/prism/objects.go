@@ -38,12 +38,15 @@ const epGone = 1
 // objects are the loaded (or re-opened pinned) maps and program of one attachment.
 type objects struct {
 	Cfg, Rule, Dev, Ep, Port, Stat, Rcnt *ebpf.Map
+	Iso, Last, Cpucls                    *ebpf.Map // HP isolation (isolation.go)
 	Vx                                   *ebpf.Program
+	Nic                                  *ebpf.Program // HP isolation's underlay program
 }
 
 func (o *objects) maps() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{"prg_prism_cfg": &o.Cfg, "prg_prism_rule": &o.Rule, "prg_prism_dev": &o.Dev,
-		"prg_prism_ep": &o.Ep, "prg_prism_port": &o.Port, "prg_prism_stat": &o.Stat, "prg_prism_rcnt": &o.Rcnt}
+		"prg_prism_ep": &o.Ep, "prg_prism_port": &o.Port, "prg_prism_stat": &o.Stat, "prg_prism_rcnt": &o.Rcnt,
+		"prg_prism_iso": &o.Iso, "prg_prism_last": &o.Last, "prg_prism_cpucls": &o.Cpucls}
 }
 
 // Close releases this process's references (pinned objects stay).
@@ -53,8 +56,10 @@ func (o *objects) Close() {
 			(*m).Close()
 		}
 	}
-	if o.Vx != nil {
-		o.Vx.Close()
+	for _, p := range []*ebpf.Program{o.Vx, o.Nic} {
+		if p != nil {
+			p.Close()
+		}
 	}
 }
 
@@ -72,7 +77,8 @@ func loadObjects() (*objects, error) {
 		return nil, fmt.Errorf("prism: load eBPF objects (needs Linux 6.2+ with BTF: kfuncs, bpf_loop, tcx on 6.6+): %w", err)
 	}
 	return &objects{Cfg: po.PrgPrismCfg, Rule: po.PrgPrismRule, Dev: po.PrgPrismDev, Ep: po.PrgPrismEp,
-		Port: po.PrgPrismPort, Stat: po.PrgPrismStat, Rcnt: po.PrgPrismRcnt, Vx: po.PrgPrismVx}, nil
+		Port: po.PrgPrismPort, Stat: po.PrgPrismStat, Rcnt: po.PrgPrismRcnt, Iso: po.PrgPrismIso, Last: po.PrgPrismLast, Cpucls: po.PrgPrismCpucls,
+		Vx: po.PrgPrismVx, Nic: po.PrgPrismNic}, nil
 }
 
 func (o *objects) pin(dir string) error {
@@ -84,8 +90,10 @@ func (o *objects) pin(dir string) error {
 			return fmt.Errorf("prism: pin %s: %w", name, err)
 		}
 	}
-	if err := o.Vx.Pin(filepath.Join(dir, "prg_prism_vx")); err != nil {
-		return fmt.Errorf("prism: pin prg_prism_vx: %w", err)
+	for name, p := range map[string]*ebpf.Program{"prg_prism_vx": o.Vx, "prg_prism_nic": o.Nic} {
+		if err := p.Pin(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("prism: pin %s: %w", name, err)
+		}
 	}
 	return nil
 }
@@ -222,11 +230,15 @@ func (o *objects) ruleCount(id int) (RuleCount, error) {
 // Stats are the program's counters summed over CPUs (see bpf/prism.bpf.c for each).
 type Stats struct {
 	Seen, Unparsed, Frag, LP, HP, Redirected, Miss, Gone, Stale, L2, TTL, Err, NoDev uint64
+	// HP isolation, at the underlay: VXLAN frames seen, HP (to a reserved CPU) and LP (to the
+	// others), left alone (isolation off), and of HP+LP those kept on the CPU they were on.
+	IsoVXLAN, IsoHP, IsoLP, IsoOff, IsoStay uint64
 }
 
 func (o *objects) stats() (Stats, error) {
 	var s Stats
-	fields := []*uint64{&s.Seen, &s.Unparsed, &s.Frag, &s.LP, &s.HP, &s.Redirected, &s.Miss, &s.Gone, &s.Stale, &s.L2, &s.TTL, &s.Err, &s.NoDev}
+	fields := []*uint64{&s.Seen, &s.Unparsed, &s.Frag, &s.LP, &s.HP, &s.Redirected, &s.Miss, &s.Gone, &s.Stale, &s.L2, &s.TTL, &s.Err, &s.NoDev,
+		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay}
 	for i, f := range fields {
 		var per []uint64
 		if err := o.Stat.Lookup(uint32(i), &per); err != nil {

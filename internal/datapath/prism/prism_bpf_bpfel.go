@@ -58,6 +58,26 @@ type prsPrismEpKey struct {
 	Addr   [4]uint32
 }
 
+type prsPrismIso struct {
+	_         structs.HostLayout
+	N         uint32
+	HpCount   uint32
+	LpCount   uint32
+	VxlanPort [4]uint16
+	HpIdx     [256]uint16
+	LpIdx     [256]uint16
+}
+
+type prsPrismLast struct {
+	_        structs.HostLayout
+	Hp       uint32
+	Idx      uint32
+	Hash     uint32
+	FlowHash uint32
+	Cpu      uint32
+	Pad      uint32
+}
+
 type prsPrismRcnt struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -85,14 +105,18 @@ type prsPrismRule struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	prsMapPrgPrismCfg  = "prg_prism_cfg"
-	prsMapPrgPrismDev  = "prg_prism_dev"
-	prsMapPrgPrismEp   = "prg_prism_ep"
-	prsMapPrgPrismPort = "prg_prism_port"
-	prsMapPrgPrismRcnt = "prg_prism_rcnt"
-	prsMapPrgPrismRule = "prg_prism_rule"
-	prsMapPrgPrismStat = "prg_prism_stat"
-	prsProgPrgPrismVx  = "prg_prism_vx"
+	prsMapPrgPrismCfg    = "prg_prism_cfg"
+	prsMapPrgPrismCpucls = "prg_prism_cpucls"
+	prsMapPrgPrismDev    = "prg_prism_dev"
+	prsMapPrgPrismEp     = "prg_prism_ep"
+	prsMapPrgPrismIso    = "prg_prism_iso"
+	prsMapPrgPrismLast   = "prg_prism_last"
+	prsMapPrgPrismPort   = "prg_prism_port"
+	prsMapPrgPrismRcnt   = "prg_prism_rcnt"
+	prsMapPrgPrismRule   = "prg_prism_rule"
+	prsMapPrgPrismStat   = "prg_prism_stat"
+	prsProgPrgPrismNic   = "prg_prism_nic"
+	prsProgPrgPrismVx    = "prg_prism_vx"
 )
 
 // loadPrs returns the embedded CollectionSpec for prs.
@@ -137,20 +161,24 @@ type prsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsProgramSpecs struct {
-	PrgPrismVx *ebpf.ProgramSpec `ebpf:"prg_prism_vx"`
+	PrgPrismNic *ebpf.ProgramSpec `ebpf:"prg_prism_nic"`
+	PrgPrismVx  *ebpf.ProgramSpec `ebpf:"prg_prism_vx"`
 }
 
 // prsMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsMapSpecs struct {
-	PrgPrismCfg  *ebpf.MapSpec `ebpf:"prg_prism_cfg"`
-	PrgPrismDev  *ebpf.MapSpec `ebpf:"prg_prism_dev"`
-	PrgPrismEp   *ebpf.MapSpec `ebpf:"prg_prism_ep"`
-	PrgPrismPort *ebpf.MapSpec `ebpf:"prg_prism_port"`
-	PrgPrismRcnt *ebpf.MapSpec `ebpf:"prg_prism_rcnt"`
-	PrgPrismRule *ebpf.MapSpec `ebpf:"prg_prism_rule"`
-	PrgPrismStat *ebpf.MapSpec `ebpf:"prg_prism_stat"`
+	PrgPrismCfg    *ebpf.MapSpec `ebpf:"prg_prism_cfg"`
+	PrgPrismCpucls *ebpf.MapSpec `ebpf:"prg_prism_cpucls"`
+	PrgPrismDev    *ebpf.MapSpec `ebpf:"prg_prism_dev"`
+	PrgPrismEp     *ebpf.MapSpec `ebpf:"prg_prism_ep"`
+	PrgPrismIso    *ebpf.MapSpec `ebpf:"prg_prism_iso"`
+	PrgPrismLast   *ebpf.MapSpec `ebpf:"prg_prism_last"`
+	PrgPrismPort   *ebpf.MapSpec `ebpf:"prg_prism_port"`
+	PrgPrismRcnt   *ebpf.MapSpec `ebpf:"prg_prism_rcnt"`
+	PrgPrismRule   *ebpf.MapSpec `ebpf:"prg_prism_rule"`
+	PrgPrismStat   *ebpf.MapSpec `ebpf:"prg_prism_stat"`
 }
 
 // prsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -179,20 +207,26 @@ func (o *prsObjects) Close() error {
 //
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsMaps struct {
-	PrgPrismCfg  *ebpf.Map `ebpf:"prg_prism_cfg"`
-	PrgPrismDev  *ebpf.Map `ebpf:"prg_prism_dev"`
-	PrgPrismEp   *ebpf.Map `ebpf:"prg_prism_ep"`
-	PrgPrismPort *ebpf.Map `ebpf:"prg_prism_port"`
-	PrgPrismRcnt *ebpf.Map `ebpf:"prg_prism_rcnt"`
-	PrgPrismRule *ebpf.Map `ebpf:"prg_prism_rule"`
-	PrgPrismStat *ebpf.Map `ebpf:"prg_prism_stat"`
+	PrgPrismCfg    *ebpf.Map `ebpf:"prg_prism_cfg"`
+	PrgPrismCpucls *ebpf.Map `ebpf:"prg_prism_cpucls"`
+	PrgPrismDev    *ebpf.Map `ebpf:"prg_prism_dev"`
+	PrgPrismEp     *ebpf.Map `ebpf:"prg_prism_ep"`
+	PrgPrismIso    *ebpf.Map `ebpf:"prg_prism_iso"`
+	PrgPrismLast   *ebpf.Map `ebpf:"prg_prism_last"`
+	PrgPrismPort   *ebpf.Map `ebpf:"prg_prism_port"`
+	PrgPrismRcnt   *ebpf.Map `ebpf:"prg_prism_rcnt"`
+	PrgPrismRule   *ebpf.Map `ebpf:"prg_prism_rule"`
+	PrgPrismStat   *ebpf.Map `ebpf:"prg_prism_stat"`
 }
 
 func (m *prsMaps) Close() error {
 	return _PrsClose(
 		m.PrgPrismCfg,
+		m.PrgPrismCpucls,
 		m.PrgPrismDev,
 		m.PrgPrismEp,
+		m.PrgPrismIso,
+		m.PrgPrismLast,
 		m.PrgPrismPort,
 		m.PrgPrismRcnt,
 		m.PrgPrismRule,
@@ -210,11 +244,13 @@ type prsVariables struct {
 //
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsPrograms struct {
-	PrgPrismVx *ebpf.Program `ebpf:"prg_prism_vx"`
+	PrgPrismNic *ebpf.Program `ebpf:"prg_prism_nic"`
+	PrgPrismVx  *ebpf.Program `ebpf:"prg_prism_vx"`
 }
 
 func (p *prsPrograms) Close() error {
 	return _PrsClose(
+		p.PrgPrismNic,
 		p.PrgPrismVx,
 	)
 }

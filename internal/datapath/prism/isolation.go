@@ -1,0 +1,250 @@
+package prism
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// HP isolation (attach prism --hp-cpus LIST): prg_prism_nic at the underlay's ingress classifies
+// the inner frame of every VXLAN frame and writes a hash that the VXLAN devices' RPS maps to a
+// reserved CPU (HP) or to one of the other CPUs (everything else). See bpf/prism.bpf.c and the
+// package documentation for what this isolates and what it cannot.
+
+// OptHPCPUs is the Options.Extra key of --hp-cpus: the CPUs reserved for HP flows ("1", "2-3";
+// lists with ',' too, where the caller's syntax allows).
+const OptHPCPUs = "hp_cpus"
+
+// maxIsoCPUs is the largest RPS set the program indexes (PR_MAX_CPUS).
+const maxIsoCPUs = 256
+
+// isoConfig is HP isolation's CPU plan.
+type isoConfig struct {
+	HP  []int `json:"hp_cpus"` // reserved for HP, ascending
+	LP  []int `json:"lp_cpus"` // everything else goes here, ascending
+	Set []int `json:"rps_set"` // HP ∪ LP, ascending: the VXLAN devices' RPS map
+}
+
+// parseIsolation reads --hp-cpus (nil: isolation off). LP gets the attach's --cpus without the
+// reserved ones, or every other online CPU. Reserving every CPU is refused: LP traffic would then
+// share the reserved CPUs' backlogs, which is exactly what isolation exists to prevent (without
+// --hp-cpus, prism's sync mode alone is that configuration).
+func parseIsolation(cpus []int, extra map[string]string) (*isoConfig, error) {
+	v := strings.TrimSpace(extra[OptHPCPUs])
+	if v == "" {
+		return nil, nil
+	}
+	hp, err := parseCPUs(v)
+	if err != nil {
+		return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
+	}
+	if err := datapath.CheckCPUs(hp); err != nil {
+		return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
+	}
+	pool := slices.Clone(cpus)
+	if len(pool) == 0 {
+		if pool, err = onlineCPUs(); err != nil {
+			return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
+		}
+	}
+	c := &isoConfig{HP: hp}
+	for _, p := range pool {
+		if !slices.Contains(hp, p) && !slices.Contains(c.LP, p) {
+			c.LP = append(c.LP, p)
+		}
+	}
+	slices.Sort(c.LP)
+	if len(c.LP) == 0 {
+		return nil, fmt.Errorf("prism: --hp-cpus %s reserves every CPU low-priority traffic may use (%s): nothing would be left for it; reserve fewer CPUs", v, cpuList(pool))
+	}
+	c.Set = slices.Sorted(slices.Values(append(slices.Clone(c.HP), c.LP...)))
+	if len(c.Set) > maxIsoCPUs {
+		return nil, fmt.Errorf("prism: --hp-cpus: %d CPUs in the RPS set; at most %d", len(c.Set), maxIsoCPUs)
+	}
+	return c, nil
+}
+
+// parseCPUs reads "1", "0-3", "1,4-5" into distinct ascending CPU ids.
+func parseCPUs(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("%q is not a CPU list like 1 or 2-3", s)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("%q is not a CPU list like 1 or 2-3", s)
+			}
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+func cpuList(cpus []int) string {
+	var parts []string
+	for _, c := range cpus {
+		parts = append(parts, strconv.Itoa(c))
+	}
+	return strings.Join(parts, ",")
+}
+
+func onlineCPUs() ([]int, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return nil, fmt.Errorf("read online CPUs: %w", err)
+	}
+	return parseCPUs(strings.TrimSpace(string(b)))
+}
+
+// idxStay is the recorded index of a packet kept on its CPU (PR_IDX_STAY).
+const idxStay = 0xffff
+
+// steer is prg_prism_nic's choice for a packet of flow hash fh whose NIC stage runs on cpu: its
+// index into Set (the RPS map) and the hash it writes; idxStay and hash 0 when cpu is already
+// of the packet's class (RPS then leaves it there).
+func (c *isoConfig) steer(hp bool, fh uint32, cpu int) (idx, hash uint32) {
+	class := c.LP
+	if hp {
+		class = c.HP
+	}
+	if slices.Contains(class, cpu) {
+		return idxStay, 0
+	}
+	idx = uint32(datapath.RPSIndex(c.Set, class[fh%uint32(len(class))]))
+	return idx, datapath.RPSHash(idx, uint32(len(c.Set)), fh)
+}
+
+// isoKnobs plans the VXLAN devices' RPS: the set as the map (so RPS indexes exactly what the
+// program computed) and no RFS flow table (RFS would follow the application's CPU instead).
+func isoKnobs(t *datapath.Topology, c *isoConfig) ([]datapath.Knob, error) {
+	var ks []datapath.Knob
+	mask := lab.CPUMask(c.Set)
+	for _, d := range t.ByStage(datapath.StageVXLAN) {
+		for _, kv := range [][2]string{{"rps_cpus", mask}, {"rps_flow_cnt", "0"}} {
+			paths, err := datapath.RxQueueKnobs(d, kv[0])
+			if err != nil {
+				return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
+			}
+			for _, p := range paths {
+				ks = append(ks, datapath.Knob{Netns: d.Netns, Path: p, New: kv[1]})
+			}
+		}
+	}
+	if len(t.ByStage(datapath.StageNIC)) == 0 {
+		return nil, fmt.Errorf("prism: --hp-cpus needs the underlay device behind the VXLAN devices, and discovery found none: pass --underlay")
+	}
+	return ks, nil
+}
+
+// writeIso configures prg_prism_nic.
+func (o *objects) writeIso(c *isoConfig, ports []uint16) error {
+	if len(ports) > 4 {
+		return fmt.Errorf("prism: --hp-cpus: %d distinct VXLAN ports; at most 4 are supported", len(ports))
+	}
+	v := prsPrismIso{N: uint32(len(c.Set)), HpCount: uint32(len(c.HP)), LpCount: uint32(len(c.LP))}
+	copy(v.VxlanPort[:], ports)
+	for i, cpu := range c.HP {
+		v.HpIdx[i] = uint16(datapath.RPSIndex(c.Set, cpu))
+	}
+	for i, cpu := range c.LP {
+		v.LpIdx[i] = uint16(datapath.RPSIndex(c.Set, cpu))
+	}
+	// Classes first: the program reads them only once the config says isolation is on.
+	for cls, cpus := range map[uint8][]int{clsHP: c.HP, clsLP: c.LP} {
+		for _, cpu := range cpus {
+			if cpu >= maxCPUID {
+				continue // beyond the map: packets there are steered, never kept (still correct)
+			}
+			if err := o.Cpucls.Put(uint32(cpu), cls); err != nil {
+				return fmt.Errorf("prism: write CPU classes: %w", err)
+			}
+		}
+	}
+	if err := o.Iso.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("prism: write isolation config: %w", err)
+	}
+	return nil
+}
+
+// CPU classes of prg_prism_cpucls (PR_CLS_*) and its size (PR_MAX_CPU_ID).
+const (
+	clsHP    = 1
+	clsLP    = 2
+	maxCPUID = 4096
+)
+
+// vxlanPorts lists the UDP ports of the topology's VXLAN devices: the underlay program steers
+// only frames to these.
+func vxlanPorts(t *datapath.Topology) ([]uint16, error) {
+	var out []uint16
+	for _, d := range t.ByStage(datapath.StageVXLAN) {
+		var port uint16
+		err := netnsutil.Do(d.Netns, func() error {
+			l, err := netlink.LinkByName(d.Name)
+			if err != nil {
+				return err
+			}
+			vx, ok := l.(*netlink.Vxlan)
+			if !ok {
+				return fmt.Errorf("not a VXLAN device")
+			}
+			port = uint16(vx.Port)
+			if port == 0 {
+				port = 8472 // the kernel's default when none is given
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("prism: VXLAN port of %s: %w", d, err)
+		}
+		if !slices.Contains(out, port) {
+			out = append(out, port)
+		}
+	}
+	return out, nil
+}
+
+// attachNIC puts prg_prism_nic on an underlay device (tcx ingress, in its namespace) and pins the
+// link. The program returns "next", so other tcx programs on the underlay still run.
+func attachNIC(o *objects, target string, d datapath.Dev) (piece, error) {
+	p := piece{Dev: d, NIC: true}
+	ino, err := netnsutil.Inode(netnsutil.Path(d.Netns))
+	if err != nil {
+		return p, fmt.Errorf("prism: namespace of %s: %w", d, err)
+	}
+	p.Inode = uint32(ino)
+	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("nic_%d_%d_%s", p.Inode, d.Ifindex,
+		strings.NewReplacer("/", "_", ".", "_").Replace(d.Name)))
+	var l link.Link
+	err = netnsutil.Do(d.Netns, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: d.Ifindex, Program: o.Nic, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if err != nil {
+		return p, fmt.Errorf("prism: attach tcx ingress to the underlay %s: %w (tcx needs Linux 6.6+)", d, err)
+	}
+	defer l.Close()
+	if err := l.Pin(p.LinkPin); err != nil {
+		return p, fmt.Errorf("prism: pin link of %s: %w", d, err)
+	}
+	return p, nil
+}

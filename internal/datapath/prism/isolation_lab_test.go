@@ -1,0 +1,191 @@
+package prism
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+)
+
+// The lab test of HP isolation: with the underlay's receive on CPU 0 (the lab's IRQ core) and
+// --hp-cpus 1, the receiving host's VXLAN stage (vxlan0's netif_receive_skb, after its RPS) runs
+// HP packets on CPU 1 and bulk packets on CPU 0, while the NIC stage stays on CPU 0 for both.
+
+// rxStageCounts sends with send() and returns the stage probe's packets per CPU at host h2's
+// underlay and VXLAN device.
+func rxStageCounts(t *testing.T, nic, vx datapath.Dev, send func()) (nicCPU, vxCPU map[int]uint64) {
+	t.Helper()
+	key := func(d datapath.Dev) stage.DevKey {
+		ino, err := netnsutil.Inode(netnsutil.Path(d.Netns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stage.DevKey{Netns: ino, Ifindex: uint32(d.Ifindex)}
+	}
+	p, err := stage.Start(stage.Options{NetnsNames: []string{nic.Netns, vx.Netns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	before, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	send()
+	time.Sleep(100 * time.Millisecond)
+	after, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nicCPU, vxCPU = map[int]uint64{}, map[int]uint64{}
+	nk, vk := key(nic), key(vx)
+	for _, dc := range after.Sub(before).Devices {
+		switch dc.DevKey {
+		case nk:
+			nicCPU[dc.CPU] += dc.Packets
+		case vk:
+			vxCPU[dc.CPU] += dc.Packets
+		}
+	}
+	return nicCPU, vxCPU
+}
+
+// mostlyOn asserts that at least 90 % of at least min packets ran on cpu.
+func mostlyOn(t *testing.T, what string, counts map[int]uint64, cpu int, min uint64) {
+	t.Helper()
+	var total uint64
+	for _, v := range counts {
+		total += v
+	}
+	t.Logf("%s: packets per CPU %v", what, counts)
+	if total < min || counts[cpu]*10 < total*9 {
+		t.Errorf("%s: packets per CPU %v, want >= %d with >= 90%% on CPU %d", what, counts, min, cpu)
+	}
+}
+
+// udpBurst sends n datagrams from ns to addr:port at a modest rate (no drops).
+func udpBurst(t *testing.T, ns, addr string, port, n int) {
+	t.Helper()
+	if err := netnsutil.Do(ns, func() error {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for i := 0; i < n; i++ {
+			_, _ = c.Write(make([]byte, 1000))
+			if i%20 == 19 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLabIsolationSplitsVXLANStage(t *testing.T) {
+	if cpus, _ := onlineCPUs(); len(cpus) < 2 || cpus[0] != 0 || cpus[1] != 1 {
+		t.Skipf("needs CPUs 0 and 1 online, have %v", cpus)
+	}
+	if err := stage.Check(); err != nil {
+		t.Skipf("no stage probe: %v", err)
+	}
+	for _, style := range []string{lab.StyleDocker, lab.StyleFlannel} {
+		t.Run(style, func(t *testing.T) {
+			l := labForTest(t, lab.Spec{Name: "tpiso" + style[:2], Style: style, Containers: 1, RxCPUs: []int{0}})
+			h1, h2 := l.Hosts[0].Netns, l.Hosts[1].Netns
+			c11, _ := l.Node("h1-c1")
+			c21, _ := l.Node("h2-c1")
+			dst := c21.AddrOnly()
+			udpEcho(t, c21.Netns, dst, hpPort)
+			udpEcho(t, c21.Netns, dst, lpPort)
+			topo, err := datapath.Discover(h2, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nic, vx := topo.ByStage(datapath.StageNIC)[0], topo.ByStage(datapath.StageVXLAN)[0]
+			knobsBefore := map[string]string{}
+			for _, f := range []string{"rps_cpus", "rps_flow_cnt"} {
+				p := "/sys/class/net/" + vx.Name + "/queues/rx-0/" + f
+				v, err := netnsutil.ReadFileIn(vx.Netns, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				knobsBefore[p] = v
+			}
+
+			opts := datapath.Options{KeepUnderlay: true, Extra: map[string]string{OptRules: hpRules, OptHPCPUs: "1"}}
+			for _, h := range []string{h1, h2} {
+				if _, err := datapath.Attach(context.Background(), h, "prism", opts); err != nil {
+					t.Fatal(err)
+				}
+			}
+			v := inspect(t, h2)
+			if v.Isolation == nil || fmt.Sprint(v.Isolation.HP) != "[1]" || fmt.Sprint(v.Isolation.Set) != "[0 1]" {
+				t.Fatalf("isolation plan %+v", v.Isolation)
+			}
+
+			// HP: the ping-pong's VXLAN stage on the reserved CPU, its NIC stage on the IRQ core.
+			s0 := v.Stats
+			nicHP, vxHP := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 300) })
+			mostlyOn(t, "HP nic stage", nicHP, 0, 300)
+			mostlyOn(t, "HP vxlan stage", vxHP, 1, 300)
+			s1 := inspect(t, h2).Stats
+			if s1.IsoHP-s0.IsoHP < 300 || s1.Redirected-s0.Redirected < 300 {
+				t.Errorf("h2 steered %d / redirected %d HP packets, want >= 300", s1.IsoHP-s0.IsoHP, s1.Redirected-s0.Redirected)
+			}
+
+			// Bulk (LP): its VXLAN stage stays off the reserved CPU.
+			nicLP, vxLP := rxStageCounts(t, nic, vx, func() { udpBurst(t, c11.Netns, dst, lpPort, 3000) })
+			mostlyOn(t, "LP nic stage", nicLP, 0, 2500)
+			mostlyOn(t, "LP vxlan stage", vxLP, 0, 2500)
+			// Bulk TCP still arrives intact (its ACKs, LP too, go to h1's CPU 0).
+			bulkTCP(t, c21.Netns, c11.Netns, dst, 4<<20)
+			// LP arrives on the IRQ core, an LP CPU: kept there without an RPS hop, as on vanilla.
+			if s := inspect(t, h2).Stats; s.IsoLP-s1.IsoLP < 2500 || s.IsoStay-s1.IsoStay < 2500 {
+				t.Errorf("h2 classified %d LP packets, kept %d on their CPU, want >= 2500 each: %+v", s.IsoLP-s1.IsoLP, s.IsoStay-s1.IsoStay, s)
+			}
+
+			for _, h := range []string{h1, h2} {
+				if _, err := datapath.Detach(context.Background(), h); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(datapath.PinDir(h)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("pins left after detach: %v", err)
+				}
+			}
+			for p, want := range knobsBefore {
+				if got, _ := netnsutil.ReadFileIn(vx.Netns, p); got != want {
+					t.Errorf("%s after detach: %q, was %q", p, got, want)
+				}
+			}
+			// Without isolation the VXLAN stage is back on the IRQ core.
+			_, vxAfter := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 200) })
+			mostlyOn(t, "vanilla vxlan stage", vxAfter, 0, 200)
+		})
+	}
+}
+
+func TestAttachRefusesBadHPCPUs(t *testing.T) {
+	l := labForTest(t, lab.Spec{Name: "tpisobad", Style: lab.StyleDocker})
+	h := l.Hosts[1].Netns
+	online, _ := onlineCPUs()
+	for _, bad := range []string{"x", "4096", cpuList(online)} {
+		_, err := datapath.Attach(context.Background(), h, "prism", datapath.Options{Extra: map[string]string{OptRules: hpRules, OptHPCPUs: bad}})
+		if err == nil {
+			t.Errorf("--hp-cpus %q accepted", bad)
+		}
+		if st, _ := datapath.LoadState(h); st != nil {
+			t.Fatalf("refused attach left a record")
+		}
+	}
+}
