@@ -50,10 +50,19 @@ func TestConfigOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Name() != "docker/rps@split-cpus=1+static=true" || c.Extra["split_cpus"] != "1" || c.Extra["static"] != "true" {
+	if c.Name() != "docker/rps@split-cpus=1+static=true" || c.Stack[0].Extra["split_cpus"] != "1" || c.Stack[0].Extra["static"] != "true" {
 		t.Fatalf("parsed %+v name %s", c, c.Name())
 	}
-	m := mergeExtra(map[string]string{"split_cpus": "0", "rules": "x"}, c.Extra)
+	st, err := ParseConfig("docker/falcon/prism@hp_cpus=1")
+	if err != nil || st.Mode != "falcon+prism" || len(st.Stack) != 2 || st.Stack[1].Extra["hp_cpus"] != "1" || st.Name() != "docker/falcon/prism@hp_cpus=1" {
+		t.Fatalf("stack: %+v %v", st, err)
+	}
+	for _, bad := range []string{"docker/falcon/falcon", "docker/vanilla/rps"} {
+		if _, err := ParseConfig(bad); err == nil {
+			t.Errorf("%s should be refused", bad)
+		}
+	}
+	m := mergeExtra(map[string]string{"split_cpus": "0", "rules": "x"}, c.Stack[0].Extra)
 	if m["split_cpus"] != "1" || m["rules"] != "x" {
 		t.Fatalf("merge: %v", m)
 	}

@@ -16,16 +16,23 @@ import (
 // ModeVanilla is "nothing attached": the kernel as it comes.
 const ModeVanilla = "vanilla"
 
-// Config is one column of a comparison: a lab style with a datapath mode on it, and the
-// mode's options (attach flags, e.g. falcon's split_cpus or mflow's batch).
+// Config is one column of a comparison: a lab style with zero or more datapath modes stacked
+// on it, each with its options (attach flags, e.g. falcon's split_cpus or mflow's batch).
 type Config struct {
 	Style string
-	Mode  string
-	Extra map[string]string
-	opts  string // the options as written, kept in the name
+	Mode  string // the modes joined by "+" ("vanilla" for none): the results' mode field
+	Stack []ModeSpec
+	name  string // as written, for results
 }
 
-// Name is the config's name in results: "docker/vanilla", "native", "docker/falcon@split_cpus=1".
+// ModeSpec is one mode of a config's stack.
+type ModeSpec struct {
+	Mode  string
+	Extra map[string]string
+}
+
+// Name is the config's name in results: "docker/vanilla", "native", "docker/falcon@split_cpus=1",
+// "docker/falcon/prism@hp_cpus=1".
 func (c Config) Name() string {
 	switch c.Style {
 	case lab.StyleNative:
@@ -33,49 +40,67 @@ func (c Config) Name() string {
 	case StyleGiven:
 		return c.Mode
 	}
-	if c.opts != "" {
-		return c.Style + "/" + c.Mode + "@" + c.opts
+	if c.name != "" {
+		return c.name
 	}
 	return c.Style + "/" + c.Mode
 }
 
-// ParseConfig reads "docker", "docker/rps", "native", or a mode with options:
-// "docker/falcon@split_cpus=1+static=true" (options joined by '+', as attach's flags with '_').
+// ParseConfig reads "docker", "docker/rps", "native", a mode with options
+// ("docker/falcon@split_cpus=1+static=true": options joined by '+', attach's flags with '_'),
+// or a stack of modes attached in order ("docker/falcon/prism@hp_cpus=1").
 func ParseConfig(s string) (Config, error) {
-	style, mode, _ := strings.Cut(strings.TrimSpace(s), "/")
-	mode, opts, hasOpts := strings.Cut(mode, "@")
-	if mode == "" {
-		mode = ModeVanilla
-	}
-	var extra map[string]string
-	if hasOpts {
-		if mode == ModeVanilla {
-			return Config{}, fmt.Errorf("config %q: vanilla takes no options", s)
-		}
-		extra = map[string]string{}
-		for _, kv := range strings.Split(opts, "+") {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return Config{}, fmt.Errorf("config %q: option %q is not key=value (e.g. docker/falcon@split_cpus=1+static=true)", s, kv)
-			}
-			extra[strings.ReplaceAll(k, "-", "_")] = v
-		}
-	}
+	s = strings.TrimSpace(s)
+	parts := strings.Split(s, "/")
+	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel:
-	case lab.StyleNative:
-		if mode != ModeVanilla {
-			return Config{}, fmt.Errorf("config %q: the native style has no overlay to attach %s to", s, mode)
-		}
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative:
 	default:
 		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel or native)", s, style)
 	}
-	if mode != ModeVanilla {
+	c := Config{Style: style, Mode: ModeVanilla}
+	var names []string
+	for _, part := range parts[1:] {
+		mode, opts, hasOpts := strings.Cut(part, "@")
+		if mode == "" || mode == ModeVanilla {
+			if hasOpts {
+				return Config{}, fmt.Errorf("config %q: vanilla takes no options", s)
+			}
+			if len(parts) > 2 {
+				return Config{}, fmt.Errorf("config %q: vanilla cannot be stacked with modes", s)
+			}
+			continue
+		}
+		if style == lab.StyleNative {
+			return Config{}, fmt.Errorf("config %q: the native style has no overlay to attach %s to", s, mode)
+		}
 		if _, err := datapath.Lookup(mode); err != nil {
 			return Config{}, fmt.Errorf("config %q: %w (or vanilla)", s, err)
 		}
+		spec := ModeSpec{Mode: mode}
+		if hasOpts {
+			spec.Extra = map[string]string{}
+			for _, kv := range strings.Split(opts, "+") {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return Config{}, fmt.Errorf("config %q: option %q is not key=value (e.g. docker/falcon@split_cpus=1+static=true)", s, kv)
+				}
+				spec.Extra[strings.ReplaceAll(k, "-", "_")] = v
+			}
+		}
+		for _, prev := range c.Stack {
+			if prev.Mode == mode {
+				return Config{}, fmt.Errorf("config %q: mode %s stacked twice", s, mode)
+			}
+		}
+		c.Stack = append(c.Stack, spec)
+		names = append(names, mode)
 	}
-	return Config{Style: style, Mode: mode, Extra: extra, opts: opts}, nil
+	if len(names) > 0 {
+		c.Mode = strings.Join(names, "+")
+		c.name = s
+	}
+	return c, nil
 }
 
 // ParseConfigs reads a comma-separated list, rejecting duplicates.

@@ -35,14 +35,15 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 		return nil, fmt.Errorf("%s: %w", cfg.Name(), err)
 	}
 	tb := &testbed{cfg: cfg, lab: l, knobs: map[string]string{}}
-	if cfg.Mode != ModeVanilla {
+	for _, spec := range cfg.Stack {
 		for _, h := range l.Hosts {
-			st, err := datapath.Attach(ctx, h.Netns, cfg.Mode, datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Extra: mergeExtra(o.modeExtra(cfg.Mode), cfg.Extra)})
+			opts := datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Extra: mergeExtra(o.modeExtra(spec.Mode), spec.Extra)}
+			st, err := datapath.Attach(ctx, h.Netns, spec.Mode, opts)
 			if err != nil {
 				tb.teardown()
-				return nil, fmt.Errorf("%s: attach %s: %w", cfg.Name(), cfg.Mode, err)
+				return nil, fmt.Errorf("%s: attach %s: %w", cfg.Name(), spec.Mode, err)
 			}
-			tb.attached = append(tb.attached, h.Netns)
+			tb.attached = appendUnique(tb.attached, h.Netns)
 			for _, k := range st.Knobs {
 				tb.knobs[k.Netns+":"+k.Path] = k.New
 			}
@@ -84,7 +85,7 @@ func (tb *testbed) teardown() error {
 	}
 	var errs []error
 	for _, ns := range tb.attached {
-		if _, err := datapath.Detach(context.Background(), ns); err != nil {
+		if _, err := datapath.Detach(context.Background(), ns, ""); err != nil {
 			errs = append(errs, err)
 		}
 	}

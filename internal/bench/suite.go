@@ -153,7 +153,7 @@ func prismSteps(quick bool) []Step {
 	sc := func(name, bg string) Scenario {
 		return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm, Background: bg}
 	}
-	cfgs := []string{"native", "docker", "docker/prism", "docker/prism@hp_cpus=" + strconv.Itoa(otherCPU())}
+	cfgs := []string{"native", "docker", "docker/prism", "docker/prism@hp_cpus=" + strconv.Itoa(otherCPU()), "docker/falcon/prism"}
 	return []Step{
 		{"HP ping-pong alone", sc("pingpong", ""), cfgs},
 		{"HP ping-pong under TCP bulk background", sc("pingpong", "tcp"), cfgs},

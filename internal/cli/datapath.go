@@ -114,7 +114,7 @@ affinity and is left alone.`,
 				if err != nil {
 					// All or nothing across the lab's hosts.
 					for _, d := range done {
-						_, _ = datapath.Detach(context.Background(), d.Target)
+						_, _ = datapath.Detach(context.Background(), d.Target, d.Mode)
 					}
 					return err
 				}
@@ -203,12 +203,17 @@ func label(ns string) string {
 func newDetachCmd() *cobra.Command {
 	var tf targetFlags
 	var all bool
+	var mode string
 	c := &cobra.Command{
 		Use:   "detach",
-		Short: "Detach the mode on this node (or lab hosts) and restore every knob it changed",
+		Short: "Detach the modes on this node (or lab hosts) and restore every knob they changed",
+		Long: `Detach undoes attachments from their records, the most recent first: programs, then knobs
+(written back byte for byte), pins and the record. Modes that change no knob in common can be
+stacked on one node (e.g. falcon and prism); --mode detaches one of them.`,
 		Example: `  sudo peregrine detach
   sudo peregrine detach --lab
-  sudo peregrine detach --all          # every recorded attachment`,
+  sudo peregrine detach --lab --mode prism   # keep the others
+  sudo peregrine detach --all                # every recorded attachment`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var targets []string
@@ -217,8 +222,12 @@ func newDetachCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				seen := map[string]bool{}
 				for _, st := range states {
-					targets = append(targets, st.Target)
+					if !seen[st.Target] {
+						seen[st.Target] = true
+						targets = append(targets, st.Target)
+					}
 				}
 				if len(targets) == 0 {
 					fmt.Fprintln(os.Stderr, "nothing is attached anywhere")
@@ -232,18 +241,20 @@ func newDetachCmd() *cobra.Command {
 			}
 			var errs []error
 			for _, t := range targets {
-				st, err := datapath.Detach(context.Background(), t)
+				sts, err := datapath.Detach(context.Background(), t, mode)
 				if err != nil {
 					errs = append(errs, err)
-					continue
 				}
-				fmt.Printf("detached %s from %s: %d knobs restored\n", st.Mode, label(t), len(st.Knobs))
+				for _, st := range sts {
+					fmt.Printf("detached %s from %s: %d knobs restored\n", st.Mode, label(t), len(st.Knobs))
+				}
 			}
 			return errors.Join(errs...)
 		},
 	}
 	tf.add(c)
 	c.Flags().BoolVar(&all, "all", false, "detach every recorded attachment")
+	c.Flags().StringVar(&mode, "mode", "", "detach only this mode (default: every mode on the target)")
 	return c
 }
 

@@ -64,11 +64,15 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 		return nil, err
 	}
 	defer release()
-	if st, err := LoadState(target); err != nil {
+	stacked, err := LoadStates(target)
+	if err != nil {
 		return nil, err
-	} else if st != nil {
-		return nil, fmt.Errorf("mode %s is already attached to %s (since %s): run `peregrine detach` first",
-			st.Mode, nsLabel(target), st.Attached.Format(time.RFC3339))
+	}
+	for _, st := range stacked {
+		if st.Mode == m.Name() {
+			return nil, fmt.Errorf("mode %s is already attached to %s (since %s): run `peregrine detach` first",
+				st.Mode, nsLabel(target), st.Attached.Format(time.RFC3339))
+		}
 	}
 	topo, err := Discover(target, o.Underlay)
 	if err != nil {
@@ -76,6 +80,9 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 	}
 	knobs, err := m.Knobs(topo, o)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkOverlap(m.Name(), knobs, stacked); err != nil {
 		return nil, err
 	}
 	if err := readKnobs(knobs); err != nil {
@@ -91,7 +98,7 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 		errs := []error{cause}
 		errs = append(errs, m.Unload(ctx, st))
 		errs = append(errs, writeKnobs(knobs, true)...)
-		errs = append(errs, removePins(st), removeState(target))
+		errs = append(errs, removePins(st), removeState(target, st.Mode))
 		return errors.Join(errs...)
 	}
 	if errs := writeKnobs(knobs, false); len(errs) > 0 {
@@ -108,10 +115,10 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 	return st, nil
 }
 
-// Detach undoes the attachment on target from its record: programs first, then knobs, pins,
-// and the record. It works from a new process after a crash, and reports every knob it could
-// not restore.
-func Detach(ctx context.Context, target string) (*State, error) {
+// Detach undoes the attachments on target from their records, the newest first: programs,
+// then knobs, pins, and the record. mode "" means every mode on the target. It works from a new
+// process after a crash, and reports every knob it could not restore.
+func Detach(ctx context.Context, target, mode string) ([]*State, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("detach needs root: run it with sudo")
 	}
@@ -120,14 +127,45 @@ func Detach(ctx context.Context, target string) (*State, error) {
 		return nil, err
 	}
 	defer release()
-	st, err := LoadState(target)
+	states, err := LoadStates(target)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil {
+	var todo []*State
+	for i := len(states) - 1; i >= 0; i-- {
+		if mode == "" || states[i].Mode == mode {
+			todo = append(todo, states[i])
+		}
+	}
+	if len(todo) == 0 {
+		if mode != "" {
+			return nil, fmt.Errorf("mode %s is not attached to %s", mode, nsLabel(target))
+		}
 		return nil, fmt.Errorf("nothing is attached to %s", nsLabel(target))
 	}
-	return st, detachState(ctx, st)
+	var errs []error
+	for _, st := range todo {
+		errs = append(errs, detachState(ctx, st))
+	}
+	return todo, errors.Join(errs...)
+}
+
+// checkOverlap refuses to stack a mode on others that set any of the same knobs: each record
+// restores its own old values, so two owners of one knob could not be undone in any order.
+func checkOverlap(mode string, knobs []Knob, stacked []*State) error {
+	for _, st := range stacked {
+		mine := map[string]bool{}
+		for _, k := range st.Knobs {
+			mine[k.Netns+"\x00"+k.Path] = true
+		}
+		for _, k := range knobs {
+			if mine[k.Netns+"\x00"+k.Path] {
+				return fmt.Errorf("mode %s cannot be stacked on %s (attached to %s): both set %s; detach %s first (`peregrine detach --mode %s`)",
+					mode, st.Mode, nsLabel(st.Target), k, st.Mode, st.Mode)
+			}
+		}
+	}
+	return nil
 }
 
 func detachState(ctx context.Context, st *State) error {
@@ -139,9 +177,9 @@ func detachState(ctx context.Context, st *State) error {
 	errs = append(errs, removePins(st))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach %s from %s restored what it could; record kept at %s for another try: %w",
-			st.Mode, nsLabel(st.Target), statePath(st.Target), err)
+			st.Mode, nsLabel(st.Target), statePath(st.Target, st.Mode), err)
 	}
-	return removeState(st.Target)
+	return removeState(st.Target, st.Mode)
 }
 
 func removePins(st *State) error {
@@ -192,7 +230,7 @@ func ForgetNamespaces(nss []string, all bool) error {
 			if m, err := Lookup(st.Mode); err == nil {
 				errs = append(errs, m.Unload(context.Background(), st))
 			}
-			errs = append(errs, removePins(st), removeState(st.Target))
+			errs = append(errs, removePins(st), removeState(st.Target, st.Mode))
 		case all:
 			errs = append(errs, detachState(context.Background(), st))
 		}

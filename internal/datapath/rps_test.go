@@ -82,7 +82,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			if _, err := Attach(context.Background(), host, "rps", Options{}); err == nil || !strings.Contains(err.Error(), "already attached") {
 				t.Fatalf("second attach should be refused, got %v", err)
 			}
-			if _, err := Detach(context.Background(), host); err != nil {
+			if _, err := Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
 			after := allRPSMasks(t, l)
@@ -91,7 +91,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 					t.Errorf("%s: before %q, after detach %q", k, v, after[k])
 				}
 			}
-			if st, _ := LoadState(host); st != nil {
+			if st, _ := LoadState(host, "rps"); st != nil {
 				t.Error("record left after detach")
 			}
 		})
@@ -104,7 +104,7 @@ func TestAttachRefusesNamespaceWithoutOverlay(t *testing.T) {
 	if !errors.Is(err, ErrNoOverlay) {
 		t.Fatalf("want ErrNoOverlay, got %v", err)
 	}
-	if st, _ := LoadState(l.Hosts[0].Netns); st != nil {
+	if st, _ := LoadState(l.Hosts[0].Netns, "rps"); st != nil {
 		t.Fatal("a refused attach left a record")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -42,7 +43,11 @@ func stateKey(target string) string {
 	return strings.NewReplacer("/", "_").Replace(strings.TrimPrefix(target, "/"))
 }
 
-func statePath(target string) string { return filepath.Join(StateDir, stateKey(target)+".json") }
+// statePath is the record of one mode on one target: several modes may be stacked on a target
+// when they change no knob in common (see Attach).
+func statePath(target, mode string) string {
+	return filepath.Join(StateDir, stateKey(target)+"."+mode+".json")
+}
 
 // SaveState writes a record (a mode saves progress with it, so a crash can still be undone).
 func SaveState(st *State) error { return saveState(st) }
@@ -52,16 +57,16 @@ func saveState(st *State) error {
 		return fmt.Errorf("create %s: %w", StateDir, err)
 	}
 	b, _ := json.MarshalIndent(st, "", "  ")
-	tmp := statePath(st.Target) + ".tmp"
+	tmp := statePath(st.Target, st.Mode) + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return fmt.Errorf("save datapath record: %w", err)
 	}
-	return os.Rename(tmp, statePath(st.Target))
+	return os.Rename(tmp, statePath(st.Target, st.Mode))
 }
 
-// LoadState reads the record of the attachment on a target; nil, nil if there is none.
-func LoadState(target string) (*State, error) {
-	b, err := os.ReadFile(statePath(target))
+// LoadState reads the record of one mode on a target; nil, nil if it is not attached there.
+func LoadState(target, mode string) (*State, error) {
+	b, err := os.ReadFile(statePath(target, mode))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -70,12 +75,27 @@ func LoadState(target string) (*State, error) {
 	}
 	var st State
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("datapath record %s is corrupt: %w", statePath(target), err)
+		return nil, fmt.Errorf("datapath record %s is corrupt: %w", statePath(target, mode), err)
 	}
 	return &st, nil
 }
 
-// AllStates lists every recorded attachment.
+// LoadStates returns every mode attached to a target, oldest first.
+func LoadStates(target string) ([]*State, error) {
+	all, err := AllStates()
+	if err != nil {
+		return nil, err
+	}
+	var out []*State
+	for _, st := range all {
+		if st.Target == target {
+			out = append(out, st)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Attached.Before(out[j].Attached) })
+	return out, nil
+}
+
 func AllStates() ([]*State, error) {
 	entries, err := os.ReadDir(StateDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -101,8 +121,8 @@ func AllStates() ([]*State, error) {
 	return out, nil
 }
 
-func removeState(target string) error {
-	err := os.Remove(statePath(target))
+func removeState(target, mode string) error {
+	err := os.Remove(statePath(target, mode))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -141,7 +161,7 @@ func lock() (release func(), err error) {
 // sees the record as saved and may change it; it is saved if fn returns nil. While another
 // process holds the lock (an attach or detach in progress) it retries for up to wait.
 // ErrNotAttached means the record is gone (the mode was detached).
-func UpdateState(target string, wait time.Duration, fn func(*State) error) error {
+func UpdateState(target, mode string, wait time.Duration, fn func(*State) error) error {
 	deadline := time.Now().Add(wait)
 	var release func()
 	for {
@@ -155,7 +175,7 @@ func UpdateState(target string, wait time.Duration, fn func(*State) error) error
 		time.Sleep(20 * time.Millisecond)
 	}
 	defer release()
-	st, err := LoadState(target)
+	st, err := LoadState(target, mode)
 	if err != nil {
 		return err
 	}

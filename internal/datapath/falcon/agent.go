@@ -52,7 +52,7 @@ type agent struct {
 
 func runAgent(ctx context.Context, target string) error {
 	lg := log.New(os.Stderr, "falcon-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
-	st, err := datapath.LoadState(target)
+	st, err := datapath.LoadState(target, "falcon")
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- s
 // rescan re-discovers the node and reconciles the bridge ports falcon is attached to.
 func (a *agent) rescan() error {
 	var underlay string
-	if st, err := datapath.LoadState(a.target); err == nil && st != nil {
+	if st, err := datapath.LoadState(a.target, "falcon"); err == nil && st != nil {
 		underlay = st.Options[OptUnderlay]
 	}
 	topo, err := datapath.Discover(a.target, underlay)
@@ -231,7 +231,7 @@ func (a *agent) rescan() error {
 		return err
 	}
 	mask := lab.CPUMask(a.cfg.CPUs)
-	return datapath.UpdateState(a.target, 2*time.Second, func(st *datapath.State) error {
+	return datapath.UpdateState(a.target, "falcon", 2*time.Second, func(st *datapath.State) error {
 		ms, err := readModeState(st)
 		if err != nil {
 			return err

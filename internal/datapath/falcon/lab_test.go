@@ -241,7 +241,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
 			if st.AgentPID == 0 || !isAgent(st.AgentPID, host) {
 				t.Fatalf("agent %d is not running", st.AgentPID)
 			}
@@ -263,7 +263,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 				t.Errorf("report: %v\n%s", err, text)
 			}
 
-			if _, err := datapath.Detach(context.Background(), host); err != nil {
+			if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
 			after := rxKnobs(t, l)
@@ -317,7 +317,7 @@ func TestAgentFollowsContainers(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", falconOpts()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
 
 	ov := nsOf(l, "h1-ov")
 	newNs := nsOf(l, "h1-c9") // the lab prefix: lab down removes it whatever happens
@@ -372,19 +372,19 @@ func TestAgentFollowsContainers(t *testing.T) {
 	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("link pin of the gone port remains: %v", err)
 	}
-	st, _ := datapath.LoadState(host)
+	st, _ := datapath.LoadState(host, "falcon")
 	for _, k := range st.Knobs {
 		if k.Netns == newNs {
 			t.Errorf("knob of the gone container still recorded: %s", k)
 		}
 	}
-	if _, err := datapath.Detach(context.Background(), host); err != nil {
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 		t.Fatalf("detach after a container left: %v", err)
 	}
 }
 
 func hasPiece(t *testing.T, host string, next datapath.Dev) bool {
-	st, err := datapath.LoadState(host)
+	st, err := datapath.LoadState(host, "falcon")
 	if err != nil || st == nil {
 		return false
 	}
@@ -418,7 +418,7 @@ func TestRefusals(t *testing.T) {
 	before := rxKnobs(t, l)
 	unchanged := func(what string) {
 		t.Helper()
-		if st, _ := datapath.LoadState(host); st != nil {
+		if st, _ := datapath.LoadState(host, "falcon"); st != nil {
 			t.Errorf("%s: a record was left", what)
 		}
 		after := rxKnobs(t, l)
@@ -474,17 +474,17 @@ func TestRefusals(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
 		t.Fatal("falcon stacked on rps")
 	}
-	if _, err := datapath.Detach(context.Background(), host); err != nil {
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host) })
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
 		t.Fatal("falcon stacked on itself")
 	}
-	if _, err := datapath.Detach(context.Background(), host); err != nil {
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 		t.Fatal(err)
 	}
 	unchanged("after detach")
@@ -553,7 +553,7 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	if _, err := datapath.Detach(context.Background(), host); err != nil {
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; err != nil {
@@ -590,13 +590,13 @@ func TestLabDownStopsAgent(t *testing.T) {
 	if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins survived lab down")
 	}
-	if st, _ := datapath.LoadState(host); st != nil {
+	if st, _ := datapath.LoadState(host, "falcon"); st != nil {
 		t.Errorf("record survived lab down")
 	}
 }
 
 func readModeStateOf(host string) (modeState, error) {
-	st, err := datapath.LoadState(host)
+	st, err := datapath.LoadState(host, "falcon")
 	if err != nil || st == nil {
 		return modeState{}, err
 	}

@@ -188,7 +188,7 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 			if !strings.Contains(report, "ELEPHANT") || !strings.Contains(report, "reorder") {
 				t.Errorf("status lacks the split flow or the reordering counters")
 			}
-			if _, err := datapath.Detach(context.Background(), host); err != nil {
+			if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(500 * time.Millisecond)
@@ -231,7 +231,7 @@ func TestRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err %v, want one saying %q", name, err, c.want)
 		}
-		if st, _ := datapath.LoadState(host); st != nil {
+		if st, _ := datapath.LoadState(host, "mflow"); st != nil {
 			t.Errorf("%s: a record was left", name)
 		}
 		after := rxKnobs(t, l)

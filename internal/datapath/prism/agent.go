@@ -72,7 +72,7 @@ func runAgent(ctx context.Context, target string) error {
 	tick := time.NewTicker(resyncEvery)
 	defer tick.Stop()
 	for {
-		cur, err := datapath.LoadState(target)
+		cur, err := datapath.LoadState(target, "prism")
 		if err != nil || cur == nil || cur.Mode != "prism" {
 			lg.Printf("attachment gone, stopping")
 			return nil

@@ -156,7 +156,7 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 			}
 
 			for _, h := range []string{h1, h2} {
-				if _, err := datapath.Detach(context.Background(), h); err != nil {
+				if _, err := datapath.Detach(context.Background(), h, ""); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := os.Stat(datapath.PinDir(h)); !errors.Is(err, os.ErrNotExist) {
@@ -184,7 +184,7 @@ func TestAttachRefusesBadHPCPUs(t *testing.T) {
 		if err == nil {
 			t.Errorf("--hp-cpus %q accepted", bad)
 		}
-		if st, _ := datapath.LoadState(h); st != nil {
+		if st, _ := datapath.LoadState(h, "prism"); st != nil {
 			t.Fatalf("refused attach left a record")
 		}
 	}

@@ -42,8 +42,8 @@ func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 	defer cancel()
 	t.Cleanup(func() {
 		for _, h := range []string{lab.NsPrefix(spec.Name) + "h1", lab.NsPrefix(spec.Name) + "h2"} {
-			if st, _ := datapath.LoadState(h); st != nil {
-				_, _ = datapath.Detach(context.Background(), h)
+			if st, _ := datapath.LoadState(h, "prism"); st != nil {
+				_, _ = datapath.Detach(context.Background(), h, "")
 			}
 		}
 		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
@@ -291,7 +291,7 @@ func TestLabEndToEnd(t *testing.T) {
 			}
 
 			for _, h := range []string{h1, h2} {
-				if _, err := datapath.Detach(context.Background(), h); err != nil {
+				if _, err := datapath.Detach(context.Background(), h, ""); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := os.Stat(datapath.PinDir(h)); !errors.Is(err, os.ErrNotExist) {
@@ -348,7 +348,7 @@ func TestAttachRefusesBadRules(t *testing.T) {
 		if err == nil {
 			t.Errorf("rule %q accepted", bad)
 		}
-		if st, _ := datapath.LoadState(l.Hosts[1].Netns); st != nil {
+		if st, _ := datapath.LoadState(l.Hosts[1].Netns, "prism"); st != nil {
 			t.Fatalf("refused attach left a record")
 		}
 	}

@@ -368,7 +368,7 @@ func (v *View) Format() string {
 }
 
 func prismState(target string) (*datapath.State, error) {
-	st, err := datapath.LoadState(target)
+	st, err := datapath.LoadState(target, "prism")
 	if err != nil {
 		return nil, err
 	}
@@ -381,7 +381,7 @@ func prismState(target string) (*datapath.State, error) {
 // changeRules applies fn to the installed rules under the record's lock and installs the result.
 func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error) {
 	var out []Rule
-	err := datapath.UpdateState(target, 3*time.Second, func(st *datapath.State) error {
+	err := datapath.UpdateState(target, "prism", 3*time.Second, func(st *datapath.State) error {
 		if st.Mode != "prism" {
 			return fmt.Errorf("%s has mode %s attached, not prism", label(target), st.Mode)
 		}

@@ -1,0 +1,107 @@
+package modes
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
+	"github.com/peregrine-net/peregrine/internal/datapath/prism"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	// The modes start their node agents as this binary: run them when asked to.
+	falcon.RunAgentIfAsked()
+	prism.RunAgentIfAsked()
+	os.Exit(m.Run())
+}
+
+// rpsMasks reads every receive knob (rps_cpus, rps_flow_cnt) of the lab's receive-side devices.
+func rpsMasks(t *testing.T, l *lab.Lab) map[string]string {
+	out := map[string]string{}
+	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
+		for _, n := range set {
+			for _, d := range n.Devices {
+				for _, f := range []string{"rps_cpus", "rps_flow_cnt"} {
+					p := "/sys/class/net/" + d.Name + "/queues/rx-0/" + f
+					v, err := netnsutil.ReadFileIn(n.Netns, p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					out[n.Netns+":"+p] = v
+				}
+			}
+		}
+	}
+	return out
+}
+
+// falcon and prism touch different hooks and knobs, so they stack; rps shares falcon's knobs,
+// so it is refused; detach --mode takes one off and leaves the other working.
+func TestFalconAndPrismStack(t *testing.T) {
+	testutil.RequireRoot(t)
+	spec := lab.Spec{Name: "tstack", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
+	t.Cleanup(func() {
+		for _, h := range []string{"prg-tstack-h1", "prg-tstack-h2"} {
+			datapath.Detach(context.Background(), h, "")
+		}
+		lab.Down(spec.Name, nil)
+		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rpsMasks(t, l)
+	host := l.Hosts[1].Netns
+	keep := datapath.Options{KeepUnderlay: true}
+	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
+		t.Fatal(err)
+	}
+	pr := keep
+	pr.Extra = map[string]string{"rules": "dport=7000", "agent": "off"}
+	if _, err := datapath.Attach(ctx, host, "prism", pr); err != nil {
+		t.Fatalf("prism should stack on falcon: %v", err)
+	}
+	if _, err := datapath.Attach(ctx, host, "rps", keep); err == nil || !strings.Contains(err.Error(), "cannot be stacked") {
+		t.Fatalf("rps shares falcon's knobs and must be refused: %v", err)
+	}
+	sts, _ := datapath.LoadStates(host)
+	if len(sts) != 2 || sts[0].Mode != "falcon" || sts[1].Mode != "prism" {
+		t.Fatalf("want falcon then prism on record, got %d records", len(sts))
+	}
+	// The stacked overlay still carries traffic end to end.
+	if err := lab.Verify(ctx, l); err != nil {
+		t.Fatalf("connectivity with falcon+prism: %v", err)
+	}
+	if _, err := datapath.Detach(ctx, host, "prism"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := datapath.LoadState(host, "falcon"); st == nil {
+		t.Fatal("detach --mode prism removed falcon too")
+	}
+	if _, err := datapath.Detach(ctx, host, "prism"); err == nil {
+		t.Fatal("detaching a mode that is not attached should fail")
+	}
+	if _, err := datapath.Detach(ctx, host, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := datapath.Detach(ctx, host, ""); err == nil || errors.Is(err, nil) {
+		t.Fatal("nothing left to detach should be an error")
+	}
+	after := rpsMasks(t, l)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s: %q before, %q after detaching both", k, v, after[k])
+		}
+	}
+}
