@@ -48,16 +48,26 @@ type agent struct {
 	log    *log.Logger
 	epoch  uint32
 	open   bool
+	split  splitController // --split auto
 }
 
 func runAgent(ctx context.Context, target string) error {
 	lg := log.New(os.Stderr, "falcon-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
-	st, err := datapath.LoadState(target, "falcon")
+	// The record is saved before the agent starts; allow a moment in case the attaching
+	// process's write is not visible yet, rather than failing the attach.
+	var st *datapath.State
+	var err error
+	for i := 0; i < 50; i++ {
+		if st, err = datapath.LoadState(target, "falcon"); err != nil || st != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		return err
 	}
 	if st == nil || st.Mode != "falcon" {
-		return fmt.Errorf("falcon is not attached to %s", label(target))
+		return fmt.Errorf("falcon is not attached to %s (no record at %s)", label(target), datapath.StateDir)
 	}
 	cfg, err := ConfigOfState(st)
 	if err != nil {
@@ -136,6 +146,9 @@ func (a *agent) sample(mon *probe.LoadMonitor) error {
 	}
 	if err := mon.Observe(s); err != nil && !errors.Is(err, probe.ErrEmptyInterval) && !errors.Is(err, probe.ErrCPUSetChanged) {
 		return err
+	}
+	if a.cfg.Split == "auto" {
+		a.autoSplit(s)
 	}
 	cur := mon.Current()
 	for cpu, v := range cur {

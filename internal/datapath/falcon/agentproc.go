@@ -119,6 +119,8 @@ func waitAgentReady(ctx context.Context, o *objects, pid int, target string) err
 }
 
 func logTail(target string) string {
+	// Let a dying agent's last words reach the file before reading it.
+	time.Sleep(100 * time.Millisecond)
 	b, _ := os.ReadFile(AgentLog(target))
 	if len(b) > 600 {
 		b = b[len(b)-600:]

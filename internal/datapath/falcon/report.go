@@ -112,7 +112,11 @@ func (Mode) Report(st *datapath.State) (string, error) {
 	}
 	fmt.Fprintf(&b, "  falcon    CPUs %v, threshold %d%%, %s, monitor every %v, re-pick after %v idle\n", c.CPUs, c.Threshold, mode, c.Interval, c.Repick)
 	if c.Split != "off" {
-		fmt.Fprintf(&b, "            GRO split %s on CPUs %v\n", c.Split, c.SplitCPUs)
+		active := "attached"
+		if ms, err := readModeState(st); err == nil && len(ms.SplitPins) == 0 {
+			active = "standing by (no saturated NIC core seen)"
+		}
+		fmt.Fprintf(&b, "            GRO split %s on CPUs %v: %s\n", c.Split, c.SplitCPUs, active)
 	}
 	agent := "NOT RUNNING: the gate stays where it was last written; detach and attach again"
 	if lv.AgentUp {

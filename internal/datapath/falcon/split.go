@@ -13,11 +13,8 @@ import (
 // allocation on the IRQ core, GRO and the rest on a split CPU. grosplit carries it (XDP + cpumap
 // on the underlay); with --split on falcon attaches it to every underlay device of the node.
 //
-// --split auto (turn the split on only while the NIC stage saturates its core, as the paper
-// applies it "only to a device that fully saturates a core") is not implemented yet: it is
-// accepted and treated as "on" so that the split CPUs are reserved; see the report.
-// TODO(falcon): auto = the agent attaches the split when the IRQ CPU's softirq share stays
-// above the threshold and detaches it when it falls back.
+// --split auto leaves it off at attach; the agent turns it on while the NIC stage saturates its
+// core and off when it cools (autosplit.go).
 
 func splitAttach(t *datapath.Topology, cfg Config, st *datapath.State) error {
 	ms, err := readModeState(st)
