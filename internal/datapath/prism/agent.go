@@ -1,18 +1,14 @@
 package prism
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 
 	"github.com/vishvananda/netlink"
 
@@ -25,21 +21,13 @@ import (
 // backstop) and syncs the maps. Correctness does not depend on it: the kernel drops a vanished
 // veth's devmap slot by itself, so a stale entry can only drop, never misdeliver.
 //
-// It is this same binary run as `peregrine agent prism --target NS`, detached, with its log
-// under AgentLogDir.
+// It is this same binary run as `peregrine agent prism --target=NS`, detached (see
+// internal/datapath/agentproc).
 
-// AgentLogDir holds the agents' logs.
-var AgentLogDir = "/run/peregrine"
-
-const (
-	agentEnv    = "PEREGRINE_PRISM_AGENT"
-	resyncEvery = 2 * time.Second
-)
+const resyncEvery = 2 * time.Second
 
 // AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string {
-	return filepath.Join(AgentLogDir, "prism-agent-"+filepath.Base(datapath.PinDir(target))+".log")
-}
+func AgentLog(target string) string { return agentproc.Log("prism", target) }
 
 // RunAgent implements datapath.AgentRunner.
 func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
@@ -156,82 +144,10 @@ func watchLinks(ctx context.Context, ns string, events chan<- struct{}) error {
 	return nil
 }
 
-func startAgent(target string) (int, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return 0, fmt.Errorf("prism: find own binary to start the agent: %w", err)
-	}
-	if err := os.MkdirAll(AgentLogDir, 0o755); err != nil {
-		return 0, err
-	}
-	logf, err := os.OpenFile(AgentLog(target), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("prism: agent log: %w", err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(exe, "agent", "prism", "--target", target)
-	cmd.Env = append(os.Environ(), agentEnv+"="+target)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("prism: start agent: %w", err)
-	}
-	go func() { _ = cmd.Wait() }()
-	return cmd.Process.Pid, nil
-}
-
-// isAgent tells whether pid is (still) prism's agent for target, so a recycled PID is never
-// signalled.
-func isAgent(pid int, target string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	if len(args) < 5 || args[1] != "agent" || args[2] != "prism" || args[3] != "--target" || args[4] != target {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-		return false
-	}
-	return true
-}
-
-func stopAgent(pid int, target string) error {
-	if !isAgent(pid, target) {
-		return nil
-	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		if !isAgent(pid, target) {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	time.Sleep(50 * time.Millisecond)
-	if isAgent(pid, target) {
-		return errors.New("prism: agent does not stop")
-	}
-	return nil
-}
+func startAgent(target string) (int, error)  { return agentproc.Start("prism", target) }
+func isAgent(pid int, target string) bool    { return agentproc.Is(pid, "prism", target) }
+func stopAgent(pid int, target string) error { return agentproc.Stop(pid, "prism", target) }
 
 // RunAgentIfAsked runs the agent and exits when this process was started as one. Test binaries
 // that attach prism call it first thing in TestMain (their os.Executable is the test binary).
-func RunAgentIfAsked() {
-	target, ok := os.LookupEnv(agentEnv)
-	if !ok {
-		return
-	}
-	if err := runAgent(context.Background(), target); err != nil {
-		fmt.Fprintf(os.Stderr, "prism agent: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+func RunAgentIfAsked() { agentproc.RunIfAsked("prism", runAgent) }

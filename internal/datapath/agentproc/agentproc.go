@@ -1,0 +1,128 @@
+// Package agentproc starts, identifies and stops the node agents of datapath modes. An agent is
+// this same binary run as `peregrine agent MODE --target=NS`, detached (its own session, output
+// to a log under LogDir), so it outlives the CLI that attached; its PID goes in the record.
+package agentproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+)
+
+// LogDir holds the agents' logs.
+var LogDir = "/run/peregrine"
+
+// env marks a process started as a mode's agent. A test binary (which is not the peregrine CLI)
+// checks it in TestMain through RunIfAsked; the CLI ignores it and parses its arguments.
+func env(mode string) string { return "PEREGRINE_" + strings.ToUpper(mode) + "_AGENT" }
+
+// Log is the log file of a mode's agent for a target.
+func Log(mode, target string) string {
+	return filepath.Join(LogDir, mode+"-agent-"+filepath.Base(datapath.PinDir(target))+".log")
+}
+
+// Start runs the agent of mode for target, detached, and returns its PID.
+func Start(mode, target string) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, fmt.Errorf("%s: find own binary to start the agent: %w", mode, err)
+	}
+	if err := os.MkdirAll(LogDir, 0o755); err != nil {
+		return 0, err
+	}
+	logf, err := os.OpenFile(Log(mode, target), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("%s: agent log: %w", mode, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, "agent", mode, "--target="+target)
+	cmd.Env = append(os.Environ(), env(mode)+"="+target)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("%s: start agent: %w", mode, err)
+	}
+	// Reap it if it ends while we live (tests attach and detach in one process); once we exit,
+	// init adopts it.
+	go func() { _ = cmd.Wait() }()
+	return cmd.Process.Pid, nil
+}
+
+// Is tells whether pid is (still) the agent of mode for target, so a recycled PID is never
+// signalled. A zombie has exited and is not.
+func Is(pid int, mode, target string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(args) < 4 || args[1] != "agent" || args[2] != mode || args[3] != "--target="+target {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+// Stop asks the agent to stop (SIGTERM) and waits; SIGKILL after 3 s.
+func Stop(pid int, mode, target string) error {
+	if !Is(pid, mode, target) {
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if !Is(pid, mode, target) {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	time.Sleep(50 * time.Millisecond)
+	if Is(pid, mode, target) {
+		return fmt.Errorf("%s: agent %d for %s does not stop", mode, pid, target)
+	}
+	return nil
+}
+
+// LogTail is the end of an agent's log, for error messages.
+func LogTail(mode, target string) string {
+	time.Sleep(100 * time.Millisecond) // let a dying agent's last words reach the file
+	b, _ := os.ReadFile(Log(mode, target))
+	if len(b) > 600 {
+		b = b[len(b)-600:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// RunIfAsked runs the agent and exits when this process was started as mode's agent. Test
+// binaries that attach a mode call it first thing in TestMain (their os.Executable is the test
+// binary, not the CLI).
+func RunIfAsked(mode string, run func(ctx context.Context, target string) error) {
+	target, ok := os.LookupEnv(env(mode))
+	if !ok {
+		return
+	}
+	if err := run(context.Background(), target); err != nil {
+		fmt.Fprintf(os.Stderr, "%s agent: %v\n", mode, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
