@@ -28,6 +28,7 @@
  * The Go model in internal/datapath/grosplit/model.go must mirror prg_hash_* and the slot math.
  */
 #include "common.h"
+#include "rps.h"
 #include <bpf/bpf_endian.h>
 #include "mflow.h"
 
@@ -142,28 +143,17 @@ struct {
 	__type(value, struct mf_flow_state);
 } prg_gs_mflows SEC(".maps");
 
-/* murmur3's 32-bit finalizer: cheap, and every input bit reaches every output bit. */
-static __always_inline __u32 gs_mix(__u32 h)
-{
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
-}
-
 static __always_inline __u32 gs_hash(const struct gs_flow *f)
 {
 	__u32 h = 0x9e3779b9;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = gs_mix(h ^ f->src[i]);
+		h = prg_fmix32(h ^ f->src[i]);
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = gs_mix(h ^ f->dst[i]);
-	h = gs_mix(h ^ f->ports);
-	return gs_mix(h ^ f->proto);
+		h = prg_fmix32(h ^ f->dst[i]);
+	h = prg_fmix32(h ^ f->ports);
+	return prg_fmix32(h ^ f->proto);
 }
 
 /* Parse result codes. */

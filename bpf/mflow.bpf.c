@@ -21,6 +21,7 @@
  * ports 0 for IP fragments. Keep the parsing in step with grosplit.bpf.c and the Go model.
  */
 #include "common.h"
+#include "rps.h"
 #include <bpf/bpf_endian.h>
 #include "mflow.h"
 
@@ -82,37 +83,18 @@ struct {
 	__type(value, struct mf_flow_state);
 } prg_mf_flows SEC(".maps");
 
-static __always_inline __u32 mf_mix(__u32 h)
-{
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
-}
-
 /* grosplit's gs_hash, so a flow's first batch starts on the same slot in both modes. */
 static __always_inline __u32 mf_hash(const struct mf_key *f)
 {
 	__u32 h = 0x9e3779b9;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = mf_mix(h ^ f->src[i]);
+		h = prg_fmix32(h ^ f->src[i]);
 #pragma unroll
 	for (int i = 0; i < 4; i++)
-		h = mf_mix(h ^ f->dst[i]);
-	h = mf_mix(h ^ f->ports);
-	return mf_mix(h ^ f->proto);
-}
-
-/* A hash that RPS (reciprocal_scale over n CPUs) maps to slot idx; never 0 (see falcon.bpf.c). */
-static __always_inline __u32 mf_rps_hash(__u32 idx, __u32 n, __u32 fh)
-{
-	__u64 lo = (((__u64)idx << 32) + n - 1) / n;
-	__u64 hi = (((__u64)(idx + 1) << 32) + n - 1) / n;
-	__u64 h = lo + (__u64)fh % (hi - lo);
-	return h ? (__u32)h : 1;
+		h = prg_fmix32(h ^ f->dst[i]);
+	h = prg_fmix32(h ^ f->ports);
+	return prg_fmix32(h ^ f->proto);
 }
 
 /* Inner frame at off -> key. 0 ok, -1 not IP or malformed. */
@@ -232,7 +214,7 @@ int prg_mflow_dev(struct __sk_buff *ctx)
 	int opens;
 	__u32 base = (__u32)(((__u64)fh * n) >> 32);
 	__u32 slot = bound_slot(mf_slot(base, seq, units, batch, n, &opens));
-	__u32 h = mf_rps_hash(slot, n, fh);
+	__u32 h = prg_rps_hash(slot, n, fh);
 	bpf_set_hash(ctx, h);
 	s->last_slot = slot;
 	__u32 cpu = bound_cpu(cfg->cpus[slot]);
@@ -268,7 +250,7 @@ int prg_mflow_port(struct __sk_buff *ctx)
 	}
 	__u32 fh = mf_hash(&f);
 	__u32 slot = bound_slot((__u32)(((__u64)fh * n) >> 32));
-	__u32 h = mf_rps_hash(slot, n, fh);
+	__u32 h = prg_rps_hash(slot, n, fh);
 	bpf_set_hash(ctx, h);
 	__u64 units = ctx->gso_segs ? ctx->gso_segs : 1;
 	st->merged += units;
