@@ -50,15 +50,8 @@ func KindName(k uint32) string {
 	return "?"
 }
 
-// Fmix32 is murmur3's finaliser, the program's hash step.
-func Fmix32(h uint32) uint32 {
-	h ^= h >> 16
-	h *= 0x85ebca6b
-	h ^= h >> 13
-	h *= 0xc2b2ae35
-	h ^= h >> 16
-	return h
-}
+// Fmix32 is murmur3's finaliser, the program's hash step (datapath.Fmix32).
+func Fmix32(h uint32) uint32 { return datapath.Fmix32(h) }
 
 // Flow is an inner 5-tuple as the program reads it: addresses as the 32-bit words it loads from
 // the packet (network byte order in memory, read as little-endian words on this machine), ports
