@@ -110,6 +110,21 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if note != "" {
 		t.Notes = append(t.Notes, note)
 	}
+	// Together with falcon (attached first): mflow splits the NIC stage, falcon keeps placing
+	// the later stages (VXLAN, container veth) one CPU per flow and stage, so mflow leaves their
+	// knobs to falcon; falcon's pinning already merges each flow's batches, and device scaling
+	// would fight falcon over the VXLAN device's RPS.
+	withFalcon := false
+	if fst, err := datapath.LoadState(t.Host, "falcon"); err == nil && fst != nil {
+		withFalcon = true
+		if c.SplitAt == SplitDevice {
+			return nil, fmt.Errorf("mflow: --split-at device steers the VXLAN stage, which falcon (attached to %s) already does: use --split-at full-path together with falcon", t.Host)
+		}
+		if c.Merge {
+			return nil, fmt.Errorf("mflow: --merge is redundant with falcon attached: falcon keeps each flow on one CPU per stage")
+		}
+		t.Notes = append(t.Notes, "mflow: falcon is attached: mflow splits the NIC stage, falcon places the VXLAN and veth stages")
+	}
 	mask := lab.CPUMask(c.CPUs)
 	var ks []datapath.Knob
 	add := func(d datapath.Dev, file, v string) error {
@@ -124,6 +139,9 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	}
 	for _, d := range t.Devs {
 		var err error
+		if withFalcon && (d.Stage == datapath.StageVXLAN || d.Stage == datapath.StageVeth) {
+			continue // falcon's
+		}
 		switch {
 		case d.Stage == datapath.StageNIC && c.SplitAt == SplitFullPath:
 			// RPS runs again on the skb the split CPU built and would send the whole flow back

@@ -105,3 +105,55 @@ func TestFalconAndPrismStack(t *testing.T) {
 		}
 	}
 }
+
+// mflow attached after falcon splits only the NIC stage and leaves the later stages to falcon;
+// device scaling, which would steer the VXLAN stage too, is refused.
+func TestMflowStacksOnFalcon(t *testing.T) {
+	testutil.RequireRoot(t)
+	spec := lab.Spec{Name: "tstkm", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
+	t.Cleanup(func() {
+		for _, h := range []string{"prg-tstkm-h1", "prg-tstkm-h2"} {
+			datapath.Detach(context.Background(), h, "")
+		}
+		lab.Down(spec.Name, nil)
+		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rpsMasks(t, l)
+	host := l.Hosts[1].Netns
+	keep := datapath.Options{KeepUnderlay: true, CPUs: []int{0, 1}}
+	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
+		t.Fatal(err)
+	}
+	dev := keep
+	dev.Extra = map[string]string{"split_at": "device"}
+	if _, err := datapath.Attach(ctx, host, "mflow", dev); err == nil || !strings.Contains(err.Error(), "falcon") {
+		t.Fatalf("device scaling on falcon should be refused: %v", err)
+	}
+	st, err := datapath.Attach(ctx, host, "mflow", keep)
+	if err != nil {
+		t.Fatalf("mflow (full path) should stack on falcon: %v", err)
+	}
+	for _, k := range st.Knobs {
+		if !strings.Contains(k.Path, "/eth0/") || k.Netns != host {
+			t.Errorf("mflow on falcon should only touch the underlay, changed %s", k)
+		}
+	}
+	if err := lab.Verify(ctx, l); err != nil {
+		t.Fatalf("connectivity with falcon+mflow: %v", err)
+	}
+	if _, err := datapath.Detach(ctx, host, ""); err != nil {
+		t.Fatal(err)
+	}
+	after := rpsMasks(t, l)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s: %q before, %q after", k, v, after[k])
+		}
+	}
+}
