@@ -1,0 +1,65 @@
+package prism
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+)
+
+// The point of the sync path: HP packets never enter the container veth's backlog. The stage
+// probe counts netif_rx enqueues per device; vanilla puts every datagram of the flow there,
+// prism none.
+func TestHPSkipsTheVethBacklog(t *testing.T) {
+	if err := stage.Check(); err != nil {
+		t.Fatalf("stage probe: %v", err)
+	}
+	l := labForTest(t, lab.Spec{Name: "tprbl", Style: lab.StyleDocker, Containers: 1})
+	src, _ := l.Node("h1-c1")
+	dst, _ := l.Node("h2-c1")
+	udpEcho(t, dst.Netns, dst.AddrOnly(), hpPort)
+	ino, err := netnsutil.Inode(netnsutil.Path(dst.Netns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := netnsutil.ReadFileIn(dst.Netns, "/sys/class/net/eth0/ifindex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifindex, err := strconv.Atoi(strings.TrimSpace(idx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stage.DevKey{Netns: ino, Ifindex: uint32(ifindex)}
+	p, err := stage.Start(stage.Options{NetnsNames: []string{dst.Netns}})
+	if err != nil {
+		t.Fatal(stage.Explain(err))
+	}
+	defer p.Close()
+	const n = 300
+	backlog := func() uint64 {
+		before, _ := p.Snapshot()
+		pingPong(t, src.Netns, dst.AddrOnly(), hpPort, n)
+		after, _ := p.Snapshot()
+		return after.Sub(before).Device(key).RxPackets
+	}
+	if got := backlog(); got < n {
+		t.Fatalf("vanilla: container eth0's backlog saw %d of %d datagrams; the probe or the path is off", got, n)
+	}
+	o := datapath.Options{Extra: map[string]string{"rules": hpRules, "agent": "off"}}
+	host := l.Hosts[1].Netns
+	if _, err := datapath.Attach(context.Background(), host, "prism", o); err != nil {
+		t.Fatal(err)
+	}
+	if got := backlog(); got > n/100 {
+		t.Fatalf("prism: %d of %d HP datagrams still went through container eth0's backlog", got, n)
+	}
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
+		t.Fatal(err)
+	}
+}
