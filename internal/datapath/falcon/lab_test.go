@@ -19,6 +19,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/probe"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
@@ -531,6 +532,10 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	before, err := probe.ReadNstat(nsOf(l, "h2-c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop := time.Now().Add(3 * time.Second)
 	sent := int64(0)
 	errc := make(chan error, 1)
@@ -564,7 +569,12 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 		if n != sent {
 			t.Fatalf("received %d bytes of %d", n, sent)
 		}
-		t.Logf("%d bytes carried across attach and detach", n)
+		after, err := probe.ReadNstat(nsOf(l, "h2-c1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := probe.CounterDeltas(before, after, []string{"Tcp.RetransSegs"})
+		t.Logf("%d bytes carried across attach and detach, %d segments retransmitted", n, d["Tcp.RetransSegs"])
 	case <-time.After(5 * time.Second):
 		t.Fatal("receiver did not finish")
 	}
