@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/bench"
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
 )
@@ -21,6 +22,7 @@ import (
 // benchFlags are the options shared by every bench subcommand.
 type benchFlags struct {
 	sizes, flows, rx, sender, app string
+	hog                           string
 	duration                      time.Duration
 	reps, warmup, rate            int
 	proto, out                    string
@@ -37,6 +39,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.IntVar(&b.reps, "reps", 3, "measured repetitions per point and config")
 		f.IntVar(&b.warmup, "warmup", 1, "discarded warm-up repetitions before them")
 		f.StringVar(&b.proto, "proto", "tcp", "pingpong/underload: tcp or udp")
+		f.StringVar(&b.hog, "hog-cpus", "", "keep these CPUs busy with a spinning thread during each measurement (an induced hotspot), e.g. 1")
 		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
 		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
 		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
@@ -77,6 +80,14 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 	if b.flows != "" {
 		if o.Scenario.Flows, err = parseIntList(b.flows); err != nil {
 			return o, fmt.Errorf("--flows: %w", err)
+		}
+	}
+	if b.hog != "" {
+		if o.Scenario.HogCPUs, err = parseCPUList(b.hog); err != nil {
+			return o, fmt.Errorf("--hog-cpus: %w", err)
+		}
+		if err := datapath.CheckCPUs(o.Scenario.HogCPUs); err != nil {
+			return o, fmt.Errorf("--hog-cpus: %w", err)
 		}
 	}
 	return o, o.Scenario.Validate()
