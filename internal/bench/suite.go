@@ -93,7 +93,7 @@ func falconSteps(quick bool) []Step {
 	multi := sc("udp-inject")
 	multi.Sizes, multi.Flows = []int{64}, flows
 	hot := sc("udp-inject")
-	hot.Sizes, hot.Flows, hot.HogCPUs = []int{64}, []int{4}, []int{otherCPU()}
+	hot.Sizes, hot.Flows, hot.HogCPUs = []int{64}, []int{16}, []int{otherCPU()} // many flows: static placement averages out
 	thr := sc("udp-inject")
 	thr.Sizes, thr.Flows = []int{64}, []int{4}
 	cost := sc("udp-inject")
