@@ -28,6 +28,9 @@ type Options struct {
 	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
 	RxCPUs, SenderCPUs, AppCPUs []int
 	NoStageProbe                bool
+	// NoBPFStats leaves the kernel's BPF run-time statistics off: no per-program costs, but no
+	// statistics overhead (~70 ns per program run) on the measured path either.
+	NoBPFStats bool
 	// ModeExtra are extra attach options for the modes (datapath.Options.Extra), e.g. prism's
 	// rules; see modeExtra for the defaults a mode gets in a benchmark.
 	ModeExtra map[string]string
@@ -37,6 +40,8 @@ type Options struct {
 	OutDir  string    // where the result JSON goes
 	Log     io.Writer // progress; nil for silence
 	Version string
+
+	costs *costProbe // per-program accounting of the run in flight
 }
 
 // DefaultArrangement fills unset CPU lists like the papers' testbed, scaled to this machine:
@@ -113,11 +118,13 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if err != nil {
 		run.Complete, run.Error = false, err.Error()
 	}
+	run.ComputeCosts()
 	run.SummarizeAll()
 	if len(run.Points) > 0 {
 		if rs, rerr := results.ComputeRatios(run, sc.def().primary, run.Scenario.Baseline); rerr == nil {
 			run.Ratios = rs
 		}
+		run.Ratios = append(run.Ratios, costRatios(run)...)
 	}
 	for _, p := range run.Validate() {
 		run.Notes = append(run.Notes, "validation: "+p.Error())
@@ -174,6 +181,22 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		} else {
 			defer sp.Close()
 			devs, _ = stage.ResolveDevices()
+		}
+	}
+	if !o.NoBPFStats {
+		cp, cerr := startCost(beds, sp)
+		if cerr != nil {
+			o.logf("continuing without eBPF program costs: %v", cerr)
+			run.Notes = append(run.Notes, "no eBPF program costs: "+cerr.Error())
+		} else {
+			o.costs = cp
+			run.Notes = append(run.Notes, cp.notes...)
+			defer func() {
+				o.costs = nil
+				if cerr := cp.close(); cerr != nil {
+					err = errors.Join(err, fmt.Errorf("restore BPF statistics: %w", cerr))
+				}
+			}()
 		}
 	}
 	xs := sc.points()
@@ -237,6 +260,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 	if sp != nil {
 		before, _ = sp.Snapshot()
 	}
+	progsBefore := o.costs.sample(tb)
 	var h *hog
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
@@ -248,8 +272,12 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 	if sp != nil {
 		after, _ = sp.Snapshot()
 	}
+	if progsBefore != nil {
+		rep.Programs = o.costs.programRuns(tb, progsBefore, o.costs.sample(tb))
+	}
 	rpt, serr := sampler.Stop()
 	rep.Metrics, rep.Raw = metrics, raw
+	takeSender(&rep)
 	if err != nil {
 		rep.Error = err.Error()
 	}
@@ -260,6 +288,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 		d := after.Sub(before)
 		d.Annotate(devs)
 		rep.Stages = stageRows(d, tb)
+		rep.NetRxNs = netRxNs(d)
 	}
 	return rep
 }

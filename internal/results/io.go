@@ -81,17 +81,42 @@ func Decode(data []byte) (*Run, error) {
 	if head.Schema == nil {
 		return nil, fmt.Errorf("no \"schema\" field: not a peregrine run file (want %q)", Schema)
 	}
-	if err := CheckSchema(*head.Schema); err != nil {
-		return nil, err
+	upgrade := *head.Schema == SchemaV1
+	if !upgrade {
+		if err := CheckSchema(*head.Schema); err != nil {
+			return nil, err
+		}
 	}
 	var r Run
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("decode %s document: %w", Schema, err)
+		return nil, fmt.Errorf("decode %s document: %w", *head.Schema, err)
+	}
+	if upgrade {
+		r.Upgrade()
 	}
 	return &r, nil
 }
 
-// CheckSchema accepts exactly the version this build writes and explains anything else.
+// SchemaV1 is the previous format, which Decode still reads: v2 only added fields, and the
+// cost metrics v1 lacks are derived from what it has (CPU shares, stages).
+const SchemaV1 = "peregrine.run/v1"
+
+// Upgrade turns a v1 run into a v2 one in memory: the schema is renamed and the cost metrics
+// are derived from the CPU shares and stage attribution it recorded (a v1 file has no NET_RX
+// totals, sender CPU time or program statistics, so those metrics stay absent), then summaries
+// are recomputed so they cover the new metrics.
+func (r *Run) Upgrade() {
+	if r.Schema != SchemaV1 {
+		return
+	}
+	r.Schema = Schema
+	r.ComputeCosts()
+	r.SummarizeAll()
+	r.Notes = append(r.Notes, "read from a "+SchemaV1+" file: cost metrics derived on reading (no NET_RX totals, sender CPU or eBPF statistics in v1)")
+}
+
+// CheckSchema accepts exactly the version this build writes and explains anything else
+// (Decode also reads SchemaV1, upgrading it).
 func CheckSchema(s string) error {
 	if s == Schema {
 		return nil

@@ -213,7 +213,7 @@ func compact(b []byte) string {
 func TestReadRejectsOtherSchemas(t *testing.T) {
 	dir := t.TempDir()
 	cases := map[string]string{
-		`{"schema":"peregrine.run/v2","id":"x"}`: "newer",
+		`{"schema":"peregrine.run/v3","id":"x"}`: "newer",
 		`{"schema":"peregrine.run/v0"}`:          "older",
 		`{"schema":"something/else"}`:            "not a peregrine run",
 		`{"id":"x"}`:                             `no "schema" field`,

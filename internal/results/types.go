@@ -14,7 +14,9 @@ import (
 
 // Schema names the format this package writes. Bump the number on any change an old reader would
 // misread (renamed or re-meant fields); adding an optional field does not need a bump.
-const Schema = "peregrine.run/v1"
+// v2 added cost accounting: Rep.Programs, Rep.NetRxNs, Rep.SenderCPUNs and the derived cost_*
+// and bpf_* metrics (cost.go). v1 files are still read: Decode upgrades them (see Upgrade).
+const Schema = "peregrine.run/v2"
 
 // Run is one benchmark run: everything needed to redraw its figures without the machine.
 type Run struct {
@@ -158,6 +160,34 @@ type Rep struct {
 	Counters map[string]float64 `json:"counters,omitempty"`
 	// Raw is the tool's own output (iperf3 -J, ...) for anything not extracted above.
 	Raw json.RawMessage `json:"raw,omitempty"`
+
+	// NetRxNs is the NET_RX softirq time per CPU (indexed by CPU) from the stage probe: all the
+	// kernel's receive work, attributed to a stage or not.
+	NetRxNs []uint64 `json:"net_rx_ns,omitempty"`
+	// SenderCPUNs is the CPU time of the sending thread (injector) over the interval, from its
+	// own rusage; 0 when the sender is an external tool.
+	SenderCPUNs uint64 `json:"sender_cpu_ns,omitempty"`
+	// Programs are the eBPF programs peregrine loaded, with what they did in the interval
+	// (kernel BPF run-time statistics).
+	Programs []ProgramRuns `json:"programs,omitempty"`
+}
+
+// Program roles in Rep.Programs.
+const (
+	RoleDatapath    = "datapath"    // a mode's program on the measured path
+	RoleProbe       = "probe"       // the stage probe (measurement overhead)
+	RoleSender      = "sender"      // the injector's program
+	RoleCalibration = "calibration" // the empty program whose cost is netted out of the others
+)
+
+// ProgramRuns is one eBPF program's work over a repetition.
+type ProgramRuns struct {
+	Name  string `json:"name"` // kernel name, e.g. prg_falcon_nic
+	ID    uint32 `json:"id"`
+	Type  string `json:"type,omitempty"`
+	Role  string `json:"role"`
+	Runs  uint64 `json:"runs"`
+	RunNs uint64 `json:"run_ns"` // total run time in the interval, statistics overhead included
 }
 
 // CPUShare is one CPU's time split as fractions of the interval (0..1, summing to 1). Nice is

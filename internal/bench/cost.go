@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/peregrine-net/peregrine/internal/bpfstats"
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/probe/stage"
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// costProbe measures what every eBPF program peregrine loaded costs during a run: the kernel's
+// BPF run-time statistics are on from start to close (and restored after, whatever happens),
+// and each testbed gets an empty calibration program at tcx ingress of its receiving host's
+// underlay device, beside the mode's programs, so their ns per run can be given net of the
+// statistics' own overhead.
+type costProbe struct {
+	sw     *bpfstats.Switch
+	probe  []ebpf.ProgramID                // the stage probe's programs
+	calib  map[*testbed]*bpfstats.Calibration
+	progs  map[*testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
+	notes  []string
+}
+
+// enableStats is swapped by tests to prove the switch is given back on every path.
+var enableStats = bpfstats.Enable
+
+// startCost switches the statistics on and attaches the calibration programs. On failure it
+// returns what it undid and an error; the run then goes on without program costs.
+func startCost(beds []*testbed, sp *stage.Probe) (*costProbe, error) {
+	sw, err := enableStats()
+	if err != nil {
+		return nil, fmt.Errorf("BPF run-time statistics unavailable: %w", err)
+	}
+	c := &costProbe{sw: sw, calib: map[*testbed]*bpfstats.Calibration{}, progs: map[*testbed][]ebpf.ProgramID{}}
+	if sp != nil {
+		c.probe, _ = sp.ProgramIDs()
+	}
+	for _, tb := range beds {
+		for _, ns := range tb.attached {
+			ids, err := bpfstats.PinnedPrograms(datapath.PinDir(ns))
+			if err != nil {
+				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.cfg.Name(), ns, err))
+			}
+			c.progs[tb] = append(c.progs[tb], ids...)
+		}
+		ns := tb.receiveHostNetns()
+		if ns == "" {
+			continue
+		}
+		cal, err := bpfstats.AttachCalibration(ns, "eth0")
+		if err != nil {
+			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.cfg.Name(), err))
+			continue
+		}
+		c.calib[tb] = cal
+	}
+	return c, nil
+}
+
+// close detaches the calibration programs and restores the statistics switch. Safe on nil.
+func (c *costProbe) close() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
+	for _, cal := range c.calib {
+		errs = append(errs, cal.Close())
+	}
+	errs = append(errs, c.sw.Close())
+	return errors.Join(errs...)
+}
+
+// ids are the programs to sample for a testbed, with their roles.
+func (c *costProbe) ids(tb *testbed) map[ebpf.ProgramID]string {
+	out := map[ebpf.ProgramID]string{}
+	for _, id := range c.probe {
+		out[id] = results.RoleProbe
+	}
+	for _, id := range c.progs[tb] {
+		out[id] = results.RoleDatapath
+	}
+	if cal := c.calib[tb]; cal != nil {
+		out[cal.ID()] = results.RoleCalibration
+	}
+	return out
+}
+
+// sample reads the testbed's programs now (nil on a nil probe).
+func (c *costProbe) sample(tb *testbed) map[ebpf.ProgramID]bpfstats.Sample {
+	if c == nil {
+		return nil
+	}
+	ids := c.ids(tb)
+	list := make([]ebpf.ProgramID, 0, len(ids))
+	for id := range ids {
+		list = append(list, id)
+	}
+	s, _ := bpfstats.Read(list)
+	return s
+}
+
+// programRuns turns two samples into the rep's program rows, ordered by role then name.
+func (c *costProbe) programRuns(tb *testbed, before, after map[ebpf.ProgramID]bpfstats.Sample) []results.ProgramRuns {
+	if c == nil {
+		return nil
+	}
+	roles := c.ids(tb)
+	var out []results.ProgramRuns
+	for _, d := range bpfstats.Delta(before, after) {
+		out = append(out, results.ProgramRuns{Name: d.Name, ID: uint32(d.ID), Type: d.Type, Role: roles[d.ID], Runs: d.Runs, RunNs: d.RunNs})
+	}
+	slices.SortFunc(out, func(a, b results.ProgramRuns) int {
+		if a.Role != b.Role {
+			if a.Role < b.Role {
+				return -1
+			}
+			return 1
+		}
+		if a.Name != b.Name {
+			if a.Name < b.Name {
+				return -1
+			}
+			return 1
+		}
+		return int(a.ID) - int(b.ID)
+	})
+	return out
+}
+
+// receiveHostNetns is the namespace of the receiving host, whose underlay eth0 takes the
+// emulated NIC's receive; "" for given namespaces (no lab of ours to attach to).
+func (tb *testbed) receiveHostNetns() string {
+	if tb.given || tb.lab == nil {
+		return ""
+	}
+	r := tb.pair.receiver
+	if r.Host == "" {
+		return r.Netns
+	}
+	h, err := tb.lab.Node(r.Host)
+	if err != nil {
+		return ""
+	}
+	return h.Netns
+}
+
+// Metrics the injector reports about itself, moved into the rep's own fields by takeSender.
+const (
+	senderCPUKey   = "sender_cpu_ns"
+	senderRunsKey  = "sender_prog_runs"
+	senderRunNsKey = "sender_prog_run_ns"
+)
+
+// takeSender moves the injector's CPU time and its XDP program's statistics out of the metrics
+// into Rep.SenderCPUNs and Rep.Programs.
+func takeSender(rep *results.Rep) {
+	if v, ok := rep.Metrics[senderCPUKey]; ok {
+		rep.SenderCPUNs = uint64(v)
+		delete(rep.Metrics, senderCPUKey)
+	}
+	runs, ok1 := rep.Metrics[senderRunsKey]
+	ns, ok2 := rep.Metrics[senderRunNsKey]
+	delete(rep.Metrics, senderRunsKey)
+	delete(rep.Metrics, senderRunNsKey)
+	if ok1 && ok2 && runs > 0 {
+		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: injectProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
+	}
+}
+
+// netRxNs is the NET_RX softirq time per CPU, indexed by CPU.
+func netRxNs(d stage.Snapshot) []uint64 {
+	n := 0
+	for _, c := range d.CPUs {
+		n = max(n, c.CPU+1)
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]uint64, n)
+	for _, c := range d.CPUs {
+		out[c.CPU] = c.NetRxNs
+	}
+	return out
+}
+
+// costMetricsCompared are the cost figures every run also states as ratios against the
+// baseline: the whole machine's and the receive path's ns per delivered packet.
+var costMetricsCompared = []string{results.MetricCostReceive, results.MetricCostCPU, results.MetricCostBPF}
+
+// costRatios compares the cost figures of every config with the baseline's, where measured.
+func costRatios(run *results.Run) []results.Ratio {
+	var out []results.Ratio
+	for _, m := range costMetricsCompared {
+		if m == run.Scenario.Primary {
+			continue
+		}
+		if rs, err := results.ComputeRatios(run, m, run.Scenario.Baseline); err == nil {
+			out = append(out, rs...)
+		}
+	}
+	return out
+}
