@@ -66,6 +66,8 @@ type section struct {
 	Ratios     []ratioRow
 	Baseline   string
 	Stages     []stageTable
+	Cost       htmlTable // cost per delivered packet
+	Programs   htmlTable // eBPF programs' net ns per run
 	Problems   []string // Validate's findings, shown rather than hidden
 }
 
@@ -140,6 +142,7 @@ func buildSection(outDir, prefix string, run *results.Run) (section, error) {
 		})
 	}
 	s.Stages = stageTables(v)
+	s.Cost, s.Programs = costHTML(v)
 	return s, nil
 }
 
@@ -322,6 +325,13 @@ func drawFigures(outDir, prefix string, v *view) ([]figure, error) {
 		c, err := cpuBreakdown(v, cfg)
 		cap := fmt.Sprintf("%s: receiver CPU time per CPU (mean of measured reps), split into softirq, irq, system, user, steal and idle.", cfg)
 		if err := emit(c, err, fileName(prefix, "cpu", cfg), cap); err != nil {
+			return nil, err
+		}
+	}
+	{
+		c, err := costStack(v)
+		cap := "Where each config's CPU time per delivered packet goes (medians): receive stages (NET_RX time the stage probe charged to each), NET_RX time charged to no stage, and everything outside NET_RX (the sender, the application, syscalls). The bar's height is cost_cpu_ns."
+		if err := emit(c, err, fileName(prefix, "cost-stack"), cap); err != nil {
 			return nil, err
 		}
 	}

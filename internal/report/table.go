@@ -93,7 +93,10 @@ func table(w io.Writer, run *results.Run) error {
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return costTable(w, v)
 }
 
 func ratioCell(v *view, p *results.Point) string {

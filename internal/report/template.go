@@ -76,6 +76,16 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{range .Table.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
 </table>{{end}}
 
+{{if .Cost.Rows}}<h3>Cost per delivered packet</h3>
+<p class="sub">CPU = all CPUs' busy time per delivered packet (sender included); RECEIVE = NET_RX softirq time, every stage; IRQ CPU = the IRQ CPUs' busy time; SENDER = the injector's own CPU per sent packet; BPF = the datapath's eBPF programs, net of an empty calibration program measured in the same rep; PROBE = the stage probe's own programs.</p>
+<table><tr>{{range .Cost.Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Cost.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
+</table>{{end}}
+{{if .Programs.Rows}}<h3>eBPF programs</h3>
+<table><tr>{{range .Programs.Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Programs.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
+</table>{{end}}
+
 {{range .Stages}}<h3>Receive stages: {{.Config}}</h3>
 <table><tr><th>stage</th><th>CPU</th><th class="num">packets</th><th class="num">share of stage</th><th class="num">softirq ns/packet</th><th>devices</th></tr>
 {{range .Rows}}<tr><td>{{.Stage}}</td><td>{{.CPU}}</td><td class="num">{{.Packets}}</td><td class="num">{{.Share}}</td><td class="num">{{.NsPerPkt}}</td><td><code>{{.Devices}}</code></td></tr>{{end}}
