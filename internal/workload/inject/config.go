@@ -82,9 +82,14 @@ type Config struct {
 	Duration time.Duration `json:"duration,omitempty"`
 	Count    uint64        `json:"count,omitempty"`
 
+	// Method is how frames are sent: MethodXDP (default; live-frame BPF_PROG_RUN) or
+	// MethodPacket (AF_PACKET sendmmsg, for devices whose peer cannot take XDP frames).
+	Method string `json:"method,omitempty"`
+
 	// CPU pins the sending thread (the "remote sender's" core); nil leaves it to the scheduler.
 	CPU *int `json:"cpu,omitempty"`
-	// Batch is the number of frames per sendmmsg, default DefaultBatch.
+	// Batch is the number of frames per sendmmsg (default DefaultBatch, at most 1024) or per
+	// BPF_PROG_RUN (XDP: default 8192 unpaced, else what fell due at Rate; at most 65536).
 	Batch int `json:"batch,omitempty"`
 	// QdiscBypass sends straight to the driver (PACKET_QDISC_BYPASS), skipping the device's qdisc:
 	// cheaper, but a stopped queue then drops instead of queueing.
@@ -120,6 +125,9 @@ func (c Config) WithDefaults() (Config, error) {
 	}
 	if c.Batch == 0 {
 		c.Batch = DefaultBatch
+	}
+	if c.Method == "" {
+		c.Method = MethodXDP
 	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = 2 * time.Second
@@ -169,8 +177,20 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.Duration <= 0 && c.Count == 0 {
 		errs = append(errs, errors.New("give a duration or a count (or both)"))
 	}
-	if c.Batch < 1 || c.Batch > 1024 {
-		errs = append(errs, fmt.Errorf("batch %d outside 1..1024", c.Batch))
+	switch c.Method {
+	case MethodXDP:
+		if c.Batch < 1 || c.Batch > xdpBatchMax {
+			errs = append(errs, fmt.Errorf("batch %d outside 1..%d", c.Batch, xdpBatchMax))
+		}
+		if c.Flows > 1024 {
+			errs = append(errs, fmt.Errorf("flows %d: the XDP injector counts at most 1024", c.Flows))
+		}
+	case MethodPacket:
+		if c.Batch < 1 || c.Batch > 1024 {
+			errs = append(errs, fmt.Errorf("batch %d outside 1..1024", c.Batch))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("method %q: use %s or %s", c.Method, MethodXDP, MethodPacket))
 	}
 	if c.CPU != nil && *c.CPU < 0 {
 		errs = append(errs, fmt.Errorf("cpu %d is negative", *c.CPU))

@@ -135,6 +135,7 @@ func (tn testNet) config() inject.Config {
 		Netns: nsA, Device: "eth0",
 		DstMAC: tn.macB, SrcIP: underA.Addr(), DstIP: underB.Addr(), DstPort: vxlanPort, VNI: vni,
 		InnerDstMAC: tn.vxMAC, InnerSrcIP: innerSrc, InnerDstIP: overlay.Addr(), InnerDstPort: sinkPort,
+		Method: inject.MethodPacket, // the AF_PACKET fallback; xdp_test.go covers the default
 	}
 }
 
@@ -209,7 +210,7 @@ func TestInjectPlainExactCount(t *testing.T) {
 	cfg := inject.Config{
 		Netns: plainA, Device: "eth0", Plain: true,
 		DstMAC: tn.macB, SrcIP: addrA.Addr(), DstIP: addrB.Addr(), InnerDstPort: sinkPort,
-		Count: n, Flows: 4, PayloadSize: 64, Rate: 50000,
+		Count: n, Flows: 4, PayloadSize: 64, Rate: 50000, Method: inject.MethodPacket,
 	}
 	ist, sst, _ := runBoth(t, sink, cfg)
 	if ist.Sent != n || ist.Unsent != 0 || ist.FrameLen != 14+20+8+64 {

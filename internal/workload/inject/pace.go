@@ -9,20 +9,27 @@ import "time"
 type pacer struct {
 	rate float64   // frames per second; 0 = unpaced
 	next time.Time // when the next frame is due
+	// maxDebt is how far behind schedule the pacer may fall and still catch up (default
+	// defaultMaxDebt): senders whose calls are long need more.
+	maxDebt time.Duration
 }
 
-const maxDebt = 5 * time.Millisecond
+const defaultMaxDebt = 5 * time.Millisecond
 
 // allow returns how many frames (<= max) may go now, or, when none may, how long to wait.
 func (p *pacer) allow(now time.Time, max int) (int, time.Duration) {
 	if p.rate <= 0 {
 		return max, 0
 	}
+	debt := p.maxDebt
+	if debt == 0 {
+		debt = defaultMaxDebt
+	}
 	switch {
 	case p.next.IsZero():
 		p.next = now
-	case now.Sub(p.next) > maxDebt:
-		p.next = now.Add(-maxDebt)
+	case now.Sub(p.next) > debt:
+		p.next = now.Add(-debt)
 	}
 	if now.Before(p.next) {
 		return 0, p.next.Sub(now)

@@ -24,7 +24,7 @@ func TestPacer(t *testing.T) {
 	p.allow(t0, 1)
 	p.took(1)
 	n, _ := p.allow(t0.Add(time.Second), 1000)
-	if n > int(maxDebt/time.Millisecond)+1 {
+	if n > int(defaultMaxDebt/time.Millisecond)+1 {
 		t.Fatalf("after a 1 s pause: burst of %d", n)
 	}
 	if n, _ := (&pacer{}).allow(t0, 64); n != 64 {

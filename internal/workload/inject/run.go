@@ -27,6 +27,9 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if err != nil {
 		return Stats{CPU: -1}, err
 	}
+	if c.Method == MethodXDP {
+		return runXDP(ctx, c)
+	}
 	sock, err := openPacket(c.Netns, c.Device, c.QdiscBypass)
 	if err != nil {
 		return Stats{CPU: -1}, err
@@ -50,7 +53,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		st := Stats{CPU: -1}
+		st := Stats{CPU: -1, Method: MethodPacket}
 		if c.CPU != nil {
 			var set unix.CPUSet
 			set.Set(*c.CPU)
@@ -60,7 +63,9 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 			}
 			st.CPU = *c.CPU
 		}
+		cpu0 := threadCPUTime()
 		st, err := sendLoop(ctx, c, sock, st)
+		st.SenderCPUNs = threadCPUTime() - cpu0
 		done <- result{st, err}
 	}()
 	r := <-done

@@ -23,4 +23,17 @@ type Stats struct {
 	MaxGap    time.Duration `json:"max_gap_ns"`
 	CPU       int           `json:"cpu"` // the sending thread's CPU pin, -1 if unpinned
 	LastError string        `json:"last_error,omitempty"`
+
+	Method string `json:"method"` // xdp or packet
+	// SenderCPUNs is the sending thread's own CPU time (user + system, from its rusage) over the
+	// run: what the emulated remote host spent. Softirq work that ran in the thread's context
+	// (the veth peer's NAPI poll, scheduled on this CPU) is inside it.
+	SenderCPUNs uint64 `json:"sender_cpu_ns"`
+	// ProgRuns and ProgRunNs are prg_inject_xdp's run count and run time (XDP method, when the
+	// kernel's BPF statistics are on).
+	ProgRuns  uint64 `json:"prog_runs,omitempty"`
+	ProgRunNs uint64 `json:"prog_run_ns,omitempty"`
+	// XmitDropped are XDP frames the device's veth peer did not take (Sent minus the increase of
+	// its ethtool tx_queue_N_xdp_xmit counters).
+	XmitDropped uint64 `json:"xmit_dropped,omitempty"`
 }
