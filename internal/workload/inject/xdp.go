@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -55,6 +56,12 @@ func xdpBatch(c Config) int {
 	return xdpBatchMax
 }
 
+// xdpWorkers is how many threads call BPF_PROG_RUN at once, all pinned to the sender's CPU.
+// Each call ends by tearing down its page pool, which on recent kernels sleeps for an RCU grace
+// period (tens of milliseconds on a VM); while one thread sleeps, the others inject, so the
+// receiver sees a steady stream instead of bursts with idle gaps. Sleeping costs no CPU.
+const xdpWorkers = 4
+
 // runXDP is Run for MethodXDP.
 func runXDP(ctx context.Context, c Config) (Stats, error) {
 	st := Stats{CPU: -1, Method: MethodXDP}
@@ -71,131 +78,50 @@ func runXDP(ctx context.Context, c Config) (Stats, error) {
 	}
 	defer objs.Close()
 
-	var res struct {
-		st  Stats
-		err error
-	}
-	// The whole loop runs inside the sending host's namespace: BPF_PROG_RUN resolves the
-	// context's ingress ifindex in the caller's namespace.
-	err = netnsutil.Do(c.Netns, func() error {
-		res.st, res.err = xdpLoop(ctx, c, &objs, st)
-		return nil
-	})
+	x, err := newXDPSender(ctx, c, &objs)
 	if err != nil {
 		return st, err
 	}
-	return res.st, res.err
-}
-
-// xdpLoop pins the (locked) thread, paces calls of BPF_PROG_RUN and restores the thread's
-// affinity before it goes back to the Go scheduler.
-func xdpLoop(ctx context.Context, c Config, objs *injObjects, st Stats) (Stats, error) {
-	link, err := netlink.LinkByName(c.Device)
-	if err != nil {
-		return st, fmt.Errorf("device %q in namespace %q: %w", c.Device, c.Netns, err)
-	}
-	attrs := link.Attrs()
-	if attrs.Flags&(1<<0) == 0 {
-		return st, fmt.Errorf("device %q in namespace %q is down", c.Device, c.Netns)
-	}
-	if l := c.FrameLen() - EthLen; l > attrs.MTU {
-		return st, fmt.Errorf("frame of %d bytes (IP length %d) exceeds %s's MTU %d: lower payload_size", c.FrameLen(), l, c.Device, attrs.MTU)
-	}
-	if c.SrcMAC.IsZero() {
-		copy(c.SrcMAC[:], attrs.HardwareAddr)
-	}
-	var orig unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &orig); err != nil {
-		return st, fmt.Errorf("read CPU affinity: %w", err)
-	}
-	defer unix.SchedSetaffinity(0, &orig) //nolint:errcheck // best effort: the thread is locked by Do
-	cpu := 0
 	if c.CPU != nil {
-		cpu = *c.CPU
-	} else {
-		// Per-CPU sequence counters need one CPU for the whole run: stay where we are.
-		cpu = currentCPU()
-	}
-	var set unix.CPUSet
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return st, fmt.Errorf("pin sender to CPU %d: %w", cpu, err)
-	}
-	if c.CPU != nil {
-		st.CPU = cpu
-	}
-
-	frames := make([][]byte, c.Flows)
-	for f := range frames {
-		frames[f] = BuildFrame(c, f)
+		st.CPU = x.cpu
 	}
 	st.FrameLen, st.Flows = c.FrameLen(), c.Flows
-	batch := xdpBatch(c)
-	chunk := max(batch/c.Flows, 1)
-	// Each BPF_PROG_RUN call sets up and tears down a page pool, and on recent kernels the
-	// teardown waits for an RCU grace period (milliseconds, asleep): calls are long, so the
-	// pacer may grant up to a whole call's worth of due frames at once (bursts of about
-	// rate x call time; the call time is in MaxCall).
-	p := pacer{rate: c.Rate, maxDebt: 200 * time.Millisecond}
 	xmit0, haveXmit := xdpXmitted(c.Netns, c.Device)
-	cpu0 := threadCPUTime()
 	start := time.Now()
-	var deadline time.Time
 	if c.Duration > 0 {
-		deadline = start.Add(c.Duration)
+		x.deadline = start.Add(c.Duration)
 	}
-	var offered uint64
-	flow := 0
-	var runErr error
-	for {
-		now := time.Now()
-		if ctx.Err() != nil || (!deadline.IsZero() && !now.Before(deadline)) || (c.Count > 0 && offered >= c.Count) {
-			break
+	// One call first, alone: a peer that cannot take XDP frames drops them without a trace,
+	// so check that it took them before going on.
+	x.work(ctx, c.Netns, 1)
+	if x.err == nil && haveXmit && x.offered > 0 {
+		if n, ok := xdpXmitted(c.Netns, c.Device); ok && n == xmit0 {
+			x.err = fmt.Errorf("%w: %s's peer took none of %d XDP frames: it needs NAPI (ethtool -K <peer> gro on, as the lab's underlay has) or use the packet method", ErrPeerNoXDP, c.Device, x.offered)
 		}
-		want := chunk
-		if c.Count > 0 {
-			want = int(min(uint64(want), c.Count-offered))
+	}
+	if x.err == nil {
+		var wg sync.WaitGroup
+		for range xdpWorkers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				x.work(ctx, c.Netns, 0)
+			}()
 		}
-		n, wait := p.allow(now, want)
-		if n == 0 {
-			sleepUntil(ctx, now.Add(wait), deadline)
-			continue
-		}
-		p.took(n)
-		callStart := time.Now()
-		_, err := objs.PrgInjectXdp.Run(&ebpf.RunOptions{
-			Data:    frames[flow],
-			Context: xdpMd{DataEnd: uint32(len(frames[flow])), IngressIfindex: uint32(attrs.Index)},
-			Repeat:  uint32(n),
-			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-		})
-		callEnd := time.Now()
-		st.Syscalls++
-		st.MaxCall = max(st.MaxCall, callEnd.Sub(callStart))
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			runErr = fmt.Errorf("BPF_PROG_RUN live frames on %s: %w", c.Device, err)
-			st.LastError = err.Error()
-			break
-		}
-		if offered == 0 && haveXmit {
-			if x, ok := xdpXmitted(c.Netns, c.Device); ok && x == xmit0 {
-				runErr = fmt.Errorf("%w: %s's peer took none of %d XDP frames: it needs NAPI (ethtool -K <peer> gro on, as the lab's underlay has) or use the packet method", ErrPeerNoXDP, c.Device, n)
-				offered += uint64(n)
-				break
-			}
-		}
-		offered += uint64(n)
-		flow = (flow + 1) % c.Flows
+		wg.Wait()
 	}
 	st.Duration = time.Since(start)
-	st.SenderCPUNs = threadCPUTime() - cpu0
+	st.SenderCPUNs, st.Syscalls, st.MaxCall = x.cpuNs, x.calls, x.maxCall
+	if x.err != nil {
+		st.LastError = x.err.Error()
+	}
 	// The program's own counters are the truth: BPF_PROG_RUN may repeat a batch after an
 	// interruption, and every frame the program stamped was transmitted.
-	st.Sent = sentFrames(objs.PrgInjectSeq, cpu, c.Flows)
+	st.Sent = sentFrames(objs.PrgInjectSeq, x.cpu, c.Flows)
 	st.Attempted = st.Sent
 	st.Bytes = st.Sent * uint64(st.FrameLen)
-	if x, ok := xdpXmitted(c.Netns, c.Device); ok && haveXmit {
-		st.XmitDropped = st.Sent - min(st.Sent, x-xmit0)
+	if n, ok := xdpXmitted(c.Netns, c.Device); ok && haveXmit {
+		st.XmitDropped = st.Sent - min(st.Sent, n-xmit0)
 	}
 	if st.Duration > 0 {
 		st.PPS = float64(st.Sent) / st.Duration.Seconds()
@@ -203,7 +129,148 @@ func xdpLoop(ctx context.Context, c Config, objs *injObjects, st Stats) (Stats, 
 	if ps, err := objs.PrgInjectXdp.Stats(); err == nil {
 		st.ProgRuns, st.ProgRunNs = ps.RunCount, uint64(ps.Runtime.Nanoseconds())
 	}
-	return st, runErr
+	return st, x.err
+}
+
+// xdpSender is the state the injecting threads share.
+type xdpSender struct {
+	c        Config
+	prog     *ebpf.Program
+	frames   [][]byte
+	ifindex  int
+	cpu      int
+	chunk    int
+	deadline time.Time
+
+	mu      sync.Mutex
+	p       pacer
+	offered uint64
+	flow    int
+	calls   uint64
+	maxCall time.Duration
+	cpuNs   uint64
+	err     error
+}
+
+func newXDPSender(ctx context.Context, c Config, objs *injObjects) (*xdpSender, error) {
+	x := &xdpSender{c: c, prog: objs.PrgInjectXdp}
+	err := netnsutil.Do(c.Netns, func() error {
+		link, err := netlink.LinkByName(c.Device)
+		if err != nil {
+			return fmt.Errorf("device %q in namespace %q: %w", c.Device, c.Netns, err)
+		}
+		attrs := link.Attrs()
+		if attrs.Flags&(1<<0) == 0 {
+			return fmt.Errorf("device %q in namespace %q is down", c.Device, c.Netns)
+		}
+		if l := c.FrameLen() - EthLen; l > attrs.MTU {
+			return fmt.Errorf("frame of %d bytes (IP length %d) exceeds %s's MTU %d: lower payload_size", c.FrameLen(), l, c.Device, attrs.MTU)
+		}
+		if x.c.SrcMAC.IsZero() {
+			copy(x.c.SrcMAC[:], attrs.HardwareAddr)
+		}
+		x.ifindex = attrs.Index
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Per-CPU sequence counters need one CPU for the whole run: the given one, else this one.
+	x.cpu = currentCPU()
+	if c.CPU != nil {
+		x.cpu = *c.CPU
+	}
+	x.frames = make([][]byte, c.Flows)
+	for f := range x.frames {
+		x.frames[f] = BuildFrame(x.c, f)
+	}
+	x.chunk = max(xdpBatch(c)/c.Flows, 1)
+	// Calls are long (see xdpWorkers), so the pacer may grant a whole call's worth of due
+	// frames at once.
+	x.p = pacer{rate: c.Rate, maxDebt: 200 * time.Millisecond}
+	return x, nil
+}
+
+// work injects from a thread in the sending namespace, pinned to the sender's CPU (its
+// affinity restored before the thread goes back to Go's scheduler), until the run ends, or
+// for at most maxCalls calls when that is not 0.
+func (x *xdpSender) work(ctx context.Context, netns string, maxCalls int) {
+	err := netnsutil.Do(netns, func() error {
+		var orig, set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &orig); err != nil {
+			return fmt.Errorf("read CPU affinity: %w", err)
+		}
+		set.Set(x.cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return fmt.Errorf("pin sender to CPU %d: %w", x.cpu, err)
+		}
+		defer unix.SchedSetaffinity(0, &orig) //nolint:errcheck // best effort; Do keeps a thread it cannot restore
+		cpu0 := threadCPUTime()
+		defer func() {
+			d := threadCPUTime() - cpu0
+			x.mu.Lock()
+			x.cpuNs += d
+			x.mu.Unlock()
+		}()
+		for calls := 0; maxCalls == 0 || calls < maxCalls; calls++ {
+			n, flow, ok := x.next(ctx)
+			if !ok {
+				return nil
+			}
+			t0 := time.Now()
+			_, err := x.prog.Run(&ebpf.RunOptions{
+				Data:    x.frames[flow],
+				Context: xdpMd{DataEnd: uint32(len(x.frames[flow])), IngressIfindex: uint32(x.ifindex)},
+				Repeat:  uint32(n),
+				Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+			})
+			d := time.Since(t0)
+			x.mu.Lock()
+			x.calls++
+			x.maxCall = max(x.maxCall, d)
+			x.mu.Unlock()
+			if err != nil && !errors.Is(err, unix.EINTR) {
+				return fmt.Errorf("BPF_PROG_RUN live frames on %s: %w", x.c.Device, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		x.mu.Lock()
+		if x.err == nil {
+			x.err = err
+		}
+		x.mu.Unlock()
+	}
+}
+
+// next waits until frames are due and claims them: how many, of which flow. ok is false when
+// the run is over (deadline, count, cancellation or another thread's error).
+func (x *xdpSender) next(ctx context.Context) (n, flow int, ok bool) {
+	for {
+		x.mu.Lock()
+		now := time.Now()
+		c := x.c
+		if x.err != nil || ctx.Err() != nil || (!x.deadline.IsZero() && !now.Before(x.deadline)) || (c.Count > 0 && x.offered >= c.Count) {
+			x.mu.Unlock()
+			return 0, 0, false
+		}
+		want := x.chunk
+		if c.Count > 0 {
+			want = int(min(uint64(want), c.Count-x.offered))
+		}
+		n, wait := x.p.allow(now, want)
+		if n > 0 {
+			x.p.took(n)
+			x.offered += uint64(n)
+			flow = x.flow
+			x.flow = (x.flow + 1) % len(x.frames)
+			x.mu.Unlock()
+			return n, flow, true
+		}
+		x.mu.Unlock()
+		sleepUntil(ctx, now.Add(wait), x.deadline)
+	}
 }
 
 // sentFrames sums the per-flow sequence counters of one CPU.
