@@ -50,7 +50,8 @@ func newLabUpCmd() *cobra.Command {
   peregrine lab up --hosts 3                        # 3 hosts need the switch underlay (chosen for you)
   peregrine lab up --rx-cpus 0                      # receive of the underlay on CPU0, like a NIC IRQ
   peregrine lab up --file topo.yaml                 # flags given on the command line win over the file
-  peregrine lab up --name b --style native          # a second lab beside the first`,
+  peregrine lab up --name b --style native          # a second lab beside the first
+  peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file != "" {
@@ -104,6 +105,7 @@ func newLabUpCmd() *cobra.Command {
 	f.BoolVar(&vethOffloads, "veth-offloads", false, "keep veth's TSO/checksum offload on the underlay: 64 KB super-packets cross unsegmented (faster, but no NIC delivers that)")
 	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port)")
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
+	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	return c
 }
 
@@ -127,6 +129,9 @@ func mergeSpec(cmd *cobra.Command, dst, flags *lab.Spec) {
 	}
 	if f.Changed("mtu") {
 		dst.MTU = flags.MTU
+	}
+	if f.Changed("tor") {
+		dst.ToR = flags.ToR
 	}
 }
 
@@ -215,7 +220,7 @@ func printLab(l *lab.Lab) {
 	fmt.Printf("kernel %s, %d CPUs, VNI %d, VXLAN port %d\n\n", l.Kernel, l.CPUs, s.VNI, s.VXLANPort)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tNAMESPACE\tADDRESS\tDEVICES")
-	nodes := append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...)
+	nodes := append(append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...), l.ToRs...)
 	if l.Switch != nil {
 		nodes = append(nodes, *l.Switch)
 	}

@@ -94,7 +94,7 @@ func Up(ctx context.Context, spec Spec, log Logf) (*Lab, error) {
 
 func (b *builder) build() error {
 	s := b.s
-	b.log("creating %d hosts (%s style, %s underlay, MTU %d)", s.Hosts, s.Style, s.Underlay, s.MTU)
+	b.log("creating %d hosts (%s style, %s underlay, MTU %d, ToRs %v)", s.Hosts, s.Style, s.Underlay, s.MTU, s.ToR)
 	for i := 1; i <= s.Hosts; i++ {
 		if _, err := b.newNs(hostName(i)); err != nil {
 			return err
@@ -124,8 +124,12 @@ func (b *builder) build() error {
 // underlay joins the hosts' eth0 devices and makes them NIC-like.
 func (b *builder) underlay() error {
 	s := b.s
-	switch s.Underlay {
-	case UnderlayDirect:
+	switch {
+	case s.ToR:
+		if err := b.torUnderlay(); err != nil {
+			return err
+		}
+	case s.Underlay == UnderlayDirect:
 		h1, err := b.at(hostName(1))
 		if err != nil {
 			return err
@@ -137,7 +141,7 @@ func (b *builder) underlay() error {
 		if err := h1.veth("eth0", s.UnderlayMAC(1), h2, "eth0", s.UnderlayMAC(2), s.MTU); err != nil {
 			return err
 		}
-	case UnderlaySwitch:
+	case s.Underlay == UnderlaySwitch:
 		sw, err := b.newNs("sw")
 		if err != nil {
 			return err
@@ -194,9 +198,10 @@ func (b *builder) underlay() error {
 			}
 		}
 		// Static ARP for the other hosts: nothing in the benchmarks should wait on resolution.
+		// Behind ToRs the other hosts are reached through the ToR's MAC (it routes).
 		for k := 1; k <= s.Hosts; k++ {
 			if k != i {
-				if err := h.neigh("eth0", s.HostAddr(k).Addr(), s.UnderlayMAC(k)); err != nil {
+				if err := h.neigh("eth0", s.HostAddr(k).Addr(), s.hostNeighbourMAC(i, k)); err != nil {
 					return err
 				}
 			}

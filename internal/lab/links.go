@@ -203,6 +203,9 @@ func (n *nsLinks) route(dev string, dst netip.Prefix, gw netip.Addr, onlink bool
 	if onlink {
 		r.Flags = int(netlink.FLAG_ONLINK)
 	}
+	if !gw.IsValid() {
+		r.Scope = netlink.SCOPE_LINK // a device route, as `ip route add X dev D` makes
+	}
 	if err := n.h.RouteAdd(r); err != nil {
 		return n.errf(dev, "add route "+dst.String()+" via "+gw.String()+" on", err)
 	}

@@ -12,6 +12,8 @@
 //	         a /24 per host, L3 routes and static neighbour/FDB entries (no learning)
 //	native:  applications run in the host namespaces over the underlay (the baseline)
 //
+// With ToR (--tor) every host hangs off its own top-of-rack switch namespace (tor.go).
+//
 // Every namespace is named "prg-<lab>-<node>", so `lab down --all` finds all of them.
 package lab
 
@@ -61,6 +63,10 @@ type Spec struct {
 	OverlayCIDR  string `yaml:"overlay_cidr" json:"overlay_cidr"`   // docker: one L2 subnet; flannel: a /24 per host
 	VNI          int    `yaml:"vni" json:"vni"`
 	VXLANPort    int    `yaml:"vxlan_port" json:"vxlan_port"` // default 4789 (docker) or 8472 (flannel)
+	// ToR puts a top-of-rack switch namespace per host on the underlay path (host eth0 <-> ToR
+	// "down"; ToRs joined by their "up" ports, directly or through the switch namespace). The
+	// ToRs route the underlay as plain IP; EZPath (attach ezpath) programs them. See tor.go.
+	ToR bool `yaml:"tor" json:"tor,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.
@@ -71,6 +77,7 @@ type Lab struct {
 	Containers []Node `json:"containers"`
 	Overlays   []Node `json:"overlays,omitempty"` // docker style: the per-host overlay namespaces
 	Switch     *Node  `json:"switch,omitempty"`
+	ToRs       []Node `json:"tors,omitempty"` // --tor: one top-of-rack switch per host (role "tor")
 	Kernel     string `json:"kernel"`
 	CPUs       int    `json:"cpus"`
 }
@@ -79,7 +86,7 @@ type Lab struct {
 type Node struct {
 	Name    string   `json:"name"`  // short name used by `lab exec`: h1, h1-c1, h1-ov, sw
 	Netns   string   `json:"netns"` // full namespace name: prg-<lab>-h1
-	Role    string   `json:"role"`  // host, container, overlay, switch
+	Role    string   `json:"role"`  // host, container, overlay, switch, tor
 	Host    string   `json:"host,omitempty"`
 	Devices []Device `json:"devices"`
 	// Addr is the address applications on this node use: the overlay address of a container,
@@ -113,7 +120,7 @@ func (l *Lab) Endpoints() []Node {
 
 // Node finds a node by short name or full namespace name.
 func (l *Lab) Node(name string) (*Node, error) {
-	for _, set := range [][]Node{l.Hosts, l.Containers, l.Overlays} {
+	for _, set := range [][]Node{l.Hosts, l.Containers, l.Overlays, l.ToRs} {
 		for i := range set {
 			if set[i].Name == name || set[i].Netns == name {
 				return &set[i], nil

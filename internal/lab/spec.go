@@ -119,6 +119,9 @@ func (s *Spec) Validate() error {
 	if s.VNI < 1 || s.VNI > 1<<24-1 {
 		return fmt.Errorf("VNI %d out of range 1..16777215", s.VNI)
 	}
+	if s.ToR && s.Hosts > MaxToRHosts {
+		return fmt.Errorf("a --tor lab has at most %d hosts (got %d): the ToR addresses take the top of the underlay /24", MaxToRHosts, s.Hosts)
+	}
 	if s.VXLANPort < 1 || s.VXLANPort > 65535 {
 		return fmt.Errorf("VXLAN port %d out of range", s.VXLANPort)
 	}

@@ -2,6 +2,8 @@ package lab
 
 import (
 	"fmt"
+	"net/netip"
+	"regexp"
 	"runtime"
 	"strings"
 
@@ -47,6 +49,13 @@ func Status(name string) (*Lab, error) {
 				if err := add(&l.Containers, containerName(i, j), "container", hostName(i), s.ContainerAddr(i, j).String()); err != nil {
 					return nil, err
 				}
+			}
+		}
+	}
+	if s.ToR {
+		for i := 1; i <= s.Hosts; i++ {
+			if err := add(&l.ToRs, ToRName(i), "tor", hostName(i), netip.PrefixFrom(s.ToRAddr(i), 32).String()); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -96,10 +105,14 @@ func inspect(ns string) ([]Device, error) {
 	return devs, nil
 }
 
+var torNsRE = regexp.MustCompile(`-tor[0-9]+$`)
+
 func stageOf(ns string, d Device) string {
 	switch {
 	case strings.HasSuffix(ns, "-sw"):
 		return "switch"
+	case torNsRE.MatchString(ns):
+		return "tor"
 	case d.Kind == "vxlan":
 		return "vxlan"
 	case d.Kind == "bridge":
