@@ -30,7 +30,7 @@
  */
 #include "common.h"
 #include "rps.h"
-#include <bpf/bpf_endian.h>
+#include "vxlan.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -58,7 +58,7 @@ struct falcon_cfg {
 	__u32 n;          /* CPUs in the set, 1..64 */
 	__u32 threshold;  /* busy percent at or above which a CPU (or the average) is busy */
 	__u32 two_choice; /* 0: "static", first choice only */
-	__u16 vxlan_port[4]; /* UDP destination ports carrying VXLAN (host order), 0 = unused */
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* UDP destination ports carrying VXLAN (vxlan.h) */
 	__u64 repick_ns;  /* idle time after which a flow's choice may be re-picked */
 	__u32 cpus[FALCON_MAX_CPUS]; /* ascending: the order of the RPS map */
 };
@@ -79,12 +79,7 @@ struct falcon_dev {
 };
 
 struct falcon_flow {
-	__u32 saddr[4];
-	__u32 daddr[4];
-	__u16 sport;
-	__u16 dport;
-	__u8 proto;
-	__u8 pad[3];
+	struct prg_flow f;
 	__u32 salt; /* the stage: same flow, other stage, other entry */
 };
 
@@ -167,19 +162,6 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 /* prg_fmix32 (bpf/rps.h) stands in for FALCON's hash_32(), a multiply whose low bits (all that
  * "% n" reads) are poor; a full avalanche keeps stages independent on small CPU sets. */
 
-static __always_inline __u32 flow_hash(const struct falcon_flow *f)
-{
-	__u32 h = 0x9e3779b9;
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->saddr[i]);
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->daddr[i]);
-	h = prg_fmix32(h ^ (((__u32)f->sport << 16) | f->dport));
-	return prg_fmix32(h ^ f->proto);
-}
-
 static __always_inline void count(__u32 stage, __u32 slot)
 {
 	__u32 k = (stage & (FALCON_STAGES - 1)) * FALCON_SLOTS + slot;
@@ -204,51 +186,6 @@ static __always_inline void record(struct __sk_buff *ctx, __u32 kind, __u32 stag
 	l->salt = salt;
 }
 
-/* parse_inner fills f from the Ethernet frame at off. Non-IP, short or malformed: -1. */
-static __always_inline int parse_inner(struct __sk_buff *ctx, __u32 off, struct falcon_flow *f)
-{
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(ctx, off, &eth, sizeof(eth)))
-		return -1;
-	off += sizeof(eth);
-	__u16 proto = bpf_ntohs(eth.h_proto);
-	__u32 l4 = 0;
-	if (proto == 0x0800) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)))
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5)
-			return -1;
-		f->saddr[0] = ip.saddr;
-		f->daddr[0] = ip.daddr;
-		f->proto = ip.protocol;
-		/* Fragments: only the first carries ports, so all of them hash on addresses alone. */
-		if (ip.frag_off & bpf_htons(0x3fff))
-			return 0;
-		l4 = off + ip.ihl * 4;
-	} else if (proto == 0x86dd) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)))
-			return -1;
-		if (ip6.version != 6)
-			return -1;
-		__builtin_memcpy(f->saddr, &ip6.saddr, 16);
-		__builtin_memcpy(f->daddr, &ip6.daddr, 16);
-		f->proto = ip6.nexthdr; /* extension headers: addresses only (ports stay 0) */
-		l4 = off + sizeof(ip6);
-	} else {
-		return -1;
-	}
-	if (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP) {
-		__u16 ports[2];
-		if (bpf_skb_load_bytes(ctx, l4, ports, sizeof(ports)))
-			return -1;
-		f->sport = bpf_ntohs(ports[0]);
-		f->dport = bpf_ntohs(ports[1]);
-	}
-	return 0;
-}
-
 static __always_inline struct falcon_dev *this_dev(struct __sk_buff *ctx)
 {
 	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
@@ -266,7 +203,7 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, 
 	__u32 zero = 0;
 	struct falcon_cfg *cfg = bpf_map_lookup_elem(&prg_falcon_cfg, &zero);
 	struct falcon_gate *gate = bpf_map_lookup_elem(&prg_falcon_gate, &zero);
-	__u32 fh = flow_hash(f);
+	__u32 fh = prg_flow_hash(&f->f);
 	if (!cfg || !gate || cfg->n == 0 || cfg->n > FALCON_MAX_CPUS) {
 		record(ctx, KIND_PASS, stage, 0, 0, fh, f->salt);
 		count(stage, SLOT_KIND(KIND_PASS));
@@ -308,54 +245,30 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, 
 	count(stage, SLOT_KIND(kind));
 }
 
-static __always_inline int is_vxlan_port(struct falcon_cfg *cfg, __u16 port)
-{
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		if (cfg->vxlan_port[i] && cfg->vxlan_port[i] == port)
-			return 1;
-	return 0;
-}
-
 /* Underlay ingress: outer Ethernet / IPv4 or IPv6 / UDP to a VXLAN port / VXLAN / inner frame. */
 SEC("tcx/ingress")
 int prg_falcon_nic(struct __sk_buff *ctx)
 {
 	__u32 zero = 0;
 	struct falcon_flow f = {};
+	struct prg_hdrs h = {};
+	struct prg_vxlan vx;
+	struct prg_pkt p;
+	int r;
 	struct falcon_cfg *cfg = bpf_map_lookup_elem(&prg_falcon_cfg, &zero);
 	struct falcon_dev *d = this_dev(ctx);
 	if (!cfg || !d)
 		goto pass;
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(ctx, 0, &eth, sizeof(eth)))
+	prg_pkt_tc(&p, ctx);
+	PRG_TC_PARSE(r, &p, ctx, prg_vxlan_outer(&p, cfg->vxlan_ports, &vx));
+	if (r != PRG_OK)
 		goto pass;
-	__u32 off = sizeof(eth), udp_off;
-	if (eth.h_proto == bpf_htons(0x0800)) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5 ||
-		    ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x3fff)))
-			goto pass;
-		udp_off = off + ip.ihl * 4;
-	} else if (eth.h_proto == bpf_htons(0x86dd)) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6 ||
-		    ip6.nexthdr != IPPROTO_UDP)
-			goto pass;
-		udp_off = off + sizeof(ip6);
-	} else {
+	PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, vx.inner, 0, &h));
+	if (r != PRG_OK)
 		goto pass;
-	}
-	struct udphdr udp;
-	if (bpf_skb_load_bytes(ctx, udp_off, &udp, sizeof(udp)) || !is_vxlan_port(cfg, bpf_ntohs(udp.dest)))
-		goto pass;
-	__u32 vx[2]; /* flags(8) reserved(24) | VNI(24) reserved(8) */
-	if (bpf_skb_load_bytes(ctx, udp_off + sizeof(udp), vx, sizeof(vx)) || !(vx[0] & bpf_htonl(0x08000000)))
-		goto pass;
-	if (parse_inner(ctx, udp_off + sizeof(udp) + sizeof(vx), &f))
-		goto pass;
+	f.f = h.flow;
 	/* Several VXLAN devices may share one underlay: the VNI tells them apart. */
-	f.salt = prg_fmix32(d->salt ^ (bpf_ntohl(vx[1]) >> 8));
+	f.salt = prg_fmix32(d->salt ^ vx.vni);
 	steer(ctx, &f, d->stage);
 	return TCX_NEXT;
 pass:
@@ -368,11 +281,19 @@ SEC("tcx/egress")
 int prg_falcon_port(struct __sk_buff *ctx)
 {
 	struct falcon_flow f = {};
+	struct prg_hdrs h = {};
+	struct prg_pkt p;
+	int r = PRG_NO;
 	struct falcon_dev *d = this_dev(ctx);
-	if (!d || parse_inner(ctx, 0, &f)) {
+	if (d) {
+		prg_pkt_tc(&p, ctx);
+		PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, 0, 0, &h));
+	}
+	if (r != PRG_OK) {
 		record(ctx, KIND_PASS, d ? d->stage : 0, 0, 0, 0, 0);
 		return TCX_NEXT;
 	}
+	f.f = h.flow;
 	f.salt = d->salt;
 	steer(ctx, &f, d->stage);
 	return TCX_NEXT;

@@ -11,8 +11,9 @@
  * CPU choice:
  *   - flow affinity (batch == 0): slot = reciprocal_scale(hash(5-tuple), n). One flow always
  *     lands on one CPU, so the split never reorders it. For VXLAN frames (outer UDP dst port in
- *     the configured set) the *inner* 5-tuple is hashed, so inner flows spread even when the
- *     outer tuple is shared; an inner frame that is not IP (ARP...) falls back to the outer tuple.
+ *     the configured set, I flag set: bpf/vxlan.h) the *inner* 5-tuple is hashed, so inner flows
+ *     spread even when the outer tuple is shared; an inner frame that is not IP (ARP...) falls
+ *     back to the outer tuple. Up to two VLAN tags are skipped, outer and inner.
  *   - micro-flows (batch == B > 0, MFLOW): a per-flow packet counter; consecutive batches of B
  *     packets rotate round-robin over the slots, starting at the flow's hashed slot. This DOES
  *     reorder across batches by design: stock kernels have no in-order reassembly point.
@@ -20,40 +21,30 @@
  *     above, but only for flows whose rate makes them elephants (bpf/mflow.h); a mouse's frames
  *     pass (the normal path) or, with mice_affine, keep flow affinity. Per-flow state lives in
  *     prg_gs_mflows, and the per-target batch counters say how the batches spread.
- * IP fragments hash without ports (ports=0), so every fragment of a datagram stays together.
+ * Parsing, the flow key and the hash are bpf/parse.h's; IP fragments hash without ports (ports=0),
+ * so every fragment of a datagram stays together.
  * Anything not understood (non-IP, short, truncated, bad header lengths) gets XDP_PASS and stays
  * on the IRQ core untouched. A target CPU without a cpumap entry (the CPU set changing under
  * traffic) also passes: the program never drops a frame.
  *
- * The Go model in internal/datapath/grosplit/model.go must mirror prg_hash_* and the slot math.
+ * The Go model (internal/datapath/grosplit/model_test.go) mirrors the slot math.
  */
 #include "common.h"
 #include "rps.h"
-#include <bpf/bpf_endian.h>
+#include "vxlan.h"
 #include "mflow.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 #define GS_MAX_SLOTS 64  /* CPUs in one split set */
-#define GS_MAX_PORTS 8   /* VXLAN UDP destination ports */
 #define GS_MAX_CPUS 256  /* CPU ids the per-target counters cover */
-
-#define GS_ETH_P_IP 0x0800
-#define GS_ETH_P_IPV6 0x86DD
-#define GS_ETH_P_8021Q 0x8100
-#define GS_ETH_P_8021AD 0x88A8
-#define GS_IPPROTO_TCP 6
-#define GS_IPPROTO_UDP 17
-#define GS_IPPROTO_SCTP 132
-#define GS_VXLAN_HLEN 8
 
 /* Live configuration, one array entry written by Go. Field order is the Go struct's order. */
 struct gs_cfg {
 	__u32 n_cpus;              /* 0 = split off: every frame passes */
 	__u32 batch;               /* 0 = flow affinity; B > 0 = micro-flows of B packets */
-	__u32 n_ports;             /* valid entries of vxlan_ports */
 	__u32 cpumap_id;           /* kernel id of prg_gs_cpus: the drop tracepoint filters on it */
-	__u16 vxlan_ports[GS_MAX_PORTS]; /* host order */
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* vxlan.h */
 	__u32 cpus[GS_MAX_SLOTS];  /* slot -> CPU id (a key of prg_gs_cpus) */
 	/* MFLOW (appended so the fields above keep their offsets) */
 	__u32 mflow;               /* 1: elephant-gated micro-flows with mf below; batch is ignored */
@@ -91,14 +82,6 @@ struct gs_ring {
 	__u64 deq;
 };
 
-/* The flow key the hash covers. Addresses are v4-in-first-word or full v6. */
-struct gs_flow {
-	__u32 src[4];
-	__u32 dst[4];
-	__u32 ports; /* sport | dport << 16, as loaded from the packet (network order halves) */
-	__u32 proto;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_CPUMAP);
 	__uint(max_entries, 1); /* Go sets it to the possible CPU count before load */
@@ -124,7 +107,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct gs_flow);
+	__type(key, struct prg_flow);
 	__type(value, __u64);
 } prg_gs_flows SEC(".maps");
 
@@ -139,157 +122,35 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct gs_flow);
+	__type(key, struct prg_flow);
 	__type(value, struct mf_flow_state);
 } prg_gs_mflows SEC(".maps");
 
-static __always_inline __u32 gs_hash(const struct gs_flow *f)
-{
-	__u32 h = 0x9e3779b9;
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->src[i]);
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->dst[i]);
-	h = prg_fmix32(h ^ f->ports);
-	return prg_fmix32(h ^ f->proto);
-}
-
-/* Parse result codes. */
-#define GS_OK 0
-#define GS_BAD 1 /* short, truncated or malformed: pass */
-#define GS_NOTIP 2
-
-/* Skip up to two VLAN tags; *off is advanced past them, the inner ethertype is returned. */
-static __always_inline int gs_eth(void *data, void *end, __u32 *off, __u16 *proto)
-{
-	struct ethhdr *eth = data + *off;
-	if ((void *)(eth + 1) > end)
-		return GS_BAD;
-	__u16 p = bpf_ntohs(eth->h_proto);
-	*off += sizeof(*eth);
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		if (p != GS_ETH_P_8021Q && p != GS_ETH_P_8021AD)
-			break;
-		struct vlan_hdr *vh = data + *off;
-		if ((void *)(vh + 1) > end)
-			return GS_BAD;
-		p = bpf_ntohs(vh->h_vlan_encapsulated_proto);
-		*off += sizeof(*vh);
-	}
-	*proto = p;
-	return GS_OK;
-}
-
 /*
- * Fill f from the IP header at *off. On return *off points at the L4 header and *l4ok says the
- * ports are readable there (not a fragment, a port-carrying protocol). Extension headers of IPv6
- * are not walked: such packets hash on addresses + next header, which is still per-flow stable.
+ * gs_flow_of builds the flow key of a frame: the outer 5-tuple, or the inner one for VXLAN (*vx
+ * set). PRG_OK or a reason to pass the frame.
  */
-static __always_inline int gs_ip(void *data, void *end, __u32 *off, __u16 ethproto,
-				 struct gs_flow *f, int *l4ok)
+static __always_inline int gs_flow_of(const struct prg_pkt *p, const struct gs_cfg *cfg,
+				      struct prg_flow *f, int *vx)
 {
-	*l4ok = 0;
-	if (ethproto == GS_ETH_P_IP) {
-		struct iphdr *ip = data + *off;
-		if ((void *)(ip + 1) > end)
-			return GS_BAD;
-		if (ip->version != 4 || ip->ihl < 5)
-			return GS_BAD;
-		__u32 hl = ip->ihl * 4;
-		if (data + *off + hl > end)
-			return GS_BAD;
-		f->src[0] = ip->saddr;
-		f->dst[0] = ip->daddr;
-		f->proto = ip->protocol;
-		*off += hl;
-		/* MF set or a non-zero offset: a fragment, ports absent or not per-datagram stable */
-		*l4ok = (ip->frag_off & bpf_htons(0x3fff)) == 0;
-		return GS_OK;
-	}
-	if (ethproto == GS_ETH_P_IPV6) {
-		struct ipv6hdr *ip6 = data + *off;
-		if ((void *)(ip6 + 1) > end)
-			return GS_BAD;
-		if (ip6->version != 6)
-			return GS_BAD;
-		__builtin_memcpy(f->src, &ip6->saddr, 16);
-		__builtin_memcpy(f->dst, &ip6->daddr, 16);
-		f->proto = ip6->nexthdr;
-		*off += sizeof(*ip6);
-		*l4ok = 1;
-		return GS_OK;
-	}
-	return GS_NOTIP;
-}
-
-static __always_inline int gs_has_ports(__u32 proto)
-{
-	return proto == GS_IPPROTO_TCP || proto == GS_IPPROTO_UDP || proto == GS_IPPROTO_SCTP;
-}
-
-/* Read the two port halves at *off (TCP, UDP and SCTP all start with sport, dport). */
-static __always_inline int gs_ports(void *data, void *end, __u32 off, struct gs_flow *f)
-{
-	__u16 *p = data + off;
-	if ((void *)(p + 2) > end)
-		return GS_BAD;
-	f->ports = (__u32)p[0] | ((__u32)p[1] << 16);
-	return GS_OK;
-}
-
-static __always_inline int gs_is_vxlan(const struct gs_cfg *cfg, __u16 dport)
-{
-#pragma unroll
-	for (int i = 0; i < GS_MAX_PORTS; i++) {
-		if (i >= cfg->n_ports)
-			break;
-		if (cfg->vxlan_ports[i] == dport)
-			return 1;
-	}
-	return 0;
-}
-
-/*
- * Build the flow key of a frame: outer 5-tuple, or inner for VXLAN. Returns GS_OK with *vx set
- * when the inner tuple was used, anything else means "pass it".
- */
-static __always_inline int gs_flow_of(void *data, void *end, const struct gs_cfg *cfg,
-				      struct gs_flow *f, int *vx)
-{
-	__u32 off = 0;
-	__u16 proto;
-	int l4ok, r;
+	struct prg_hdrs out = {}, in = {};
+	struct prg_vxlan v;
+	int r;
 
 	*vx = 0;
-	if ((r = gs_eth(data, end, &off, &proto)) != GS_OK)
+	if ((r = prg_parse_frame(p, 0, 2, &out)) != PRG_OK)
 		return r;
-	if ((r = gs_ip(data, end, &off, proto, f, &l4ok)) != GS_OK)
+	*f = out.flow;
+	if (prg_vxlan_of(p, &out, cfg->vxlan_ports, &v) != PRG_OK)
+		return PRG_OK;
+	r = prg_parse_frame(p, v.inner, 2, &in);
+	if (r == PRG_NOTIP)
+		return PRG_OK; /* inner ARP and the like: the outer tuple is a fine per-flow key */
+	if (r != PRG_OK)
 		return r;
-	if (!l4ok || !gs_has_ports(f->proto))
-		return GS_OK; /* hash on addresses + protocol */
-	if (gs_ports(data, end, off, f) != GS_OK)
-		return GS_BAD;
-	if (f->proto != GS_IPPROTO_UDP || !gs_is_vxlan(cfg, bpf_ntohs((__u16)(f->ports >> 16))))
-		return GS_OK;
-
-	/* VXLAN: UDP header, VXLAN header, then the inner Ethernet frame. */
-	off += sizeof(struct udphdr) + GS_VXLAN_HLEN;
-	struct gs_flow in = {};
-	if ((r = gs_eth(data, end, &off, &proto)) != GS_OK)
-		return r;
-	r = gs_ip(data, end, &off, proto, &in, &l4ok);
-	if (r == GS_NOTIP)
-		return GS_OK; /* inner ARP and the like: the outer tuple is a fine per-flow key */
-	if (r != GS_OK)
-		return r;
-	if (l4ok && gs_has_ports(in.proto) && gs_ports(data, end, off, &in) != GS_OK)
-		return GS_BAD;
-	*f = in;
+	*f = in.flow;
 	*vx = 1;
-	return GS_OK;
+	return PRG_OK;
 }
 
 static __always_inline __u32 gs_slot(__u32 hash, __u32 n)
@@ -300,8 +161,7 @@ static __always_inline __u32 gs_slot(__u32 hash, __u32 n)
 SEC("xdp.frags")
 int prg_grosplit(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
+	struct prg_pkt p;
 	__u32 zero = 0;
 
 	struct gs_stats *st = bpf_map_lookup_elem(&prg_gs_stats, &zero);
@@ -312,12 +172,13 @@ int prg_grosplit(struct xdp_md *ctx)
 	if (n == 0 || n > GS_MAX_SLOTS)
 		goto pass;
 
-	struct gs_flow f = {};
+	struct prg_flow f = {};
 	int vx;
-	if (gs_flow_of(data, end, cfg, &f, &vx) != GS_OK)
+	prg_pkt_xdp(&p, ctx);
+	if (gs_flow_of(&p, cfg, &f, &vx) != PRG_OK)
 		goto pass;
 
-	__u32 h = gs_hash(&f);
+	__u32 h = prg_flow_hash(&f);
 	__u32 slot = gs_slot(h, n);
 	__u32 batch = cfg->batch; /* read once: Go may rewrite the config under us */
 	int opens = 0;

@@ -17,26 +17,24 @@
  *                   It only reads the flow map: in full-path mode Go points prg_mf_flows at the
  *                   XDP split's prg_gs_mflows (same key and value layout).
  *
- * The flow key is grosplit's (struct gs_flow): inner 5-tuple, words as loaded from the packet,
- * ports 0 for IP fragments. Keep the parsing in step with grosplit.bpf.c and the Go model.
+ * The flow key and hash are every program's (struct prg_flow, prg_flow_hash in bpf/parse.h), as
+ * in grosplit.bpf.c, so a flow's first batch starts on the same slot in both modes.
  */
 #include "common.h"
 #include "rps.h"
-#include <bpf/bpf_endian.h>
+#include "vxlan.h"
 #include "mflow.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 #define MF_MAX_SLOTS 64
-#define MF_MAX_PORTS 8
 #define TCX_NEXT (-1)
 
 struct mf_cfg {
 	__u32 n_cpus;      /* 0 = off: everything untouched */
 	__u32 mice_affine; /* 1: mice keep the kernel's hash (RPS spreads them by flow) */
-	__u32 n_ports;
 	__u32 merge;       /* 1: prg_mflow_port merges split flows */
-	__u16 vxlan_ports[MF_MAX_PORTS];
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* vxlan.h */
 	__u32 cpus[MF_MAX_SLOTS]; /* ascending: the order of the RPS map */
 	struct mf_params mf;
 };
@@ -52,13 +50,6 @@ struct mf_stats {
 	__u64 merge_to_cpu[MF_MAX_CPUS];
 	__u64 last_hash;   /* debug: the hash written last */
 	__u64 last_slot;
-};
-
-struct mf_key {
-	__u32 src[4];
-	__u32 dst[4];
-	__u32 ports;
-	__u32 proto;
 };
 
 struct {
@@ -79,101 +70,9 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct mf_key);
+	__type(key, struct prg_flow);
 	__type(value, struct mf_flow_state);
 } prg_mf_flows SEC(".maps");
-
-/* grosplit's gs_hash, so a flow's first batch starts on the same slot in both modes. */
-static __always_inline __u32 mf_hash(const struct mf_key *f)
-{
-	__u32 h = 0x9e3779b9;
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->src[i]);
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ f->dst[i]);
-	h = prg_fmix32(h ^ f->ports);
-	return prg_fmix32(h ^ f->proto);
-}
-
-/* Inner frame at off -> key. 0 ok, -1 not IP or malformed. */
-static __always_inline int mf_parse(struct __sk_buff *ctx, __u32 off, struct mf_key *f)
-{
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(ctx, off, &eth, sizeof(eth)))
-		return -1;
-	off += sizeof(eth);
-	__u16 proto = bpf_ntohs(eth.h_proto);
-	int l4ok = 0;
-	if (proto == 0x0800) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
-			return -1;
-		f->src[0] = ip.saddr;
-		f->dst[0] = ip.daddr;
-		f->proto = ip.protocol;
-		off += ip.ihl * 4;
-		l4ok = (ip.frag_off & bpf_htons(0x3fff)) == 0;
-	} else if (proto == 0x86dd) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6)
-			return -1;
-		__builtin_memcpy(f->src, &ip6.saddr, 16);
-		__builtin_memcpy(f->dst, &ip6.daddr, 16);
-		f->proto = ip6.nexthdr;
-		off += sizeof(ip6);
-		l4ok = 1;
-	} else {
-		return -1;
-	}
-	if (l4ok && (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP || f->proto == 132)) {
-		__u16 p[2];
-		if (bpf_skb_load_bytes(ctx, off, p, sizeof(p)))
-			return -1;
-		f->ports = (__u32)p[0] | ((__u32)p[1] << 16);
-	}
-	return 0;
-}
-
-static __always_inline int mf_is_vxlan(const struct mf_cfg *cfg, __u16 port)
-{
-#pragma unroll
-	for (int i = 0; i < MF_MAX_PORTS; i++) {
-		if (i >= cfg->n_ports)
-			break;
-		if (cfg->vxlan_ports[i] == port)
-			return 1;
-	}
-	return 0;
-}
-
-/* Outer Ethernet / IPv4|IPv6 / UDP to a VXLAN port: the offset of the inner frame, or 0. */
-static __always_inline __u32 mf_vxlan_inner(struct __sk_buff *ctx, const struct mf_cfg *cfg)
-{
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(ctx, 0, &eth, sizeof(eth)))
-		return 0;
-	__u32 off = sizeof(eth);
-	if (eth.h_proto == bpf_htons(0x0800)) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5 ||
-		    ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x3fff)))
-			return 0;
-		off += ip.ihl * 4;
-	} else if (eth.h_proto == bpf_htons(0x86dd)) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6 || ip6.nexthdr != IPPROTO_UDP)
-			return 0;
-		off += sizeof(ip6);
-	} else {
-		return 0;
-	}
-	struct udphdr udp;
-	if (bpf_skb_load_bytes(ctx, off, &udp, sizeof(udp)) || !mf_is_vxlan(cfg, bpf_ntohs(udp.dest)))
-		return 0;
-	return off + sizeof(udp) + 8;
-}
 
 #define bound_slot(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (MF_MAX_SLOTS - 1); })
 #define bound_cpu(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (MF_MAX_CPUS - 1); })
@@ -187,13 +86,21 @@ int prg_mflow_dev(struct __sk_buff *ctx)
 	if (!cfg || !st)
 		return TCX_NEXT;
 	__u32 n = cfg->n_cpus, batch = cfg->mf.batch;
-	struct mf_key f = {};
-	__u32 inner;
-	if (n == 0 || n > MF_MAX_SLOTS || batch == 0 || !(inner = mf_vxlan_inner(ctx, cfg)) ||
-	    mf_parse(ctx, inner, &f)) {
+	struct prg_hdrs hd = {};
+	struct prg_vxlan vx;
+	struct prg_pkt p;
+	int r = PRG_NO;
+	if (n > 0 && n <= MF_MAX_SLOTS && batch > 0) {
+		prg_pkt_tc(&p, ctx);
+		PRG_TC_PARSE(r, &p, ctx, prg_vxlan_outer(&p, cfg->vxlan_ports, &vx));
+		if (r == PRG_OK)
+			PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, vx.inner, 0, &hd));
+	}
+	if (r != PRG_OK) {
 		st->passed++;
 		return TCX_NEXT;
 	}
+	struct prg_flow f = hd.flow;
 	struct mf_flow_state zs = {}, *s = bpf_map_lookup_elem(&prg_mf_flows, &f);
 	if (!s) {
 		bpf_map_update_elem(&prg_mf_flows, &f, &zs, BPF_NOEXIST);
@@ -204,7 +111,7 @@ int prg_mflow_dev(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 	__u64 units = ctx->gso_segs ? ctx->gso_segs : 1, seq = 0;
-	__u32 fh = mf_hash(&f);
+	__u32 fh = prg_flow_hash(&f);
 	if (!mf_account(s, &cfg->mf, bpf_ktime_get_ns(), units, ctx->len, &seq)) {
 		st->mice += units;
 		if (!cfg->mice_affine)
@@ -239,16 +146,23 @@ int prg_mflow_port(struct __sk_buff *ctx)
 	if (!cfg || !st)
 		return TCX_NEXT;
 	__u32 n = cfg->n_cpus;
-	struct mf_key f = {};
-	if (!cfg->merge || n == 0 || n > MF_MAX_SLOTS || mf_parse(ctx, 0, &f))
+	struct prg_hdrs hd = {};
+	struct prg_pkt p;
+	int r;
+	if (!cfg->merge || n == 0 || n > MF_MAX_SLOTS)
 		return TCX_NEXT;
+	prg_pkt_tc(&p, ctx);
+	PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, 0, 0, &hd));
+	if (r != PRG_OK)
+		return TCX_NEXT;
+	struct prg_flow f = hd.flow;
 	struct mf_flow_state *s = bpf_map_lookup_elem(&prg_mf_flows, &f);
 	if (!s || !s->elephant) {
 		if (!cfg->mice_affine)
 			bpf_set_hash(ctx, 0); /* mice: the container stage stays where it was */
 		return TCX_NEXT;
 	}
-	__u32 fh = mf_hash(&f);
+	__u32 fh = prg_flow_hash(&f);
 	__u32 slot = bound_slot((__u32)(((__u64)fh * n) >> 32));
 	__u32 h = prg_rps_hash(slot, n, fh);
 	bpf_set_hash(ctx, h);

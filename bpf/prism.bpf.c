@@ -42,7 +42,7 @@
  */
 #include "common.h"
 #include "rps.h"
-#include <bpf/bpf_endian.h>
+#include "vxlan.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -50,19 +50,9 @@ char LICENSE[] SEC("license") = "GPL";
 #define PR_MAX_EPS 4096
 #define PR_MAX_DEVS 64
 
-#define PR_ETH_P_IP 0x0800
-#define PR_ETH_P_IPV6 0x86DD
 #define PR_TC_ACT_OK 0
 #define PR_TC_ACT_SHOT 2
 #define PR_PACKET_HOST 0
-
-#define PR_IPPROTO_HOPOPTS 0
-#define PR_IPPROTO_TCP 6
-#define PR_IPPROTO_UDP 17
-#define PR_IPPROTO_ROUTING 43
-#define PR_IPPROTO_FRAGMENT 44
-#define PR_IPPROTO_DSTOPTS 60
-#define PR_IPPROTO_SCTP 132
 
 /* Rule criteria present (prism_rule.flags). Absent criteria match anything. */
 #define PR_R_PROTO 1
@@ -143,7 +133,7 @@ struct prism_iso {
 	__u32 n;
 	__u32 hp_count;
 	__u32 lp_count;
-	__u16 vxlan_port[4]; /* outer UDP destination ports carrying VXLAN (host order), 0 = unused */
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* outer UDP ports carrying VXLAN (vxlan.h) */
 	__u16 hp_idx[PR_MAX_CPUS];
 	__u16 lp_idx[PR_MAX_CPUS];
 };
@@ -242,108 +232,11 @@ struct {
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
-/* The inner headers the rules look at. */
-struct pr_pkt {
-	__u32 family;
-	__u32 saddr[4];
-	__u32 daddr[4];
-	__u16 sport, dport; /* host order, valid with has_ports */
-	__u8 proto;
-	__u8 dscp;
-	__u8 ttl;           /* IPv4 TTL or IPv6 hop limit */
-	__u8 has_ports;
-	__u8 frag;
-};
-
 static __always_inline void count(__u32 i)
 {
 	__u64 *c = bpf_map_lookup_elem(&prg_prism_stat, &i);
 	if (c)
 		*c += 1;
-}
-
-static __always_inline int is_l4_with_ports(__u8 p)
-{
-	return p == PR_IPPROTO_TCP || p == PR_IPPROTO_UDP || p == PR_IPPROTO_SCTP;
-}
-
-/* parse reads the inner Ethernet/IP/L4 headers of the frame at base (0 at the VXLAN device,
- * behind the outer headers at the underlay). -1: not something rules apply to (non-IP, a VLAN
- * tag, short or malformed), and the frame goes the normal path untouched. */
-static __always_inline int parse(struct __sk_buff *ctx, __u32 base, struct ethhdr *eth, struct pr_pkt *p)
-{
-	__u32 off = base + sizeof(*eth), l4;
-	__u8 nh;
-
-	if (bpf_skb_load_bytes(ctx, base, eth, sizeof(*eth)))
-		return -1;
-	if (eth->h_proto == bpf_htons(PR_ETH_P_IP)) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)))
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5 || bpf_ntohs(ip.tot_len) < ip.ihl * 4)
-			return -1;
-		p->family = 4;
-		p->saddr[0] = ip.saddr;
-		p->daddr[0] = ip.daddr;
-		p->proto = ip.protocol;
-		p->dscp = ip.tos >> 2;
-		p->ttl = ip.ttl;
-		/* Only a first fragment carries ports; all fragments of a datagram must share a path,
-		 * so none of them is port-classified. */
-		if (ip.frag_off & bpf_htons(0x3fff)) {
-			p->frag = 1;
-			return 0;
-		}
-		nh = ip.protocol;
-		l4 = off + ip.ihl * 4;
-	} else if (eth->h_proto == bpf_htons(PR_ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)))
-			return -1;
-		if (ip6.version != 6)
-			return -1;
-		p->family = 6;
-		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
-		p->dscp = ((ip6.priority << 4) | (ip6.flow_lbl[0] >> 4)) >> 2;
-		p->ttl = ip6.hop_limit;
-		nh = ip6.nexthdr;
-		l4 = off + sizeof(ip6);
-		/* A few extension headers, as real stacks send them; more is unusual enough to leave
-		 * to the normal path. */
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			__u8 ext[2];
-			if (nh != PR_IPPROTO_HOPOPTS && nh != PR_IPPROTO_ROUTING && nh != PR_IPPROTO_DSTOPTS &&
-			    nh != PR_IPPROTO_FRAGMENT)
-				break;
-			if (bpf_skb_load_bytes(ctx, l4, ext, sizeof(ext)))
-				return -1;
-			if (nh == PR_IPPROTO_FRAGMENT) {
-				p->proto = ext[0];
-				p->frag = 1;
-				return 0;
-			}
-			nh = ext[0];
-			l4 += (ext[1] + 1) * 8;
-		}
-		if (nh == PR_IPPROTO_HOPOPTS || nh == PR_IPPROTO_ROUTING || nh == PR_IPPROTO_DSTOPTS ||
-		    nh == PR_IPPROTO_FRAGMENT)
-			return -1;
-		p->proto = nh;
-	} else {
-		return -1;
-	}
-	if (is_l4_with_ports(nh)) {
-		__u16 ports[2];
-		if (bpf_skb_load_bytes(ctx, l4, ports, sizeof(ports)))
-			return -1; /* truncated L4 header */
-		p->sport = bpf_ntohs(ports[0]);
-		p->dport = bpf_ntohs(ports[1]);
-		p->has_ports = 1;
-	}
-	return 0;
 }
 
 static __always_inline int addr_in(const __u32 *a, const __u32 *net, const __u32 *mask)
@@ -352,31 +245,33 @@ static __always_inline int addr_in(const __u32 *a, const __u32 *net, const __u32
 	       (a[2] & mask[2]) == net[2] && (a[3] & mask[3]) == net[3];
 }
 
-static __always_inline int rule_matches(const struct prism_rule *r, const struct pr_pkt *p)
+/* rule_matches applies one rule to the inner headers (bpf/parse.h). */
+static __always_inline int rule_matches(const struct prism_rule *r, const struct prg_hdrs *p)
 {
 	if (r->family && r->family != p->family)
 		return 0;
-	if ((r->flags & PR_R_PROTO) && r->proto != p->proto)
+	if ((r->flags & PR_R_PROTO) && r->proto != p->flow.proto)
 		return 0;
 	if ((r->flags & PR_R_DSCP) && r->dscp != p->dscp)
 		return 0;
 	if (r->flags & (PR_R_SPORT | PR_R_DPORT)) {
 		if (!p->has_ports)
 			return 0;
-		if ((r->flags & PR_R_SPORT) && (p->sport < r->sport_lo || p->sport > r->sport_hi))
+		__u16 sport = bpf_ntohs(p->flow.sport), dport = bpf_ntohs(p->flow.dport);
+		if ((r->flags & PR_R_SPORT) && (sport < r->sport_lo || sport > r->sport_hi))
 			return 0;
-		if ((r->flags & PR_R_DPORT) && (p->dport < r->dport_lo || p->dport > r->dport_hi))
+		if ((r->flags & PR_R_DPORT) && (dport < r->dport_lo || dport > r->dport_hi))
 			return 0;
 	}
-	if ((r->flags & PR_R_SRC) && !addr_in(p->saddr, r->src, r->smask))
+	if ((r->flags & PR_R_SRC) && !addr_in(p->flow.saddr, r->src, r->smask))
 		return 0;
-	if ((r->flags & PR_R_DST) && !addr_in(p->daddr, r->dst, r->dmask))
+	if ((r->flags & PR_R_DST) && !addr_in(p->flow.daddr, r->dst, r->dmask))
 		return 0;
 	return 1;
 }
 
 struct pr_match {
-	struct pr_pkt p;
+	struct prg_hdrs p;
 	__u32 base; /* first index of the active half */
 	__s32 hit;  /* matching rule's index in prg_prism_rule, -1 none */
 };
@@ -418,7 +313,7 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 }
 
 /* route_rewrite does what IP forwarding out of the bridge does to the frame. 0 on success. */
-static __always_inline int route_rewrite(struct __sk_buff *ctx, const struct pr_pkt *p,
+static __always_inline int route_rewrite(struct __sk_buff *ctx, const struct prg_hdrs *p,
 					 const struct prism_ep *ep)
 {
 	__u8 macs[12];
@@ -448,14 +343,16 @@ static __always_inline int route_rewrite(struct __sk_buff *ctx, const struct pr_
 	return 0;
 }
 
-SEC("tc")
+SEC("tcx/ingress")
 int prg_prism_vx(struct __sk_buff *ctx)
 {
 	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
 	struct prg_dev_key dk = {};
 	struct net_device *nd = skb->dev;
 	struct pr_match m = {.hit = -1};
-	struct ethhdr eth;
+	struct prg_pkt pkt;
+	__u8 dmac[6];
+	int pr;
 
 	count(PR_ST_SEEN);
 	if (!nd) {
@@ -468,10 +365,14 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		count(PR_ST_NODEV);
 		return PR_TC_ACT_OK;
 	}
-	if (parse(ctx, 0, &eth, &m.p)) {
+	prg_pkt_tc(&pkt, ctx);
+	PRG_TC_PARSE(pr, &pkt, ctx, prg_parse_frame(&pkt, 0, 0, &m.p));
+	struct ethhdr *eth = prg_hdr(&pkt, 0, struct ethhdr);
+	if (pr != PRG_OK || !eth) {
 		count(PR_ST_UNPARSED);
 		return PR_TC_ACT_OK;
 	}
+	__builtin_memcpy(dmac, eth->h_dest, sizeof(dmac));
 	if (m.p.frag)
 		count(PR_ST_FRAG);
 
@@ -493,7 +394,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	}
 
 	struct prism_ep_key ek = {.netns = dk.netns, .family = m.p.family};
-	__builtin_memcpy(ek.addr, m.p.daddr, sizeof(ek.addr));
+	__builtin_memcpy(ek.addr, m.p.flow.daddr, sizeof(ek.addr));
 	struct prism_ep *ep = bpf_map_lookup_elem(&prg_prism_ep, &ek);
 	if (!ep) {
 		count(PR_ST_MISS);
@@ -510,7 +411,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		return PR_TC_ACT_SHOT;
 	}
 	if (dev->routed) {
-		if (!mac_eq(eth.h_dest, dev->mac)) {
+		if (!mac_eq(dmac, dev->mac)) {
 			count(PR_ST_L2);
 			return PR_TC_ACT_OK;
 		}
@@ -522,7 +423,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 			count(PR_ST_ERR);
 			return PR_TC_ACT_SHOT;
 		}
-	} else if (!mac_eq(eth.h_dest, ep->ctr_mac)) {
+	} else if (!mac_eq(dmac, ep->ctr_mac)) {
 		count(PR_ST_L2);
 		return PR_TC_ACT_OK;
 	}
@@ -538,77 +439,24 @@ int prg_prism_vx(struct __sk_buff *ctx)
 /* ---- HP isolation: prg_prism_nic at the underlay ---- */
 
 #define PR_TCX_NEXT (-1)
-#define PR_IPPROTO_UDP_OUTER 17
 
 /* The compiler knows the bound and drops a mask the verifier (which does not track "%") needs;
  * an empty asm hides the value from it. */
 #define pr_bound(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (PR_MAX_CPUS - 1); })
 
-/* pkt_hash spreads flows over the CPUs of a class; the same flow always gets the same value, so
- * a flow never changes CPU (no reordering) while the CPU set stays. */
-static __always_inline __u32 pkt_hash(const struct pr_pkt *p)
-{
-	__u32 h = 0x9e3779b9;
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ p->saddr[i]);
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		h = prg_fmix32(h ^ p->daddr[i]);
-	h = prg_fmix32(h ^ (((__u32)p->sport << 16) | p->dport));
-	return prg_fmix32(h ^ p->proto);
-}
-
-static __always_inline int iso_vxlan_port(const struct prism_iso *iso, __u16 port)
-{
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		if (iso->vxlan_port[i] && iso->vxlan_port[i] == port)
-			return 1;
-	return 0;
-}
-
-/* vxlan_inner returns the offset of the inner frame of a VXLAN frame, or 0 if this is not one. */
-static __always_inline __u32 vxlan_inner(struct __sk_buff *ctx, const struct prism_iso *iso)
-{
-	struct ethhdr eth;
-	__u32 off = sizeof(eth), udp_off;
-
-	if (bpf_skb_load_bytes(ctx, 0, &eth, sizeof(eth)))
-		return 0;
-	if (eth.h_proto == bpf_htons(PR_ETH_P_IP)) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5 ||
-		    ip.protocol != PR_IPPROTO_UDP_OUTER || (ip.frag_off & bpf_htons(0x3fff)))
-			return 0;
-		udp_off = off + ip.ihl * 4;
-	} else if (eth.h_proto == bpf_htons(PR_ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6 ||
-		    ip6.nexthdr != PR_IPPROTO_UDP_OUTER)
-			return 0;
-		udp_off = off + sizeof(ip6);
-	} else {
-		return 0;
-	}
-	struct udphdr udp;
-	if (bpf_skb_load_bytes(ctx, udp_off, &udp, sizeof(udp)) || !iso_vxlan_port(iso, bpf_ntohs(udp.dest)))
-		return 0;
-	__u32 vx[2]; /* flags(8) reserved(24) | VNI(24) reserved(8) */
-	if (bpf_skb_load_bytes(ctx, udp_off + sizeof(udp), vx, sizeof(vx)) || !(vx[0] & bpf_htonl(0x08000000)))
-		return 0;
-	return udp_off + sizeof(udp) + sizeof(vx);
-}
-
-SEC("tc")
+SEC("tcx/ingress")
 int prg_prism_nic(struct __sk_buff *ctx)
 {
 	__u32 zero = 0;
+	struct prg_vxlan vx;
+	struct prg_pkt pkt;
+	int r;
 	struct prism_iso *iso = bpf_map_lookup_elem(&prg_prism_iso, &zero);
 	if (!iso)
 		return PR_TCX_NEXT;
-	__u32 inner = vxlan_inner(ctx, iso);
-	if (!inner)
+	prg_pkt_tc(&pkt, ctx);
+	PRG_TC_PARSE(r, &pkt, ctx, prg_vxlan_outer(&pkt, iso->vxlan_ports, &vx));
+	if (r != PRG_OK)
 		return PR_TCX_NEXT; /* not overlay traffic: not ours to steer */
 	count(PR_ST_ISO_VX);
 	__u32 n = iso->n, hp_count = iso->hp_count, lp_count = iso->lp_count;
@@ -618,11 +466,11 @@ int prg_prism_nic(struct __sk_buff *ctx)
 	}
 
 	struct pr_match m = {.hit = -1};
-	struct ethhdr eth;
 	__u32 fh = 0;
 	/* An inner frame the rules cannot read (ARP, VLAN...) is LP: the reserved CPUs carry HP only. */
-	if (!parse(ctx, inner, &eth, &m.p)) {
-		fh = pkt_hash(&m.p);
+	PRG_TC_PARSE(r, &pkt, ctx, prg_parse_frame(&pkt, vx.inner, 0, &m.p));
+	if (r == PRG_OK) {
+		fh = prg_flow_hash(&m.p.flow);
 		classify(&m);
 	}
 	__u32 hp = m.hit >= 0 && hp_count > 0;

@@ -35,13 +35,3 @@ func RPSIndex(cpus []int, cpu int) int {
 	}
 	return idx
 }
-
-// Fmix32 is murmur3's 32-bit finaliser, prg_fmix32 in bpf/rps.h: the programs' hash step.
-func Fmix32(h uint32) uint32 {
-	h ^= h >> 16
-	h *= 0x85ebca6b
-	h ^= h >> 13
-	h *= 0xc2b2ae35
-	h ^= h >> 16
-	return h
-}

@@ -14,14 +14,14 @@ import (
 )
 
 type falFalconCfg struct {
-	_         structs.HostLayout
-	N         uint32
-	Threshold uint32
-	TwoChoice uint32
-	VxlanPort [4]uint16
-	_         [4]byte
-	RepickNs  uint64
-	Cpus      [64]uint32
+	_          structs.HostLayout
+	N          uint32
+	Threshold  uint32
+	TwoChoice  uint32
+	VxlanPorts [8]uint16
+	_          [4]byte
+	RepickNs   uint64
+	Cpus       [64]uint32
 }
 
 type falFalconChoice struct {
@@ -40,14 +40,17 @@ type falFalconDev struct {
 }
 
 type falFalconFlow struct {
-	_     structs.HostLayout
-	Saddr [4]uint32
-	Daddr [4]uint32
-	Sport uint16
-	Dport uint16
-	Proto uint8
-	Pad   [3]uint8
-	Salt  uint32
+	_ structs.HostLayout
+	F struct {
+		_     structs.HostLayout
+		Saddr [4]uint32
+		Daddr [4]uint32
+		Sport uint16
+		Dport uint16
+		Proto uint8
+		Pad   [3]uint8
+	}
+	Salt uint32
 }
 
 type falFalconGate struct {

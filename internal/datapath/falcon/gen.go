@@ -9,4 +9,4 @@
 package falcon
 
 // The generated falcon_bpfel.{go,o} are committed so that `go build` needs no clang.
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem falcon_bpf fal ../../../bpf/falcon.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem falcon_bpf fal ../../../bpf/falcon.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3

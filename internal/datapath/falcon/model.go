@@ -1,7 +1,7 @@
 package falcon
 
 import (
-	"encoding/binary"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"net/netip"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
@@ -50,8 +50,8 @@ func KindName(k uint32) string {
 	return "?"
 }
 
-// Fmix32 is murmur3's finaliser, the program's hash step (datapath.Fmix32).
-func Fmix32(h uint32) uint32 { return datapath.Fmix32(h) }
+// Fmix32 is murmur3's finaliser, the program's hash step (flow.Fmix32).
+func Fmix32(h uint32) uint32 { return flow.Fmix32(h) }
 
 // Flow is an inner 5-tuple as the program reads it: addresses as the 32-bit words it loads from
 // the packet (network byte order in memory, read as little-endian words on this machine), ports
@@ -62,33 +62,8 @@ type Flow struct {
 	Proto        uint8
 }
 
-// words returns the address as the program's saddr/daddr array.
-func words(a netip.Addr) [4]uint32 {
-	var w [4]uint32
-	if a.Is4() {
-		b := a.As4()
-		w[0] = binary.LittleEndian.Uint32(b[:])
-		return w
-	}
-	b := a.As16()
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return w
-}
-
-// Hash is flow_hash(): the flow's hash before any stage salt.
-func (f Flow) Hash() uint32 {
-	h := uint32(0x9e3779b9)
-	for _, w := range words(f.Src) {
-		h = Fmix32(h ^ w)
-	}
-	for _, w := range words(f.Dst) {
-		h = Fmix32(h ^ w)
-	}
-	h = Fmix32(h ^ (uint32(f.Sport)<<16 | uint32(f.Dport)))
-	return Fmix32(h ^ uint32(f.Proto))
-}
+// Hash is prg_flow_hash (bpf/parse.h): the flow's hash before any stage salt.
+func (f Flow) Hash() uint32 { return flow.Hash(f.Src, f.Dst, f.Sport, f.Dport, f.Proto) }
 
 // DeviceSalt is the namespace-unique salt of a device: ifindex repeats across namespaces (Docker's
 // vxlan0 and a container's eth0 can share one), so the namespace inode goes in too.

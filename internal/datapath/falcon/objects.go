@@ -122,11 +122,7 @@ func (o *objects) writeConfig(c Config, vxlanPorts []uint16) error {
 	for i, cpu := range c.CPUs {
 		v.Cpus[i] = uint32(cpu)
 	}
-	for i, p := range vxlanPorts {
-		if i < len(v.VxlanPort) {
-			v.VxlanPort[i] = p
-		}
-	}
+	copy(v.VxlanPorts[:], vxlanPorts)
 	if err := o.Cfg.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("falcon: write config: %w", err)
 	}

@@ -152,7 +152,6 @@ func (c Config) bpfCfg(cpumapID uint32) gsGsCfg {
 	v := gsGsCfg{
 		N_cpus:   uint32(len(c.CPUs)),
 		Batch:    uint32(c.Batch),
-		N_ports:  uint32(len(c.VXLANPorts)),
 		CpumapId: cpumapID,
 	}
 	copy(v.VxlanPorts[:], c.VXLANPorts)

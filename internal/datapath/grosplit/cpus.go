@@ -3,6 +3,7 @@ package grosplit
 import (
 	"errors"
 	"fmt"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -42,7 +43,7 @@ func SetCPUs(pinDir string, cpus []int, queueSize int) error {
 		old = append(old, int(cur.Cpus[i]))
 	}
 	c := Config{CPUs: cpus, QueueSize: queueSize, Batch: int(cur.Batch),
-		VXLANPorts: append([]uint16{}, cur.VxlanPorts[:min(cur.N_ports, MaxPorts)]...), MFlow: mflowOf(cur)}
+		VXLANPorts: append([]uint16{}, flow.PortList(cur.VxlanPorts[:])...), MFlow: mflowOf(cur)}
 	var deq *ebpf.Program
 	if c.MFlow != nil {
 		if deq, err = ebpf.LoadPinnedProgram(filepath.Join(pinDir, pinDeq), nil); err != nil {

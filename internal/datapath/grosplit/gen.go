@@ -24,4 +24,4 @@
 package grosplit
 
 // The generated grosplit_bpfel.{go,o} are committed so that `go build` needs no clang.
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem grosplit_bpf gs ../../../bpf/grosplit.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem grosplit_bpf gs ../../../bpf/grosplit.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3

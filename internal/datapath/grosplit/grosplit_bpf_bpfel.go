@@ -26,12 +26,12 @@ type gsGsCfg struct {
 	_          structs.HostLayout
 	N_cpus     uint32
 	Batch      uint32
-	N_ports    uint32
 	CpumapId   uint32
 	VxlanPorts [8]uint16
 	Cpus       [64]uint32
 	Mflow      uint32
 	MiceAffine uint32
+	_          [4]byte
 	Mf         struct {
 		_        structs.HostLayout
 		Batch    uint32
@@ -42,14 +42,6 @@ type gsGsCfg struct {
 	}
 	RingGuard uint32
 	PadGuard  uint32
-}
-
-type gsGsFlow struct {
-	_     structs.HostLayout
-	Src   [4]uint32
-	Dst   [4]uint32
-	Ports uint32
-	Proto uint32
 }
 
 type gsGsRing struct {
@@ -93,6 +85,16 @@ type gsMfFlowState struct {
 	LastSlot   uint32
 	Promotions uint32
 	Demotions  uint32
+}
+
+type gsPrgFlow struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 // Names of all BPF objects in the ELF.

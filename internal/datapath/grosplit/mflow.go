@@ -96,7 +96,7 @@ func ReadFlows(pinDir string) ([]FlowState, error) {
 	}
 	defer m.Close()
 	var out []FlowState
-	var k gsGsFlow
+	var k gsPrgFlow
 	var v gsMfFlowState
 	it := m.Iterate()
 	for it.Next(&k, &v) {
@@ -108,8 +108,8 @@ func ReadFlows(pinDir string) ([]FlowState, error) {
 	return out, nil
 }
 
-func flowState(k gsGsFlow, v gsMfFlowState) FlowState {
-	return NewFlowState(k.Src, k.Dst, k.Ports, k.Proto, RawFlow{FirstNs: v.FirstNs, LastNs: v.LastNs,
+func flowState(k gsPrgFlow, v gsMfFlowState) FlowState {
+	return NewFlowState(k.Saddr, k.Daddr, k.Sport, k.Dport, k.Proto, RawFlow{FirstNs: v.FirstNs, LastNs: v.LastNs,
 		RatePps: v.RatePps, RateBps: v.RateBps, Pkts: v.Pkts, Bytes: v.Bytes, Seq: v.Seq, Batches: v.Batches,
 		Elephant: v.Elephant, LastSlot: v.LastSlot, Promotions: v.Promotions, Demotions: v.Demotions})
 }
@@ -121,10 +121,10 @@ type RawFlow struct {
 	Elephant, LastSlot, Promotions, Demotions                    uint32
 }
 
-// NewFlowState decodes a flow key (struct gs_flow's words as loaded from the packet) and state.
-func NewFlowState(src, dst [4]uint32, ports, proto uint32, v RawFlow) FlowState {
-	f := FlowState{Src: addrOf(src), Dst: addrOf(dst), Proto: uint8(proto),
-		Sport: portOf(uint16(ports)), Dport: portOf(uint16(ports >> 16)),
+// NewFlowState decodes a flow key (struct prg_flow of bpf/parse.h: words and ports as loaded from
+// the packet) and state.
+func NewFlowState(src, dst [4]uint32, sport, dport uint16, proto uint8, v RawFlow) FlowState {
+	f := FlowState{Src: addrOf(src), Dst: addrOf(dst), Proto: proto, Sport: portOf(sport), Dport: portOf(dport),
 		Elephant: v.Elephant != 0, RatePPS: v.RatePps, RateBPS: v.RateBps, Packets: v.Pkts, Bytes: v.Bytes,
 		Split: v.Seq, Batches: v.Batches, Promotions: v.Promotions, Demotions: v.Demotions,
 		LastSlot: int(v.LastSlot), First: time.Duration(v.FirstNs), Last: time.Duration(v.LastNs)}

@@ -14,7 +14,7 @@ import (
 func (l *loaded) configureMFlow(t *testing.T, n int, m MFlow) {
 	t.Helper()
 	possible, _ := ebpf.PossibleCPU()
-	c := gsGsCfg{N_cpus: uint32(n), N_ports: uint32(len(DefaultVXLANPorts))}
+	c := gsGsCfg{N_cpus: uint32(n)}
 	copy(c.VxlanPorts[:], DefaultVXLANPorts)
 	for i := 0; i < n; i++ {
 		c.Cpus[i] = uint32(i % possible)
@@ -32,7 +32,8 @@ func (l *loaded) flowOf(t *testing.T, frame []byte) (gsMfFlowState, bool) {
 	if !ok {
 		t.Fatal("model cannot parse the frame")
 	}
-	k := gsGsFlow{Src: f.src, Dst: f.dst, Ports: f.ports, Proto: f.proto}
+	k := gsPrgFlow{Saddr: f.Src, Daddr: f.Dst, Proto: f.Proto}
+	k.Sport, k.Dport = f.WirePorts()
 	var v gsMfFlowState
 	err := l.objs.PrgGsMflows.Lookup(&k, &v)
 	return v, err == nil
@@ -195,7 +196,7 @@ func TestMFlowRingGuardDivertsNeverDrops(t *testing.T) {
 	if possible < 2 {
 		t.Skip("needs 2 CPUs")
 	}
-	c := gsGsCfg{N_cpus: 2, N_ports: uint32(len(DefaultVXLANPorts)), RingGuard: 10}
+	c := gsGsCfg{N_cpus: 2, RingGuard: 10}
 	copy(c.VxlanPorts[:], DefaultVXLANPorts)
 	c.Cpus[0], c.Cpus[1] = 0, 1
 	(&MFlow{Batch: 1000, Window: time.Second}).fill(&c)

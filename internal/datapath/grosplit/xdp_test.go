@@ -64,7 +64,7 @@ func load(t *testing.T) *loaded {
 func (l *loaded) configure(t *testing.T, n, batch int, ports []uint16) {
 	t.Helper()
 	possible, _ := ebpf.PossibleCPU()
-	c := gsGsCfg{N_cpus: uint32(n), Batch: uint32(batch), N_ports: uint32(len(ports))}
+	c := gsGsCfg{N_cpus: uint32(n), Batch: uint32(batch)}
 	copy(c.VxlanPorts[:], ports)
 	for i := 0; i < n; i++ {
 		c.Cpus[i] = uint32(i % possible)

@@ -2,6 +2,8 @@ package mflow
 
 import (
 	"encoding/binary"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
+	"math/bits"
 	"net/netip"
 	"os"
 	"testing"
@@ -63,13 +65,10 @@ func vxlanFrame(inner []byte) []byte {
 }
 
 // keyOf is the flow key the programs build for innerTCP(sport).
-func keyOf(sport uint16) mfMfKey {
-	s, d := netip.MustParseAddr("198.19.0.2").As4(), netip.MustParseAddr("198.19.0.3").As4()
-	var p [4]byte
-	binary.BigEndian.PutUint16(p[:], sport)
-	binary.BigEndian.PutUint16(p[2:], 5201)
-	return mfMfKey{Src: [4]uint32{binary.LittleEndian.Uint32(s[:])}, Dst: [4]uint32{binary.LittleEndian.Uint32(d[:])},
-		Ports: binary.LittleEndian.Uint32(p[:]), Proto: 6}
+func keyOf(sport uint16) mfPrgFlow {
+	return mfPrgFlow{Saddr: flow.AddrWords(netip.MustParseAddr("198.19.0.2")),
+		Daddr: flow.AddrWords(netip.MustParseAddr("198.19.0.3")),
+		Sport: bits.ReverseBytes16(sport), Dport: bits.ReverseBytes16(5201), Proto: 6}
 }
 
 func configure(t *testing.T, o *mfObjects, c Config) {

@@ -24,4 +24,4 @@
 // See NOTES.md in this directory for the measured figures and what a kernel patch would add.
 package mflow
 
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem mflow_bpf mf ../../../bpf/mflow.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem mflow_bpf mf ../../../bpf/mflow.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3

@@ -17,10 +17,10 @@ type mfMfCfg struct {
 	_          structs.HostLayout
 	N_cpus     uint32
 	MiceAffine uint32
-	N_ports    uint32
 	Merge      uint32
 	VxlanPorts [8]uint16
 	Cpus       [64]uint32
+	_          [4]byte
 	Mf         struct {
 		_        structs.HostLayout
 		Batch    uint32
@@ -50,14 +50,6 @@ type mfMfFlowState struct {
 	Demotions  uint32
 }
 
-type mfMfKey struct {
-	_     structs.HostLayout
-	Src   [4]uint32
-	Dst   [4]uint32
-	Ports uint32
-	Proto uint32
-}
-
 type mfMfStats struct {
 	_          structs.HostLayout
 	Split      uint64
@@ -70,6 +62,16 @@ type mfMfStats struct {
 	MergeToCpu [256]uint64
 	LastHash   uint64
 	LastSlot   uint64
+}
+
+type mfPrgFlow struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 // Names of all BPF objects in the ELF.

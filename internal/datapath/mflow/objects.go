@@ -63,7 +63,7 @@ func writeConfig(m *ebpf.Map, c Config, ports []uint16) error {
 	if len(ports) > len(mfMfCfg{}.VxlanPorts) {
 		return fmt.Errorf("mflow: %d VXLAN ports, at most %d", len(ports), len(mfMfCfg{}.VxlanPorts))
 	}
-	v := mfMfCfg{N_cpus: uint32(len(c.CPUs)), N_ports: uint32(len(ports))}
+	v := mfMfCfg{N_cpus: uint32(len(c.CPUs))}
 	copy(v.VxlanPorts[:], ports)
 	cpus := slices.Sorted(slices.Values(c.CPUs)) // the RPS map's order
 	for i, cpu := range cpus {

@@ -74,10 +74,10 @@ func ReadFlows(st *datapath.State) ([]Flow, error) {
 	}
 	defer m.Close()
 	var out []Flow
-	var k mfMfKey
+	var k mfPrgFlow
 	var v mfMfFlowState
 	for it := m.Iterate(); it.Next(&k, &v); {
-		out = append(out, grosplit.NewFlowState(k.Src, k.Dst, k.Ports, k.Proto, grosplit.RawFlow{FirstNs: v.FirstNs,
+		out = append(out, grosplit.NewFlowState(k.Saddr, k.Daddr, k.Sport, k.Dport, k.Proto, grosplit.RawFlow{FirstNs: v.FirstNs,
 			LastNs: v.LastNs, RatePps: v.RatePps, RateBps: v.RateBps, Pkts: v.Pkts, Bytes: v.Bytes, Seq: v.Seq,
 			Batches: v.Batches, Elephant: v.Elephant, LastSlot: v.LastSlot, Promotions: v.Promotions, Demotions: v.Demotions}))
 	}

@@ -46,4 +46,4 @@
 package prism
 
 // The generated prism_bpf_bpfel.{go,o} are committed so that `go build` needs no clang.
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem prism_bpf prs ../../../bpf/prism.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem prism_bpf prs ../../../bpf/prism.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3

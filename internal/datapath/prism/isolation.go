@@ -156,11 +156,11 @@ func isoKnobs(t *datapath.Topology, c *isoConfig) ([]datapath.Knob, error) {
 
 // writeIso configures prg_prism_nic.
 func (o *objects) writeIso(c *isoConfig, ports []uint16) error {
-	if len(ports) > 4 {
-		return fmt.Errorf("prism: --hp-cpus: %d distinct VXLAN ports; at most 4 are supported", len(ports))
-	}
 	v := prsPrismIso{N: uint32(len(c.Set)), HpCount: uint32(len(c.HP)), LpCount: uint32(len(c.LP))}
-	copy(v.VxlanPort[:], ports)
+	if len(ports) > len(v.VxlanPorts) {
+		return fmt.Errorf("prism: --hp-cpus: %d distinct VXLAN ports; at most %d are supported", len(ports), len(v.VxlanPorts))
+	}
+	copy(v.VxlanPorts[:], ports)
 	for i, cpu := range c.HP {
 		v.HpIdx[i] = uint16(datapath.RPSIndex(c.Set, cpu))
 	}

@@ -59,13 +59,13 @@ type prsPrismEpKey struct {
 }
 
 type prsPrismIso struct {
-	_         structs.HostLayout
-	N         uint32
-	HpCount   uint32
-	LpCount   uint32
-	VxlanPort [4]uint16
-	HpIdx     [256]uint16
-	LpIdx     [256]uint16
+	_          structs.HostLayout
+	N          uint32
+	HpCount    uint32
+	LpCount    uint32
+	VxlanPorts [8]uint16
+	HpIdx      [256]uint16
+	LpIdx      [256]uint16
 }
 
 type prsPrismLast struct {

@@ -12,4 +12,4 @@ package stage
 
 // The generated stage_probe_bpfel.{go,o} are committed so that `go build` needs no clang.
 // Regenerate with `make generate` after editing bpf/stage_probe.bpf.c or bpf/common.h.
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem stage_probe stage ../../../bpf/stage_probe.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem stage_probe stage ../../../bpf/stage_probe.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3
