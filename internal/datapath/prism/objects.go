@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 )
 
 // Pin layout under datapath.PinDir(target)/prism: maps and the program by their kernel names
@@ -113,19 +114,7 @@ func openPinned(target string) (*objects, error) {
 }
 
 // addrWords puts an address in the program's layout: the raw bytes, IPv4 in word 0.
-func addrWords(a netip.Addr) [4]uint32 {
-	var w [4]uint32
-	if a.Is4() {
-		b := a.As4()
-		w[0] = binary.LittleEndian.Uint32(b[:])
-		return w
-	}
-	b := a.As16()
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return w
-}
+func addrWords(a netip.Addr) [4]uint32 { return endpoints.AddrWords(a) }
 
 // maskWords is the netmask of a prefix in the same layout.
 func maskWords(p netip.Prefix) [4]uint32 {

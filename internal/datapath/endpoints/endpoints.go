@@ -1,0 +1,177 @@
+// Package endpoints finds the local pods (containers) behind an overlay's VXLAN devices and keeps
+// the endpoint tables of bpf/pod.h in step with them: pod address -> bridge-side veth, MACs and a
+// DEVMAP_HASH slot that holds the veth. The kernel drops a devmap slot when its device goes, so
+// an eBPF program that checks the slot (prg_pod_lookup4) can never redirect to a vanished or
+// replaced pod. Modes that hand frames straight to pods (prism, fastpath, ezpath) share it.
+package endpoints
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// VXLAN is one VXLAN device of a topology with what delivery to its pods depends on.
+type VXLAN struct {
+	Dev    datapath.Dev
+	Inode  uint32 // netns inode of the device's namespace: the endpoints' domain
+	MAC    net.HardwareAddr
+	Routed bool // no bridge master: flannel-like L3 forwarding to the container bridges
+}
+
+// Endpoint is one pod address a program may deliver to.
+type Endpoint struct {
+	Domain  uint32     // netns inode of the bridge-side veth's namespace (= the VXLAN device's)
+	Addr    netip.Addr // the pod's inner address
+	Netns   string     // namespace of the bridge-side veth
+	Veth    string
+	Ifindex int
+	CtrMAC  net.HardwareAddr // the pod's eth0
+	BrMAC   net.HardwareAddr // the bridge its veth is enslaved to
+}
+
+// Key is the endpoint's key in the table (struct prg_pod_key).
+func (e Endpoint) Key() Key {
+	k := Key{Netns: e.Domain, Family: 4, Addr: AddrWords(e.Addr)}
+	if e.Addr.Is6() {
+		k.Family = 6
+	}
+	return k
+}
+
+// DiscoverVXLAN reads the live state of the topology's VXLAN devices.
+func DiscoverVXLAN(t *datapath.Topology) ([]VXLAN, error) {
+	var out []VXLAN
+	for _, d := range t.ByStage(datapath.StageVXLAN) {
+		ino, err := netnsutil.Inode(netnsutil.Path(d.Netns))
+		if err != nil {
+			return nil, fmt.Errorf("namespace of %s: %w", d, err)
+		}
+		v := VXLAN{Dev: d, Inode: uint32(ino), Routed: d.Master == ""}
+		err = netnsutil.Do(d.Netns, func() error {
+			l, err := netlink.LinkByName(d.Name)
+			if err != nil {
+				return err
+			}
+			v.Dev.Ifindex = l.Attrs().Index
+			v.MAC = l.Attrs().HardwareAddr
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", d, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Discover lists the pod addresses behind each VXLAN device: for every bridge-side veth in the
+// device's namespace (on the device's bridge for the docker style, on any bridge for the routed
+// style) its pod peer's global unicast addresses. Notes say which veths were left out and why.
+func Discover(t *datapath.Topology, vxs []VXLAN) ([]Endpoint, []string) {
+	var out []Endpoint
+	var notes []string
+	for _, vx := range vxs {
+		for _, h := range t.ByStage(datapath.StageVethHost) {
+			if h.Netns != vx.Dev.Netns || (!vx.Routed && h.Master != vx.Dev.Master) {
+				continue
+			}
+			var peer *datapath.Dev
+			for i := range t.Devs {
+				if t.Devs[i].String() == h.Peer {
+					peer = &t.Devs[i]
+				}
+			}
+			if peer == nil {
+				notes = append(notes, fmt.Sprintf("%s: container end not found, its container gets no fast path", h))
+				continue
+			}
+			eps, err := read(vx, h, *peer)
+			if err != nil {
+				notes = append(notes, fmt.Sprintf("%s: %v (no fast path for it)", h, err))
+				continue
+			}
+			out = append(out, eps...)
+		}
+	}
+	return out, notes
+}
+
+func read(vx VXLAN, h, peer datapath.Dev) ([]Endpoint, error) {
+	base := Endpoint{Domain: vx.Inode, Netns: h.Netns, Veth: h.Name}
+	err := netnsutil.Do(h.Netns, func() error {
+		l, err := netlink.LinkByName(h.Name)
+		if err != nil {
+			return err
+		}
+		base.Ifindex = l.Attrs().Index
+		if l.Attrs().MasterIndex == 0 {
+			return fmt.Errorf("no longer on a bridge")
+		}
+		br, err := netlink.LinkByIndex(l.Attrs().MasterIndex)
+		if err != nil {
+			return fmt.Errorf("its bridge: %w", err)
+		}
+		base.BrMAC = br.Attrs().HardwareAddr
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []Endpoint
+	err = netnsutil.Do(peer.Netns, func() error {
+		l, err := netlink.LinkByName(peer.Name)
+		if err != nil {
+			return err
+		}
+		base.CtrMAC = l.Attrs().HardwareAddr
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok || !ip.Unmap().IsGlobalUnicast() {
+				continue // link-local and the like never come through the overlay
+			}
+			e := base
+			e.Addr = ip.Unmap()
+			out = append(out, e)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// AddrWords puts an address in the tables' layout: the raw bytes, IPv4 in word 0.
+func AddrWords(a netip.Addr) [4]uint32 {
+	var w [4]uint32
+	if a.Is4() {
+		b := a.As4()
+		w[0] = binary.LittleEndian.Uint32(b[:])
+		return w
+	}
+	b := a.As16()
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+// WordsAddr is AddrWords backwards.
+func WordsAddr(family uint32, w [4]uint32) netip.Addr {
+	if family == 4 {
+		return netip.AddrFrom4([4]byte{byte(w[0]), byte(w[0] >> 8), byte(w[0] >> 16), byte(w[0] >> 24)})
+	}
+	var b [16]byte
+	for i, x := range w {
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(x), byte(x>>8), byte(x>>16), byte(x>>24)
+	}
+	return netip.AddrFrom16(b)
+}
