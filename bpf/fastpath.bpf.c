@@ -1,0 +1,685 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * fastpath: an ONCache-style overlay fast path on a stock kernel. Per-flow caches, learned from
+ * what the kernel's normal overlay path actually did with a flow's packets, replay that work in
+ * tc for the flow's later packets.
+ *
+ * Flannel layout (VXLAN device, bridge, pod veths and the underlay all in the host namespace):
+ *   prg_fastpath_tx      tcx ingress of each host-side pod veth (packets leaving a pod): push the
+ *                        outer Ethernet/IPv4/UDP/VXLAN headers and the inner Ethernet header the
+ *                        kernel built for this flow, redirect to the underlay. Skips the bridge,
+ *                        IP forwarding, the VXLAN device and the host's IP/UDP output.
+ *   prg_fastpath_rx      tcx ingress of the underlay: a VXLAN frame to this VTEP with our VNI and
+ *                        a learned flow to a local pod loses its outer headers and is handed to
+ *                        the pod with bpf_redirect_peer. Skips vxlan_rcv, gro_cells, the bridge
+ *                        or IP forwarding, and the veth backlog.
+ *   prg_fastpath_lrn_tx  tcx egress of the underlay: learns the template (the first 64 bytes of
+ *                        the frame the VXLAN device built) of flows leaving local pods.
+ *   prg_fastpath_lrn_rx  tcx egress of each host-side pod veth: learns how the normal path
+ *                        delivered a flow to the pod (MACs, TTL change, which veth).
+ * Docker layout (VXLAN device and bridge in an overlay namespace, the underlay in the host's):
+ *   a redirect cannot leave the overlay namespace, so only the bridge and the veth backlog go:
+ *   prg_fastpath_dtx     tcx ingress of each bridge-side veth: redirect to the VXLAN device
+ *                        (skips the bridge; the kernel still encapsulates).
+ *   prg_fastpath_drx     tcx ingress of the VXLAN device: redirect_peer into the container
+ *                        (skips the bridge and the veth backlog).
+ *   prg_fastpath_dlrn_tx tcx egress of the VXLAN device: learns that the bridge sends the flow
+ *                        there, and with which Ethernet header.
+ *   prg_fastpath_lrn_rx  as above, on the bridge-side veths.
+ *
+ * "Established": a flow is fast only after the normal path carried it in both directions. The
+ * learners sit at the far end of the normal path, so what they see was accepted by the kernel's
+ * routing, bridge and firewall; a direction is marked learned only for packets the fast path
+ * handed to the normal path itself (it records the TTL it saw, from which the learner derives
+ * the normal path's TTL change). Each direction is re-learned from the normal path every
+ * FP_REVALIDATE_NS (one packet takes the normal path), so conntrack and routing stay in the loop
+ * and a cache is never older than that. TCP SYN/FIN/RST always take the normal path (conntrack
+ * sees the connection open and close). The node agent deletes flows within a second of a
+ * neighbour, FDB, route, MTU, VXLAN device or pod change. Delivery goes through the endpoint
+ * table of pod.h, which cannot misdeliver to a vanished or replaced pod.
+ *
+ * Every miss returns TCX_NEXT, so later tcx programs and the CNI's own path run unchanged.
+ */
+#include "common.h"
+#include "pod.h"
+#include <bpf/bpf_endian.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define TCX_NEXT (-1)
+#define TC_ACT_SHOT 2
+#define FP_ETH_P_IP 0x0800
+#define FP_IPPROTO_ICMP 1
+#define FP_IPPROTO_TCP 6
+#define FP_IPPROTO_UDP 17
+#define FP_ENCAP_LEN 50 /* outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14 */
+/* uapi's BPF_F_ADJ_ROOM_ENCAP_L2(len): a macro, so vmlinux.h lacks it. */
+#define FP_ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
+#define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
+#define FP_MAX_FLOWS 65536
+#define FP_MAX_PODS 4096
+/* Each direction of a flow takes the normal path once per this long (re-learned there). */
+#define FP_REVALIDATE_NS (5ULL * 1000000000ULL)
+/* skb->mark of frames prg_fastpath_tx/dtx redirected, so the learner behind them skips them and
+ * gives the mark back (a pod's packet arrives at its host-side veth with mark 0: crossing the
+ * namespace scrubbed it). */
+#define FP_MARK 0x0fa57000
+
+/* cfg.flags */
+#define FP_C_ON 1      /* configured */
+#define FP_C_DOCKER 2  /* docker layout (dtx/drx); else flannel layout (tx/rx) */
+#define FP_C_ROUTED 4  /* the VXLAN device has no bridge: decapsulated frames are IP-forwarded */
+#define FP_C_UNSUP 8   /* the device does something the fast path does not reproduce (TOS/DF inherit, ...) */
+
+/* flow.flags */
+#define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
+#define FP_F_IN 2   /* the normal path delivered the flow to the pod */
+#define FP_F_CSUM 4 /* the device set an outer UDP checksum: not reproduced, normal path */
+
+/* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
+ * Keep in step with stats.go. */
+enum {
+	FP_R_HIT,    /* took the fast path */
+	FP_R_MISS,   /* flow not (yet) learned both ways: normal path */
+	FP_R_STALE,  /* due for re-learning, or the cache no longer matches the pod/VTEP: normal path */
+	FP_R_NOTIP,  /* not IPv4 (ARP, IPv6, ...): normal path */
+	FP_R_L2,     /* broadcast/multicast, or not the MAC the normal path accepts: normal path */
+	FP_R_OPTS,   /* IPv4 options (inner or outer): normal path */
+	FP_R_FRAG,   /* a fragment (inner or outer): normal path */
+	FP_R_PROTO,  /* not TCP/UDP/ICMP echo, or a TCP SYN/FIN/RST: normal path */
+	FP_R_NOPOD,  /* ingress: inner destination is not a live local pod (the node itself, ...) */
+	FP_R_MTU,    /* would exceed the underlay MTU once encapsulated: normal path */
+	FP_R_TTL,    /* TTL would expire on the routed hop: normal path (it sends the ICMP error) */
+	FP_R_UNSUP,  /* outer UDP checksum on, TOS/DF inherit, a foreign skb mark: normal path */
+	FP_R_ERR,    /* a helper failed before anything changed: normal path */
+	FP_R_DROP,   /* a helper failed after the packet changed: dropped */
+	FP_R_LEARN,  /* learners: a direction learned from the normal path */
+	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
+	FP_R_N,
+};
+#define FP_DIR_TX 0
+#define FP_DIR_RX 1
+
+struct fp_cfg {
+	__u32 flags;      /* FP_C_* */
+	__u32 underlay;   /* flannel: the underlay's ifindex */
+	__u32 vx_ifindex; /* docker: the VXLAN device's ifindex (overlay namespace) */
+	__u32 vtep;       /* local VTEP IPv4, network order */
+	__u32 vni;        /* host order */
+	__u32 mtu;        /* underlay MTU */
+	__u32 netns;      /* pod endpoint domain: inode of the bridge-side veths' namespace */
+	__u16 port;       /* VXLAN UDP port, network order */
+	__u16 port_min;   /* UDP source port range [min, max), host order, as udp_flow_src_port */
+	__u16 port_max;
+	__u8 vx_mac[6];   /* the VXLAN device's MAC (a routed device only accepts frames to it) */
+};
+
+struct fp_key {
+	__u32 local;  /* the local pod's IPv4 (network order) */
+	__u32 remote; /* the remote end's IPv4 */
+	__u16 lport;  /* network order; ICMP echo: the identifier in both */
+	__u16 rport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct fp_flow {
+	__u8 tmpl[FP_TMPL_LEN]; /* egress: what the kernel put before the inner IP header */
+	__u8 in_mac[12];        /* ingress: dst+src MAC the normal path delivered the flow with */
+	__u32 vtep;             /* the remote VTEP (flannel); ingress checks the outer source */
+	__u32 out_ifindex;      /* the veth the flow leaves the pod on */
+	__u32 in_ifindex;       /* the veth the normal path delivered it to */
+	__u64 out_ns;           /* when each direction was last learned (bpf_ktime_get_coarse_ns) */
+	__u64 in_ns;
+	__u32 flags;            /* FP_F_* */
+	__u8 out_ttl_seen;      /* TTL the fast path saw on its last handover to the normal path */
+	__u8 in_ttl_seen;
+	__u8 out_ttl_dec;       /* TTL change of the normal path, per direction */
+	__u8 in_ttl_dec;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_cfg);
+} prg_fastpath_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FP_MAX_FLOWS);
+	__type(key, struct fp_key);
+	__type(value, struct fp_flow);
+} prg_fastpath_flow SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2 * FP_R_N);
+	__type(key, __u32);
+	__type(value, __u64);
+} prg_fastpath_stat SEC(".maps");
+
+PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
+
+static __always_inline void count(__u32 dir, __u32 r)
+{
+	__u32 i = dir * FP_R_N + r;
+	__u64 *c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline struct fp_cfg *fp_config(void)
+{
+	__u32 zero = 0;
+	struct fp_cfg *c = bpf_map_lookup_elem(&prg_fastpath_cfg, &zero);
+	return c && (c->flags & FP_C_ON) ? c : NULL;
+}
+
+/* The inner packet, as far as the caches look at it. */
+struct fp_pkt {
+	struct ethhdr eth;
+	__u32 saddr, daddr;
+	__u16 sport, dport; /* network order */
+	__u8 proto, ttl, tos;
+	__u8 hdrs; /* IPv4 + L4 header bytes (for the MTU check of GSO segments) */
+};
+
+/* parse reads the inner Ethernet/IPv4/L4 headers at off. 0, or the FP_R_* reason the packet
+ * stays on the normal path. */
+static __always_inline int parse(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p)
+{
+	struct iphdr ip;
+
+	if (bpf_skb_load_bytes(ctx, off, &p->eth, sizeof(p->eth)))
+		return FP_R_NOTIP;
+	if (p->eth.h_proto != bpf_htons(FP_ETH_P_IP))
+		return FP_R_NOTIP;
+	if (p->eth.h_dest[0] & 1)
+		return FP_R_L2;
+	if (bpf_skb_load_bytes(ctx, off + sizeof(p->eth), &ip, sizeof(ip)) || ip.version != 4)
+		return FP_R_NOTIP;
+	if (ip.ihl != 5)
+		return FP_R_OPTS;
+	if (ip.frag_off & bpf_htons(0x3fff))
+		return FP_R_FRAG;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->proto = ip.protocol;
+	p->ttl = ip.ttl;
+	p->tos = ip.tos;
+	off += sizeof(p->eth) + sizeof(ip);
+	if (ip.protocol == FP_IPPROTO_TCP) {
+		__u8 t[14]; /* ports, seq, ack, data offset, flags */
+		if (bpf_skb_load_bytes(ctx, off, t, sizeof(t)))
+			return FP_R_PROTO;
+		if (t[13] & 0x07) /* FIN, SYN, RST: conntrack must see them */
+			return FP_R_PROTO;
+		__builtin_memcpy(&p->sport, t, 2);
+		__builtin_memcpy(&p->dport, t + 2, 2);
+		p->hdrs = sizeof(ip) + (t[12] >> 4) * 4;
+		return 0;
+	}
+	if (ip.protocol == FP_IPPROTO_UDP) {
+		__u16 ports[2];
+		if (bpf_skb_load_bytes(ctx, off, ports, sizeof(ports)))
+			return FP_R_PROTO;
+		p->sport = ports[0];
+		p->dport = ports[1];
+		p->hdrs = sizeof(ip) + 8;
+		return 0;
+	}
+	if (ip.protocol == FP_IPPROTO_ICMP) {
+		__u8 h[6]; /* type, code, checksum, identifier */
+		if (bpf_skb_load_bytes(ctx, off, h, sizeof(h)) || (h[0] != 0 && h[0] != 8) || h[1] != 0)
+			return FP_R_PROTO; /* only echo: errors carry other flows' headers */
+		__builtin_memcpy(&p->sport, h + 4, 2);
+		p->dport = p->sport; /* symmetric: request and reply share the key */
+		p->hdrs = sizeof(ip) + 8;
+		return 0;
+	}
+	return FP_R_PROTO;
+}
+
+static __always_inline void key_out(struct fp_key *k, const struct fp_pkt *p)
+{
+	k->local = p->saddr;
+	k->remote = p->daddr;
+	k->lport = p->sport;
+	k->rport = p->dport;
+	k->proto = p->proto;
+}
+
+static __always_inline void key_in(struct fp_key *k, const struct fp_pkt *p)
+{
+	k->local = p->daddr;
+	k->remote = p->saddr;
+	k->lport = p->dport;
+	k->rport = p->sport;
+	k->proto = p->proto;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return *(__u32 *)a == *(__u32 *)b && *(__u16 *)(a + 4) == *(__u16 *)(b + 4);
+}
+
+/* handover records what the normal path will be learned from and lets the packet go there. */
+static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
+					struct __sk_buff *ctx, __u32 reason)
+{
+	if (f) {
+		f->out_ttl_seen = p->ttl;
+		f->out_ifindex = ctx->ifindex;
+	} else {
+		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
+		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+	}
+	count(FP_DIR_TX, reason);
+	return TCX_NEXT;
+}
+
+static __always_inline int handover_in(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
+				       __u32 vtep, __u32 reason)
+{
+	if (f) {
+		f->in_ttl_seen = p->ttl;
+	} else {
+		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
+		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+	}
+	count(FP_DIR_RX, reason);
+	return TCX_NEXT;
+}
+
+/* lookup_fresh finds the flow of key k; *reason is MISS (not learned both ways) or STALE (this
+ * direction is due for re-learning) when it cannot take the fast path. */
+static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 *reason)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	if (!f) {
+		*reason = FP_R_MISS;
+		return NULL;
+	}
+	if ((f->flags & (FP_F_OUT | FP_F_IN)) != (FP_F_OUT | FP_F_IN)) {
+		*reason = FP_R_MISS;
+		return f;
+	}
+	__u64 then = out ? f->out_ns : f->in_ns;
+	if (bpf_ktime_get_coarse_ns() - then > FP_REVALIDATE_NS) {
+		*reason = FP_R_STALE;
+		return f;
+	}
+	*reason = FP_R_HIT;
+	return f;
+}
+
+/* ttl_sub lowers the IPv4 TTL at off by dec with the header checksum updated. */
+static __always_inline int ttl_sub(struct __sk_buff *ctx, __u32 off, __u8 dec)
+{
+	__u16 oldw, neww;
+
+	if (!dec)
+		return 0;
+	if (bpf_skb_load_bytes(ctx, off + offsetof(struct iphdr, ttl), &oldw, sizeof(oldw)))
+		return -1;
+	neww = oldw;
+	((__u8 *)&neww)[0] -= dec; /* TTL shares a checksum word with the protocol byte */
+	if (bpf_l3_csum_replace(ctx, off + offsetof(struct iphdr, check), oldw, neww, sizeof(neww)))
+		return -1;
+	return bpf_skb_store_bytes(ctx, off + offsetof(struct iphdr, ttl), &neww, sizeof(neww), 0) ? -1 : 0;
+}
+
+static __always_inline __u16 csum_fold(__u32 c)
+{
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return ~c;
+}
+
+/* ---- flannel layout ---- */
+
+SEC("tcx/ingress")
+int prg_fastpath_tx(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_key k = {};
+	struct fp_pkt p;
+	__u32 r;
+
+	if (!cfg || (cfg->flags & FP_C_DOCKER))
+		return TCX_NEXT;
+	r = parse(ctx, 0, &p);
+	if (r) {
+		count(FP_DIR_TX, r);
+		return TCX_NEXT;
+	}
+	key_out(&k, &p);
+	struct fp_flow *f = lookup(&k, 1, &r);
+	if (r != FP_R_HIT)
+		return handover_out(f, &k, &p, ctx, r);
+	if (!f)
+		return TCX_NEXT;
+	if (f->out_ifindex != ctx->ifindex)
+		return handover_out(f, &k, &p, ctx, FP_R_STALE);
+	if ((f->flags & FP_F_CSUM) || (cfg->flags & FP_C_UNSUP) || ctx->mark) {
+		count(FP_DIR_TX, FP_R_UNSUP);
+		return TCX_NEXT;
+	}
+	if (p.ttl <= f->out_ttl_dec) {
+		count(FP_DIR_TX, FP_R_TTL);
+		return TCX_NEXT;
+	}
+	/* Outer IPv4 length of the (largest) frame on the wire. */
+	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
+	if (wire > cfg->mtu) {
+		count(FP_DIR_TX, FP_R_MTU);
+		return TCX_NEXT;
+	}
+
+	/* udp_flow_src_port(): the inner flow's hash, taken before the packet grows. */
+	__u32 hash = bpf_get_hash_recalc(ctx);
+	if (!hash) { /* the kernel would hash the MACs instead */
+		count(FP_DIR_TX, FP_R_ERR);
+		return TCX_NEXT;
+	}
+	hash ^= hash << 16;
+	__u16 sport = (__u16)((((__u64)hash) * (__u32)(cfg->port_max - cfg->port_min)) >> 32) + cfg->port_min;
+
+	__u8 h[FP_TMPL_LEN];
+	__builtin_memcpy(h, f->tmpl, sizeof(h));
+	struct iphdr *oip = (void *)(h + sizeof(struct ethhdr));
+	struct udphdr *oudp = (void *)(oip + 1);
+	__u32 olen = ctx->len + FP_ENCAP_LEN - sizeof(struct ethhdr);
+	oip->tot_len = bpf_htons(olen);
+	oip->id = bpf_get_prandom_u32();
+	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner one (CE becomes ECT(0)). */
+	oip->tos = (oip->tos & ~3) | ((p.tos & 3) == 3 ? 2 : (p.tos & 3));
+	oip->check = 0;
+	oip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)oip, sizeof(*oip), 0));
+	oudp->source = bpf_htons(sport);
+	oudp->len = bpf_htons(olen - sizeof(struct iphdr));
+	oudp->check = 0;
+
+	if (bpf_skb_adjust_room(ctx, FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
+					BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+					FP_ADJ_ROOM_ENCAP_L2(sizeof(struct ethhdr)))) {
+		count(FP_DIR_TX, FP_R_ERR);
+		return TCX_NEXT;
+	}
+	if (bpf_skb_store_bytes(ctx, 0, h, sizeof(h), 0) || ttl_sub(ctx, FP_TMPL_LEN, f->out_ttl_dec)) {
+		count(FP_DIR_TX, FP_R_DROP);
+		return TC_ACT_SHOT;
+	}
+	ctx->mark = FP_MARK;
+	count(FP_DIR_TX, FP_R_HIT);
+	return bpf_redirect(cfg->underlay, 0);
+}
+
+/* The outer headers of a VXLAN frame, read in one go. */
+struct fp_outer {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	__u32 vx[2]; /* flags(8) reserved(24) | VNI(24) reserved(8) */
+} __attribute__((packed));
+
+/* outer_ok says whether o is a VXLAN frame of our overlay: IPv4 without options or fragments
+ * to vtep_is (the local VTEP when rx, any when learning), our port and VNI, I flag only. */
+static __always_inline int outer_ok(const struct fp_outer *o, const struct fp_cfg *cfg)
+{
+	return o->eth.h_proto == bpf_htons(FP_ETH_P_IP) && o->ip.version == 4 && o->ip.ihl == 5 &&
+	       o->ip.protocol == FP_IPPROTO_UDP && !(o->ip.frag_off & bpf_htons(0x3fff)) &&
+	       o->udp.dest == cfg->port && o->vx[0] == bpf_htonl(0x08000000) &&
+	       o->vx[1] == bpf_htonl(cfg->vni << 8);
+}
+
+SEC("tcx/ingress")
+int prg_fastpath_rx(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_outer o;
+	struct fp_key k = {};
+	struct fp_pkt p;
+	__u32 r;
+
+	if (!cfg || (cfg->flags & FP_C_DOCKER))
+		return TCX_NEXT;
+	if (bpf_skb_load_bytes(ctx, 0, &o, sizeof(o)) || ctx->pkt_type != 0 /* PACKET_HOST */ ||
+	    o.ip.daddr != cfg->vtep) {
+		count(FP_DIR_RX, FP_R_OTHER);
+		return TCX_NEXT;
+	}
+	if (o.eth.h_proto == bpf_htons(FP_ETH_P_IP) && o.ip.protocol == FP_IPPROTO_UDP) {
+		if (o.ip.ihl != 5) {
+			count(FP_DIR_RX, FP_R_OPTS);
+			return TCX_NEXT;
+		}
+		if (o.ip.frag_off & bpf_htons(0x3fff)) {
+			count(FP_DIR_RX, FP_R_FRAG);
+			return TCX_NEXT;
+		}
+	}
+	if (!outer_ok(&o, cfg)) {
+		count(FP_DIR_RX, FP_R_OTHER);
+		return TCX_NEXT;
+	}
+	r = parse(ctx, sizeof(o), &p);
+	if (r) {
+		count(FP_DIR_RX, r);
+		return TCX_NEXT;
+	}
+	/* flannel.1 takes only frames to its own MAC (anything else is PACKET_OTHERHOST there). */
+	if ((cfg->flags & FP_C_ROUTED) && !mac_eq(p.eth.h_dest, cfg->vx_mac)) {
+		count(FP_DIR_RX, FP_R_L2);
+		return TCX_NEXT;
+	}
+	key_in(&k, &p);
+	struct fp_flow *f = lookup(&k, 0, &r);
+	if (r != FP_R_HIT)
+		return handover_in(f, &k, &p, o.ip.saddr, r);
+	if (!f)
+		return TCX_NEXT;
+	if (f->vtep != o.ip.saddr) /* the remote end moved to another node */
+		return handover_in(f, &k, &p, o.ip.saddr, FP_R_STALE);
+	struct prg_pod *pod = NULL;
+	int pr = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, p.daddr, &pod);
+	if (pr == PRG_POD_MISS || !pod) {
+		count(FP_DIR_RX, FP_R_NOPOD);
+		return TCX_NEXT;
+	}
+	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
+		return handover_in(f, &k, &p, o.ip.saddr, FP_R_STALE);
+	if (p.ttl <= f->in_ttl_dec) {
+		count(FP_DIR_RX, FP_R_TTL);
+		return TCX_NEXT;
+	}
+	if (bpf_skb_adjust_room(ctx, -FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_NO_CSUM_RESET)) {
+		count(FP_DIR_RX, FP_R_ERR);
+		return TCX_NEXT;
+	}
+	/* A verified non-zero outer UDP checksum counted as one CHECKSUM_UNNECESSARY level; it is
+	 * gone now. A zero checksum was never counted. */
+	if (o.udp.check && bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
+		bpf_csum_level(ctx, BPF_CSUM_LEVEL_DEC);
+	if (ttl_sub(ctx, sizeof(struct ethhdr), f->in_ttl_dec)) {
+		count(FP_DIR_RX, FP_R_DROP);
+		return TC_ACT_SHOT;
+	}
+	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
+	if (v < 0) {
+		count(FP_DIR_RX, FP_R_DROP);
+		return TC_ACT_SHOT;
+	}
+	count(FP_DIR_RX, FP_R_HIT);
+	return v;
+}
+
+SEC("tcx/egress")
+int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg;
+	struct fp_outer o;
+	struct fp_key k = {};
+	struct fp_pkt p;
+
+	if (ctx->mark == FP_MARK) { /* ours: give the mark back */
+		ctx->mark = 0;
+		return TCX_NEXT;
+	}
+	cfg = fp_config();
+	if (!cfg || bpf_skb_load_bytes(ctx, 0, &o, sizeof(o)) || !outer_ok(&o, cfg) || o.ip.saddr != cfg->vtep)
+		return TCX_NEXT;
+	if (parse(ctx, sizeof(o), &p))
+		return TCX_NEXT;
+	key_out(&k, &p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
+	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
+		return TCX_NEXT; /* not a flow the fast path handed over */
+	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
+		return TCX_NEXT;
+	f->vtep = o.ip.daddr;
+	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
+	f->out_ttl_seen = 0;
+	if (o.udp.check)
+		f->flags |= FP_F_CSUM;
+	else
+		f->flags &= ~FP_F_CSUM;
+	f->out_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory"); /* the template before the flag */
+	f->flags |= FP_F_OUT;
+	count(FP_DIR_TX, FP_R_LEARN);
+	return TCX_NEXT;
+}
+
+/* Both layouts: how the normal path delivers a flow to the pod, at the end of that path. */
+SEC("tcx/egress")
+int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
+{
+	struct fp_key k = {};
+	struct fp_pkt p;
+
+	if (!fp_config() || parse(ctx, 0, &p))
+		return TCX_NEXT;
+	key_in(&k, &p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
+	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
+		return TCX_NEXT;
+	__builtin_memcpy(f->in_mac, p.eth.h_dest, 6);
+	__builtin_memcpy(f->in_mac + 6, p.eth.h_source, 6);
+	f->in_ifindex = ctx->ifindex;
+	f->in_ttl_dec = f->in_ttl_seen - p.ttl;
+	f->in_ttl_seen = 0;
+	f->in_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory");
+	f->flags |= FP_F_IN;
+	count(FP_DIR_RX, FP_R_LEARN);
+	return TCX_NEXT;
+}
+
+/* ---- docker layout (VXLAN device and bridge in the overlay namespace) ---- */
+
+SEC("tcx/ingress")
+int prg_fastpath_dtx(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_key k = {};
+	struct fp_pkt p;
+	__u32 r;
+
+	if (!cfg || !(cfg->flags & FP_C_DOCKER))
+		return TCX_NEXT;
+	r = parse(ctx, 0, &p);
+	if (r) {
+		count(FP_DIR_TX, r);
+		return TCX_NEXT;
+	}
+	key_out(&k, &p);
+	struct fp_flow *f = lookup(&k, 1, &r);
+	if (r != FP_R_HIT)
+		return handover_out(f, &k, &p, ctx, r);
+	if (!f)
+		return TCX_NEXT;
+	/* The bridge sent this flow to the VXLAN device with this very Ethernet header. */
+	if (f->out_ifindex != ctx->ifindex || !mac_eq(p.eth.h_dest, f->tmpl) || !mac_eq(p.eth.h_source, f->tmpl + 6))
+		return handover_out(f, &k, &p, ctx, FP_R_STALE);
+	if (f->out_ttl_dec || (cfg->flags & FP_C_UNSUP) || ctx->mark) {
+		count(FP_DIR_TX, FP_R_UNSUP);
+		return TCX_NEXT;
+	}
+	ctx->mark = FP_MARK;
+	count(FP_DIR_TX, FP_R_HIT);
+	return bpf_redirect(cfg->vx_ifindex, 0);
+}
+
+SEC("tcx/egress")
+int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
+{
+	struct fp_key k = {};
+	struct fp_pkt p;
+
+	if (ctx->mark == FP_MARK) {
+		ctx->mark = 0;
+		return TCX_NEXT;
+	}
+	if (!fp_config() || parse(ctx, 0, &p))
+		return TCX_NEXT;
+	key_out(&k, &p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
+	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
+		return TCX_NEXT;
+	__builtin_memcpy(f->tmpl, &p.eth, sizeof(p.eth));
+	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
+	f->out_ttl_seen = 0;
+	f->out_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory");
+	f->flags |= FP_F_OUT;
+	count(FP_DIR_TX, FP_R_LEARN);
+	return TCX_NEXT;
+}
+
+SEC("tcx/ingress")
+int prg_fastpath_drx(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_key k = {};
+	struct fp_pkt p;
+	__u32 r;
+
+	if (!cfg || !(cfg->flags & FP_C_DOCKER))
+		return TCX_NEXT;
+	r = parse(ctx, 0, &p);
+	if (r) {
+		count(FP_DIR_RX, r);
+		return TCX_NEXT;
+	}
+	key_in(&k, &p);
+	struct fp_flow *f = lookup(&k, 0, &r);
+	if (r != FP_R_HIT)
+		return handover_in(f, &k, &p, 0, r);
+	if (!f)
+		return TCX_NEXT;
+	struct prg_pod *pod = NULL;
+	int pr = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, p.daddr, &pod);
+	if (pr == PRG_POD_MISS || !pod) {
+		count(FP_DIR_RX, FP_R_NOPOD);
+		return TCX_NEXT;
+	}
+	/* The bridge forwards by dst MAC: only the pod's own MAC reaches it. */
+	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac) ||
+	    !mac_eq(p.eth.h_dest, f->in_mac))
+		return handover_in(f, &k, &p, 0, FP_R_STALE);
+	if (f->in_ttl_dec || (cfg->flags & FP_C_UNSUP)) {
+		count(FP_DIR_RX, FP_R_UNSUP);
+		return TCX_NEXT;
+	}
+	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
+	if (v < 0) {
+		count(FP_DIR_RX, FP_R_DROP);
+		return TC_ACT_SHOT;
+	}
+	count(FP_DIR_RX, FP_R_HIT);
+	return v;
+}

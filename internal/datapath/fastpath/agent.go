@@ -1,0 +1,323 @@
+package fastpath
+
+import (
+	"context"
+	"errors"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// The node agent keeps the caches honest. It listens to netlink in the host namespace and the
+// VXLAN device's: a neighbour or FDB entry that changes its address, a route change, or a change
+// of the underlay or VXLAN device (MTU, addresses, settings) forgets every cached flow (they
+// re-learn from the normal path within a round trip); a pod that comes, goes or changes MAC or
+// address gets its endpoint rewritten and its flows forgotten, and a new pod's veth gets the
+// programs. It also re-reads everything every resyncEvery, so a change netlink does not report
+// (a MAC changed inside a pod's namespace) is caught within that. Correctness does not hinge on
+// it: the programs check the pod's veth and MAC on every packet and re-learn every flow every
+// few seconds.
+
+const (
+	resyncEvery = time.Second
+	idleAfter   = 60 * time.Second // flows neither direction learned for this long are dropped
+)
+
+// AgentLog is the log file of the agent for a target.
+func AgentLog(target string) string { return agentproc.Log(Name, target) }
+
+// RunAgent implements datapath.AgentRunner.
+func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+
+func startAgent(target string) (int, error)  { return agentproc.Start(Name, target) }
+func isAgent(pid int, target string) bool    { return agentproc.Is(pid, Name, target) }
+func stopAgent(pid int, target string) error { return agentproc.Stop(pid, Name, target) }
+
+// RunAgentIfAsked runs the agent and exits when this process was started as one (test binaries
+// that attach fastpath call it first thing in TestMain).
+func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }
+
+func runAgent(ctx context.Context, target string) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	lg := log.New(os.Stderr, "fastpath-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
+	st, err := datapath.LoadState(target, Name)
+	if err != nil || st == nil {
+		return errors.Join(errors.New("fastpath is not attached"), err)
+	}
+	ms, err := readModeState(st)
+	if err != nil || ms.Overlay == nil {
+		return errors.Join(errors.New("fastpath: record has no overlay"), err)
+	}
+	p, err := openPinned(target, true)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	a := &agent{target: target, p: p, lg: lg, ov: ms.Overlay, resync: make(chan struct{}, 1), flush: make(chan string, 1),
+		neigh: map[string]string{}}
+	nss := []string{target}
+	if ms.Overlay.VX.Dev.Netns != target {
+		nss = append(nss, ms.Overlay.VX.Dev.Netns)
+	}
+	for _, ns := range nss {
+		if err := a.watch(ctx, ns); err != nil {
+			lg.Printf("no netlink events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
+		}
+	}
+	lg.Printf("started (%s layout)", ms.Overlay.Layout)
+	tick := time.NewTicker(resyncEvery)
+	defer tick.Stop()
+	for {
+		cur, err := datapath.LoadState(target, Name)
+		if err != nil || cur == nil {
+			lg.Printf("attachment gone, stopping")
+			return nil
+		}
+		a.sync(cur)
+		select {
+		case <-ctx.Done():
+			lg.Printf("stopping")
+			return nil
+		case why := <-a.flush:
+			n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
+			lg.Printf("%s: forgot %d flows", why, n)
+		case <-a.resync:
+			time.Sleep(20 * time.Millisecond) // a burst of events (a pod with several links) settles first
+		case <-tick.C:
+			now := monoNs()
+			a.forget(func(_ fpFpKey, f *fpFpFlow) bool {
+				last := max(f.OutNs, f.InNs)
+				return last != 0 && now-last > uint64(idleAfter)
+			})
+		}
+	}
+}
+
+type agent struct {
+	target string
+	p      *pinned
+	lg     *log.Logger
+	ov     *overlay
+	resync chan struct{}
+	flush  chan string
+	mu     sync.Mutex        // guards neigh (one watcher per namespace)
+	neigh  map[string]string // neighbour/FDB key -> address, to tell a real change from a state change
+}
+
+func monoNs() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return uint64(ts.Nano())
+}
+
+func (a *agent) poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (a *agent) flushFor(why string) {
+	select {
+	case a.flush <- why:
+	default:
+	}
+}
+
+// sync re-reads the overlay and the pods: a changed overlay rewrites the config and forgets
+// every flow; changed pods get new endpoints (their flows forgotten) and new veths the programs.
+func (a *agent) sync(st *datapath.State) {
+	t, err := datapath.Discover(st.Target, st.Options["underlay"])
+	if err != nil {
+		a.lg.Printf("discover: %v", err)
+		return
+	}
+	ov, _, err := readOverlay(t)
+	if err != nil {
+		a.lg.Printf("overlay: %v", err)
+		return
+	}
+	if ov.cfg() != a.ov.cfg() {
+		if err := a.p.PrgFastpathCfg.Put(uint32(0), ov.cfg()); err != nil {
+			a.lg.Printf("write config: %v", err)
+			return
+		}
+		n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
+		a.lg.Printf("overlay changed (%s mtu %d vtep %s port %d vni %d): config rewritten, forgot %d flows",
+			ov.VX.Dev, ov.MTU, ov.VTEP, ov.Port, ov.VNI, n)
+		a.ov = ov
+	}
+	eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+	rep, err := endpoints.Sync(a.p.tables(), eps, time.Now())
+	if err != nil {
+		a.lg.Printf("endpoints: %v", err)
+	}
+	if len(rep.Changed) > 0 {
+		changed := map[uint32]bool{}
+		for _, k := range rep.Changed {
+			if k.Family == 4 {
+				changed[k.Addr[0]] = true
+			}
+		}
+		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return changed[k.Local] })
+		a.lg.Printf("endpoints: %d live, %d added, %d updated, %d gone: forgot %d flows", rep.Live, rep.Added, rep.Updated, rep.Gone, n)
+	}
+	if n, err := attachPods(a.p, a.target, ov, eps); err != nil {
+		a.lg.Printf("attach: %v", err)
+	} else if n > 0 {
+		a.lg.Printf("programs attached to %d new pod veths", n)
+	}
+	pruneLinks(a.target, map[uint32]string{ov.VX.Inode: ov.VX.Dev.Netns})
+}
+
+// forget deletes the flows drop selects and returns how many.
+func (a *agent) forget(drop func(fpFpKey, *fpFpFlow) bool) int {
+	var k fpFpKey
+	var f fpFpFlow
+	var del []fpFpKey
+	it := a.p.PrgFastpathFlow.Iterate()
+	for it.Next(&k, &f) {
+		if drop(k, &f) {
+			del = append(del, k)
+		}
+	}
+	n := 0
+	for _, k := range del {
+		if err := a.p.PrgFastpathFlow.Delete(k); err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
+			n++
+		}
+	}
+	return n
+}
+
+// watch subscribes to link, neighbour/FDB and route changes of namespace ns.
+func (a *agent) watch(ctx context.Context, ns string) error {
+	h, err := netnsutil.Handle(ns)
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	links := make(chan netlink.LinkUpdate, 64)
+	neighs := make(chan netlink.NeighUpdate, 256)
+	routes := make(chan netlink.RouteUpdate, 64)
+	err = errors.Join(netlink.LinkSubscribeAt(h, links, done), netlink.NeighSubscribeAt(h, neighs, done),
+		netlink.RouteSubscribeAt(h, routes, done))
+	if err != nil {
+		close(done)
+		h.Close()
+		return err
+	}
+	if nh, err := netlink.NewHandleAt(h); err == nil {
+		a.learnNeighs(nh, ns)
+		nh.Close()
+	}
+	go func() {
+		defer h.Close()
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u, ok := <-links:
+				if !ok {
+					return
+				}
+				a.poke(a.resync)
+				_ = u
+			case u, ok := <-neighs:
+				if !ok {
+					return
+				}
+				if a.neighChanged(ns, u) {
+					a.flushFor("neighbour/FDB change on ifindex " + itoa(u.LinkIndex))
+				}
+			case u, ok := <-routes:
+				if !ok {
+					return
+				}
+				if u.Table == unix.RT_TABLE_LOCAL {
+					continue // addresses of devices coming and going; the link event covers them
+				}
+				a.flushFor("route change " + u.Dst.String())
+			}
+		}
+	}()
+	return nil
+}
+
+// neighChanged tells whether a neighbour or FDB entry of the underlay or the VXLAN device (the
+// ones a cached header depends on) appeared, went away or changed its address; a mere state
+// change (REACHABLE -> STALE) does not affect a cached header.
+func (a *agent) neighChanged(ns string, u netlink.NeighUpdate) bool {
+	if !a.watched(ns, u.LinkIndex) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key, val := neighKey(ns, u.Neigh)
+	old, known := a.neigh[key]
+	if u.Type == unix.RTM_DELNEIGH {
+		delete(a.neigh, key)
+		return true
+	}
+	if u.State&(netlink.NUD_INCOMPLETE|netlink.NUD_FAILED) != 0 || val == "" {
+		return false
+	}
+	a.neigh[key] = val
+	return !known || old != val
+}
+
+func (a *agent) watched(ns string, ifindex int) bool {
+	return ns == a.target && ifindex == a.ov.Underlay.Ifindex || ns == a.ov.VX.Dev.Netns && ifindex == a.ov.VX.Dev.Ifindex
+}
+
+func neighKey(ns string, n netlink.Neigh) (key, val string) {
+	key = ns + "|" + itoa(n.LinkIndex) + "|" + itoa(n.Family)
+	if n.Family == unix.AF_BRIDGE {
+		return key + "|" + n.HardwareAddr.String(), n.IP.String()
+	}
+	return key + "|" + n.IP.String(), hw(n.HardwareAddr)
+}
+
+// learnNeighs records the current entries of the watched devices of ns, so the first event of
+// an entry is compared with what it was.
+func (a *agent) learnNeighs(h *netlink.Handle, ns string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, fam := range []int{netlink.FAMILY_V4, unix.AF_BRIDGE} {
+		ns2, err := h.NeighList(0, fam)
+		if err != nil {
+			continue
+		}
+		for _, n := range ns2 {
+			if a.watched(ns, n.LinkIndex) {
+				if k, v := neighKey(ns, n); v != "" {
+					a.neigh[k] = v
+				}
+			}
+		}
+	}
+}
+
+func hw(m net.HardwareAddr) string {
+	if len(m) == 0 {
+		return ""
+	}
+	return m.String()
+}
+
+func itoa(i int) string { return fmtInt(int64(i)) }

@@ -1,0 +1,136 @@
+// Package fastpath is peregrine's overlay fast path (`peregrine attach fastpath`): per-flow
+// caches learned from the kernel's normal overlay path, replayed in tc eBPF so that a learned
+// flow skips the VXLAN device, bridge, IP forwarding and veth backlog (flannel layout) or the
+// bridge and veth backlog (docker layout). bpf/fastpath.bpf.c explains the datapath; a node
+// agent (`peregrine agent fastpath`) keeps the pod table and programs current and forgets cached
+// flows within a second of a neighbour, FDB, route, MTU, VXLAN device or pod change.
+package fastpath
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+)
+
+// Name is the mode's name.
+const Name = "fastpath"
+
+// OptAgent ("agent"): "off" runs no node agent (pods and devices are frozen at attach; flows
+// still re-learn every few seconds).
+const OptAgent = "agent"
+
+type mode struct{}
+
+func init() { datapath.Register(mode{}) }
+
+func (mode) Name() string { return Name }
+func (mode) Summary() string {
+	return "overlay fast path: per-flow encap/decap caches learned from the normal path skip the VXLAN device, bridge and veth backlog (ONCache-style)"
+}
+
+// modeState is fastpath's part of the attachment record.
+type modeState struct {
+	Overlay *overlay `json:"overlay"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+func readModeState(st *datapath.State) (modeState, error) {
+	var ms modeState
+	if len(st.ModeState) == 0 {
+		return ms, nil
+	}
+	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
+		return ms, fmt.Errorf("fastpath: record's mode state is corrupt: %w", err)
+	}
+	return ms, nil
+}
+
+// Knobs: the fast path changes no sysfs knob. Unknown options are refused here, before anything
+// changes.
+func (mode) Knobs(_ *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	for k, v := range o.Extra {
+		if k != OptAgent || (v != "off" && v != "on") {
+			return nil, fmt.Errorf("fastpath: unknown option %s=%s (fastpath takes only agent=on|off)", k, v)
+		}
+	}
+	return nil, nil
+}
+
+func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	ov, notes, err := readOverlay(t)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(pinDir(st.Target)); err == nil {
+		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", pinDir(st.Target), label(st.Target))
+	}
+	objs, err := loadObjects()
+	if err != nil {
+		return err
+	}
+	defer objs.Close()
+	dir := pinDir(st.Target)
+	st.Pins = append(st.Pins, dir)
+	if err := pinObjects(objs, dir); err != nil {
+		return err
+	}
+	ms := modeState{Overlay: ov, Notes: notes}
+	for _, u := range ov.Unsup {
+		ms.Notes = append(ms.Notes, fmt.Sprintf("%s: %s is not reproduced: every packet takes the normal path", ov.VX.Dev, u))
+	}
+	st.ModeState, _ = json.Marshal(ms)
+	if err := datapath.SaveState(st); err != nil {
+		return err
+	}
+	p := &pinned{fpMaps: objs.fpMaps, fpPrograms: objs.fpPrograms}
+	// Endpoints first, then the receive side, then the pods' side: a flow learns only once
+	// every piece it needs is in place.
+	eps, epNotes := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+	ms.Notes = append(ms.Notes, epNotes...)
+	if _, err := endpoints.Sync(p.tables(), eps, time.Now()); err != nil {
+		return fmt.Errorf("fastpath: %w", err)
+	}
+	cfg := ov.cfg()
+	if err := p.PrgFastpathCfg.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("fastpath: write config: %w", err)
+	}
+	if err := attachOverlay(p, st.Target, ov); err != nil {
+		return err
+	}
+	if _, err := attachPods(p, st.Target, ov, eps); err != nil {
+		return err
+	}
+	st.ModeState, _ = json.Marshal(ms)
+	if o.Extra[OptAgent] != "off" {
+		pid, err := startAgent(st.Target)
+		if err != nil {
+			return err
+		}
+		st.AgentPID = pid
+	}
+	return nil
+}
+
+// Unload stops the agent, turns the programs off (a packet in flight finds no config and takes
+// the normal path) and removes the tcx links; the framework removes the pin directory after.
+func (mode) Unload(_ context.Context, st *datapath.State) error {
+	var errs []error
+	if st.AgentPID != 0 {
+		errs = append(errs, stopAgent(st.AgentPID, st.Target))
+	}
+	if p, err := openPinned(st.Target, false); err == nil {
+		_ = p.PrgFastpathCfg.Put(uint32(0), fpFpCfg{})
+		p.Close()
+	}
+	if err := os.RemoveAll(filepath.Join(pinDir(st.Target), linksSub)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("fastpath: remove links: %w", err))
+	}
+	return errors.Join(errs...)
+}
