@@ -7,7 +7,8 @@
  * against an ordered rule list; a frame that matches a rule (HP) is handed with
  * bpf_redirect_peer() straight to the container's eth0, so it never meets the bridge, the veth
  * transmit and the per-CPU backlog stage (the third queue of the overlay receive path). Every
- * other frame returns TC_ACT_OK and takes the normal path untouched.
+ * other frame returns TCX_NEXT (so programs attached after it still run) and takes the normal
+ * path untouched.
  *
  * The HP frame must look exactly as the normal path would deliver it:
  *  - docker style (VXLAN enslaved to a bridge, L2): the inner dst MAC is already the
@@ -50,7 +51,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define PR_MAX_EPS 4096
 #define PR_MAX_DEVS 64
 
-#define PR_TC_ACT_OK 0
+#define PR_TCX_NEXT (-1) /* pass on to the next tcx program, or the stack: we are not the last word */
 #define PR_TC_ACT_SHOT 2
 #define PR_PACKET_HOST 0
 
@@ -357,20 +358,20 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	count(PR_ST_SEEN);
 	if (!nd) {
 		count(PR_ST_NODEV);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	prg_dev_key_of(nd, &dk);
 	struct prism_dev *dev = bpf_map_lookup_elem(&prg_prism_dev, &dk);
 	if (!dev) {
 		count(PR_ST_NODEV);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	prg_pkt_tc(&pkt, ctx);
 	PRG_TC_PARSE(pr, &pkt, ctx, prg_parse_frame(&pkt, 0, 0, &m.p));
 	struct ethhdr *eth = prg_hdr(&pkt, 0, struct ethhdr);
 	if (pr != PRG_OK || !eth) {
 		count(PR_ST_UNPARSED);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	__builtin_memcpy(dmac, eth->h_dest, sizeof(dmac));
 	if (m.p.frag)
@@ -379,7 +380,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	classify(&m);
 	if (m.hit < 0) {
 		count(PR_ST_LP);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	count(PR_ST_HP);
 	__u32 hk = m.hit;
@@ -398,7 +399,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	struct prism_ep *ep = bpf_map_lookup_elem(&prg_prism_ep, &ek);
 	if (!ep) {
 		count(PR_ST_MISS);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	if (ep->flags & PR_EP_GONE) {
 		count(PR_ST_GONE);
@@ -413,11 +414,11 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	if (dev->routed) {
 		if (!mac_eq(dmac, dev->mac)) {
 			count(PR_ST_L2);
-			return PR_TC_ACT_OK;
+			return PR_TCX_NEXT;
 		}
 		if (m.p.ttl <= 1) {
 			count(PR_ST_TTL);
-			return PR_TC_ACT_OK;
+			return PR_TCX_NEXT;
 		}
 		if (route_rewrite(ctx, &m.p, ep)) {
 			count(PR_ST_ERR);
@@ -425,7 +426,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		}
 	} else if (!mac_eq(dmac, ep->ctr_mac)) {
 		count(PR_ST_L2);
-		return PR_TC_ACT_OK;
+		return PR_TCX_NEXT;
 	}
 	/* The veth's eth_type_trans would have said PACKET_HOST (the dst MAC is the container's). */
 	if (bpf_skb_change_type(ctx, PR_PACKET_HOST)) {
@@ -438,7 +439,6 @@ int prg_prism_vx(struct __sk_buff *ctx)
 
 /* ---- HP isolation: prg_prism_nic at the underlay ---- */
 
-#define PR_TCX_NEXT (-1)
 
 /* The compiler knows the bound and drops a mask the verifier (which does not track "%") needs;
  * an empty asm hides the value from it. */

@@ -172,6 +172,12 @@ func TestDeviceSplitCountsSegments(t *testing.T) {
 	if r := run(t, o, o.PrgMflowDev, plain, 1); r.split != 0 || r.mice != 0 || r.hashedSlot {
 		t.Errorf("a non-VXLAN frame was touched: %+v", r)
 	}
+	// VXLAN port but no I flag (no valid VNI): not VXLAN either (bpf/vxlan.h).
+	noI := vxlanFrame(innerTCP(40000))
+	noI[14+20+8] = 0
+	if r := run(t, o, o.PrgMflowDev, noI, 1); r.split != 0 || r.mice != 0 || r.hashedSlot {
+		t.Errorf("a VXLAN header without the I flag was split: %+v", r)
+	}
 }
 
 func TestDeviceSplitMiceUntouched(t *testing.T) {

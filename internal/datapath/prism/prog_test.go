@@ -18,7 +18,6 @@ import (
 // device and as the endpoints' veth (a devmap entry needs a real device).
 
 const (
-	tcOK       = 0
 	tcShot     = 2
 	tcRedirect = 7
 	loIfindex  = 1
@@ -158,29 +157,29 @@ func TestClassification(t *testing.T) {
 		stat func(Stats) uint64
 	}{
 		{"tcp dport match", l2(6, 11111), nil, tcRedirect, 0, func(s Stats) uint64 { return s.Redirected }},
-		{"tcp other port", l2(6, 80), nil, tcOK, -1, func(s Stats) uint64 { return s.LP }},
+		{"tcp other port", l2(6, 80), nil, tcxNext, -1, func(s Stats) uint64 { return s.LP }},
 		{"udp sport in range", func() frame { f := l2(17, 9); f.sport = 5500; return f }(), nil, tcRedirect, 1, nil},
 		{"udp sport past range", func() frame { f := l2(17, 9); f.sport = 6000; return f }(), nil, tcRedirect, 5, nil},
 		{"dscp ef", func() frame { f := l2(6, 80); f.tos = 46 << 2; return f }(), nil, tcRedirect, 2, nil},
-		{"dscp af41 only", func() frame { f := l2(6, 80); f.tos = 34 << 2; return f }(), nil, tcOK, -1, nil},
+		{"dscp af41 only", func() frame { f := l2(6, 80); f.tos = 34 << 2; return f }(), nil, tcxNext, -1, nil},
 		{"src cidr", func() frame { f := l2(6, 80); f.saddr = "198.19.3.9"; return f }(), nil, tcRedirect, 3, nil},
-		{"ipv4 fragment, port rule", func() frame { f := l2(6, 11111); f.fragOff = 0x2000; return f }(), nil, tcOK, -1,
+		{"ipv4 fragment, port rule", func() frame { f := l2(6, 11111); f.fragOff = 0x2000; return f }(), nil, tcxNext, -1,
 			func(s Stats) uint64 { return s.Frag }},
 		{"ipv4 later fragment, addr rule", func() frame { f := l2(17, 1); f.fragOff = 100; return f }(), nil, tcRedirect, 5, nil},
 		{"ipv6 tcp match", v6(l2(6, 7000)), nil, tcRedirect, 4, nil},
-		{"ipv6 rule ignores ipv4", l2(6, 7000), nil, tcOK, -1, nil},
+		{"ipv6 rule ignores ipv4", l2(6, 7000), nil, tcxNext, -1, nil},
 		{"ipv6 hop-by-hop then tcp", func() frame { f := v6(l2(6, 7000)); f.hbh = true; return f }(), nil, tcRedirect, 4, nil},
-		{"ipv6 fragment", func() frame { f := v6(l2(6, 7000)); f.fragOff = 1; return f }(), nil, tcOK, -1, func(s Stats) uint64 { return s.Frag }},
+		{"ipv6 fragment", func() frame { f := v6(l2(6, 7000)); f.fragOff = 1; return f }(), nil, tcxNext, -1, func(s Stats) uint64 { return s.Frag }},
 		{"ipv6 dscp ef", func() frame { f := v6(l2(17, 1)); f.tos = 46 << 2; return f }(), nil, tcRedirect, 2, nil},
-		{"vlan tagged", func() frame { f := l2(6, 11111); f.vlan = true; return f }(), nil, tcOK, -1, func(s Stats) uint64 { return s.Unparsed }},
-		{"short: options past the end", frame{}, func() []byte { b := l2(6, 11111).bytes()[:14+20]; b[14] = 0x4f; return b }(), tcOK, -1,
+		{"vlan tagged", func() frame { f := l2(6, 11111); f.vlan = true; return f }(), nil, tcxNext, -1, func(s Stats) uint64 { return s.Unparsed }},
+		{"short: options past the end", frame{}, func() []byte { b := l2(6, 11111).bytes()[:14+20]; b[14] = 0x4f; return b }(), tcxNext, -1,
 			func(s Stats) uint64 { return s.Unparsed }},
-		{"truncated tcp header", frame{}, l2(6, 11111).bytes()[:14+20+2], tcOK, -1, func(s Stats) uint64 { return s.Unparsed }},
-		{"garbage: ip version 5", frame{}, func() []byte { b := l2(6, 11111).bytes(); b[14] = 0x55; return b }(), tcOK, -1,
+		{"truncated tcp header", frame{}, l2(6, 11111).bytes()[:14+20+2], tcxNext, -1, func(s Stats) uint64 { return s.Unparsed }},
+		{"garbage: ip version 5", frame{}, func() []byte { b := l2(6, 11111).bytes(); b[14] = 0x55; return b }(), tcxNext, -1,
 			func(s Stats) uint64 { return s.Unparsed }},
-		{"garbage: ihl 3", frame{}, func() []byte { b := l2(6, 11111).bytes(); b[14] = 0x43; return b }(), tcOK, -1,
+		{"garbage: ihl 3", frame{}, func() []byte { b := l2(6, 11111).bytes(); b[14] = 0x43; return b }(), tcxNext, -1,
 			func(s Stats) uint64 { return s.Unparsed }},
-		{"arp", frame{}, append(append(append(append([]byte{}, ctrMAC...), srcCtrMAC...), 0x08, 0x06), make([]byte, 28)...), tcOK, -1,
+		{"arp", frame{}, append(append(append(append([]byte{}, ctrMAC...), srcCtrMAC...), 0x08, 0x06), make([]byte, 28)...), tcxNext, -1,
 			func(s Stats) uint64 { return s.Unparsed }},
 	}
 	for _, c := range cases {
@@ -225,7 +224,7 @@ func TestDockerL2Checks(t *testing.T) {
 	f := l2(6, 11111)
 	f.dst = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	before := e.stats()
-	if ret, out := e.run(f.bytes()); ret != tcOK || !bytes.Equal(out, f.bytes()) {
+	if ret, out := e.run(f.bytes()); ret != tcxNext || !bytes.Equal(out, f.bytes()) {
 		t.Fatalf("a frame the bridge would not forward to the container must take the normal path: %d", ret)
 	}
 	if e.stats().L2 != before.L2+1 {
@@ -258,7 +257,7 @@ func TestRoutedRewriteEqualsForwarding(t *testing.T) {
 	t.Run("ttl 1 takes the normal path", func(t *testing.T) {
 		f := frame{dst: vtepMAC, src: remoteMAC, saddr: peerIP, daddr: ctrIP, proto: 6, sport: 1, dport: 11111, ttl: 1}
 		before := e.stats()
-		if ret, out := e.run(f.bytes()); ret != tcOK || !bytes.Equal(out, f.bytes()) {
+		if ret, out := e.run(f.bytes()); ret != tcxNext || !bytes.Equal(out, f.bytes()) {
 			t.Fatalf("verdict %d, frame changed: %v", ret, !bytes.Equal(out, f.bytes()))
 		}
 		if e.stats().TTL != before.TTL+1 {
@@ -267,13 +266,13 @@ func TestRoutedRewriteEqualsForwarding(t *testing.T) {
 	})
 	t.Run("not addressed to the vtep", func(t *testing.T) {
 		f := frame{dst: ctrMAC, src: remoteMAC, saddr: peerIP, daddr: ctrIP, proto: 6, sport: 1, dport: 11111}
-		if ret, out := e.run(f.bytes()); ret != tcOK || !bytes.Equal(out, f.bytes()) {
+		if ret, out := e.run(f.bytes()); ret != tcxNext || !bytes.Equal(out, f.bytes()) {
 			t.Fatalf("verdict %d", ret)
 		}
 	})
 	t.Run("lp untouched", func(t *testing.T) {
 		f := frame{dst: vtepMAC, src: remoteMAC, saddr: peerIP, daddr: ctrIP, proto: 6, sport: 1, dport: 80}
-		if ret, out := e.run(f.bytes()); ret != tcOK || !bytes.Equal(out, f.bytes()) {
+		if ret, out := e.run(f.bytes()); ret != tcxNext || !bytes.Equal(out, f.bytes()) {
 			t.Fatalf("verdict %d", ret)
 		}
 	})
@@ -289,7 +288,7 @@ func TestVanishedEndpointsAreDroppedNeverRedirected(t *testing.T) {
 		return ret, before, e.stats()
 	}
 	// No endpoint at all (a container the agent has not seen yet): the normal path decides.
-	if ret, b, a := send("198.19.2.77"); ret != tcOK || a.Miss != b.Miss+1 {
+	if ret, b, a := send("198.19.2.77"); ret != tcxNext || a.Miss != b.Miss+1 {
 		t.Errorf("unknown endpoint: verdict %d, miss %d -> %d", ret, b.Miss, a.Miss)
 	}
 	// The veth was unregistered: the kernel removed its devmap slot.
@@ -318,14 +317,14 @@ func TestRulesChangeLive(t *testing.T) {
 		t.Fatalf("before: %d", ret)
 	}
 	e.setRules("proto=tcp dport=80")
-	if ret, _ := e.run(l2(6, 11111).bytes()); ret != tcOK {
+	if ret, _ := e.run(l2(6, 11111).bytes()); ret != tcxNext {
 		t.Errorf("old rule still matches after the change: %d", ret)
 	}
 	if ret, _ := e.run(l2(6, 80).bytes()); ret != tcRedirect {
 		t.Errorf("new rule does not match: %d", ret)
 	}
 	e.setRules("")
-	if ret, _ := e.run(l2(6, 80).bytes()); ret != tcOK {
+	if ret, _ := e.run(l2(6, 80).bytes()); ret != tcxNext {
 		t.Errorf("no rules must mean no HP: %d", ret)
 	}
 }
@@ -336,7 +335,7 @@ func TestUnconfiguredDevicePasses(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := e.stats()
-	if ret, _ := e.run(l2(6, 1).bytes()); ret != tcOK || e.stats().NoDev != before.NoDev+1 {
+	if ret, _ := e.run(l2(6, 1).bytes()); ret != tcxNext || e.stats().NoDev != before.NoDev+1 {
 		t.Fatalf("verdict %d", ret)
 	}
 }
