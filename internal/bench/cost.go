@@ -19,11 +19,11 @@ import (
 // underlay device, beside the mode's programs, so their ns per run can be given net of the
 // statistics' own overhead.
 type costProbe struct {
-	sw     *bpfstats.Switch
-	probe  []ebpf.ProgramID                // the stage probe's programs
-	calib  map[*testbed]*bpfstats.Calibration
-	progs  map[*testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
-	notes  []string
+	sw    *bpfstats.Switch
+	probe []ebpf.ProgramID // the stage probe's programs
+	calib map[*testbed]*bpfstats.Calibration
+	progs map[*testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
+	notes []string
 }
 
 // enableStats is swapped by tests to prove the switch is given back on every path.

@@ -23,6 +23,12 @@ type Scenario struct {
 	// Background is bulk low-priority traffic during the measurement (PRISM's experiment): iperf3
 	// "tcp" or "udp" between a second container pair on the same hosts; "" or "none" for none.
 	Background string
+	// Injector is how udp-inject sends: "xdp" (default; live-frame XDP, cheap per frame) or
+	// "packet" (AF_PACKET sendmmsg, the fallback for a peer that cannot take XDP frames).
+	Injector string
+	// Rates sweeps udp-inject's offered load (packets/s, 0 = as fast as the sender goes): each
+	// is a point with x "rate". Empty: one point at Rate.
+	Rates []int
 }
 
 // scenarioDef is the fixed part of each named scenario.
@@ -116,6 +122,20 @@ func (s *Scenario) Validate() error {
 			return fmt.Errorf("flows %d out of range 1..128", f)
 		}
 	}
+	if s.Injector == "" {
+		s.Injector = "xdp"
+	}
+	if s.Injector != "" && s.Injector != "xdp" && s.Injector != "packet" {
+		return fmt.Errorf("injector %q: use xdp or packet", s.Injector)
+	}
+	if len(s.Rates) > 0 && s.Name != "udp-inject" {
+		return fmt.Errorf("a rate sweep is for udp-inject only (use --rate for %s)", s.Name)
+	}
+	for _, r := range s.Rates {
+		if r < 0 {
+			return fmt.Errorf("rate %d is negative", r)
+		}
+	}
 	if s.Name == "underload" && s.Rate == 0 {
 		s.Rate = 10000
 	}
@@ -132,7 +152,12 @@ func (s *Scenario) points() []map[string]float64 {
 	var xs []map[string]float64
 	for _, f := range s.Flows {
 		for _, sz := range s.Sizes {
-			xs = append(xs, map[string]float64{"size": float64(sz), "flows": float64(f)})
+			if len(s.Rates) == 0 {
+				xs = append(xs, map[string]float64{"size": float64(sz), "flows": float64(f)})
+			}
+			for _, r := range s.Rates {
+				xs = append(xs, map[string]float64{"size": float64(sz), "flows": float64(f), "rate": float64(r)})
+			}
 		}
 	}
 	return xs

@@ -191,6 +191,9 @@ func RunSuite(ctx context.Context, name string, quick bool, base Options) ([]*re
 	for i, st := range steps {
 		o := base
 		o.Scenario = st.Scenario
+		if o.Scenario.Injector == "" {
+			o.Scenario.Injector = base.Scenario.Injector
+		}
 		o.Configs, _ = ParseConfigs(strings.Join(st.Configs, ","))
 		o.logf("\n== %s %d/%d: %s", name, i+1, len(steps), st.Title)
 		run, path, err := Run(ctx, o)

@@ -74,7 +74,11 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 			m[results.MetricRetransmits] = float64(r.Retransmits)
 		}
 	case "udp-inject":
-		raw, err = s.injectUDP(ctx, p, size, flows, m)
+		rate := s.Rate
+		if r, ok := x["rate"]; ok {
+			rate = int(r)
+		}
+		raw, err = s.injectUDP(ctx, p, size, flows, rate, m)
 	case "pingpong", "underload":
 		mode := workload.SockperfPingPong
 		if s.Name == "underload" {
@@ -121,7 +125,7 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 
 // injectUDP runs the remote-sender emulation: a sink in the receiver, frames injected on the
 // sending host's underlay (VXLAN-encapsulated for overlay styles, plain UDP for native).
-func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows int, m map[string]float64) (any, error) {
+func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows, rate int, m map[string]float64) (any, error) {
 	spec := p.lab.Spec
 	rcvAddr := netip.MustParseAddr(p.receiver.AddrOnly())
 	sink, err := udpsink.Listen(udpsink.Config{Netns: p.receiver.Netns, Addr: rcvAddr, Port: sinkPort,
@@ -142,8 +146,8 @@ func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows int, m map
 	cfg := inject.Config{
 		Netns: p.senderHost, Device: "eth0",
 		DstMAC: inject.MAC(spec.UnderlayMAC(2)), SrcIP: spec.HostAddr(1).Addr(), DstIP: spec.HostAddr(2).Addr(),
-		InnerDstPort: sinkPort, PayloadSize: size, Flows: flows, Rate: float64(s.Rate), Duration: s.Duration,
-		CPU: firstCPU(p.senderCPUs),
+		InnerDstPort: sinkPort, PayloadSize: size, Flows: flows, Rate: float64(rate), Duration: s.Duration,
+		CPU: firstCPU(p.senderCPUs), Method: s.Injector,
 	}
 	switch spec.Style {
 	case lab.StyleNative:
@@ -180,6 +184,14 @@ func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows int, m map
 	if ist.Sent > 0 {
 		m[results.MetricLoss] = 1 - float64(so.st.Received)/float64(ist.Sent)
 	}
+	m[senderCPUKey] = float64(ist.SenderCPUNs)
+	if ist.ProgRuns > 0 {
+		m[senderRunsKey], m[senderRunNsKey] = float64(ist.ProgRuns), float64(ist.ProgRunNs)
+	}
+	if ist.XmitDropped > 0 {
+		m["xmit_dropped_count"] = float64(ist.XmitDropped)
+	}
+	m[results.MetricThroughput] = float64(so.st.Bytes) * 8 / secs
 	m["reordered_count"] = float64(so.st.Reordered)
 	m["socket_drops_count"] = float64(so.st.SocketDrops)
 	if so.st.Received == 0 {

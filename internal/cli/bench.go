@@ -29,6 +29,7 @@ type benchFlags struct {
 	noStage, asJSON, noReport     bool
 	noBPFStats                    bool
 	background, prismRules        string
+	injector, rates               string
 }
 
 func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
@@ -42,6 +43,8 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.StringVar(&b.proto, "proto", "tcp", "pingpong/underload: tcp or udp")
 		f.StringVar(&b.hog, "hog-cpus", "", "keep these CPUs busy with a spinning thread during each measurement (an induced hotspot), e.g. 1")
 		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
+		f.StringVar(&b.rates, "rates", "", "udp-inject: sweep the offered load, packets/s, e.g. 50000,100000,200000,0 (0 = as fast as the sender goes); each rate is a point")
+		f.StringVar(&b.injector, "injector", "xdp", "udp-inject sender: xdp (live-frame XDP, cheap per frame; needs GRO on the receiving underlay veth, as the lab sets) or packet (AF_PACKET sendmmsg)")
 		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
 		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
 	}
@@ -71,6 +74,12 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		}
 	}
 	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background}
+	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
+	if b.rates != "" {
+		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {
+			return o, fmt.Errorf("--rates: %w", err)
+		}
+	}
 	if b.prismRules != "" {
 		o.ModeExtra = map[string]string{"rules": b.prismRules}
 	}

@@ -25,7 +25,7 @@ var costColumns = []struct{ metric, title string }{
 	{results.MetricCPUPerGbps, "CORES/GBPS"},
 }
 
-const costLegend = "CPU = all CPUs' busy time per delivered packet (sender included); RECEIVE = NET_RX softirq, every stage; " +
+const costLegend = "CPU = all CPUs' busy time per delivered packet (sender included); RECEIVE = NET_RX softirq charged to this path's devices, every stage; " +
 	"IRQ CPU = the IRQ CPUs' busy time; SENDER = the injector's own CPU per sent packet; " +
 	"BPF = the datapath's eBPF programs, net of the calibration program; PROBE = the stage probe's programs"
 

@@ -13,9 +13,11 @@ const (
 	// MetricCostCPU is all CPUs' busy time per delivered packet: the whole machine, the
 	// emulated remote sender included.
 	MetricCostCPU = "cost_cpu_ns"
-	// MetricCostReceive is the NET_RX softirq time (every CPU, every stage, the emulated NIC's
-	// poll included) per delivered packet: the kernel's receive path. The overlay tax is this
-	// figure's ratio overlay/native.
+	// MetricCostReceive is the NET_RX softirq time the stage probe charged to the measured
+	// receive path's devices (every CPU, every stage, the emulated NIC's poll included) per
+	// delivered packet: the kernel's receive path, and only ours (other traffic on a shared
+	// machine is not in it). Without stage rows it falls back to all NET_RX time. The overlay
+	// tax is this figure's ratio overlay/native.
 	MetricCostReceive = "cost_receive_ns"
 	// MetricCostIRQCPU is the busy time of the IRQ CPUs (Arrangement.IRQCPUs) per delivered packet.
 	MetricCostIRQCPU = "cost_irq_cpu_ns"
@@ -142,8 +144,13 @@ func RepCosts(r *Rep, in CostInput) map[string]float64 {
 		m[StageCostMetric(st)] = ns / pk
 	}
 	netRx := float64(sumU64(r.NetRxNs))
-	if len(r.NetRxNs) > 0 {
+	switch {
+	case len(r.Stages) > 0:
+		m[MetricCostReceive] = stageSum / pk
+	case len(r.NetRxNs) > 0:
 		m[MetricCostReceive] = netRx / pk
+	}
+	if len(r.NetRxNs) > 0 {
 		m[MetricCostUnattributed] = max(0, netRx-stageSum) / pk
 		if len(r.CPU) > 0 {
 			m[MetricCostOther] = max(0, busyNs-max(netRx, stageSum)) / pk

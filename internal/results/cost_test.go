@@ -43,7 +43,7 @@ func TestRepCostsArithmetic(t *testing.T) {
 	want := map[string]float64{
 		MetricCostCPU:                        2800, // (0.9+0.5) * 2 s / 1e6
 		MetricCostIRQCPU:                     1800, // 0.9 * 2 s / 1e6
-		MetricCostReceive:                    1800, // (1.6+0.2) s of NET_RX / 1e6
+		MetricCostReceive:                    1600, // 1.6 s of NET_RX charged to the path's stages / 1e6
 		StageCostMetric("nic"):               700,  // both CPUs' NIC time
 		StageCostMetric("vxlan"):             500,
 		StageCostMetric("veth"):              400,
@@ -80,6 +80,13 @@ func TestRepCostsWithoutCalibrationHasNoNetFigures(t *testing.T) {
 	r := syntheticRep()
 	r.Programs = r.Programs[1:]
 	m := RepCosts(&r, CostInput{IRQCPUs: []int{0}})
+	if !near(m[MetricCostReceive], 1600) {
+		t.Errorf("receive %v", m[MetricCostReceive])
+	}
+	r.Stages = nil // no stage probe: all NET_RX time
+	if m := RepCosts(&r, CostInput{}); !near(m[MetricCostReceive], 1800) {
+		t.Errorf("receive without stages %v, want 1800", m[MetricCostReceive])
+	}
 	for k := range m {
 		if strings.HasPrefix(k, "bpf_") || k == MetricCostBPF {
 			t.Errorf("%s computed without a calibration program", k)

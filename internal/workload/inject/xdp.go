@@ -60,7 +60,7 @@ func xdpBatch(c Config) int {
 // Each call ends by tearing down its page pool, which on recent kernels sleeps for an RCU grace
 // period (tens of milliseconds on a VM); while one thread sleeps, the others inject, so the
 // receiver sees a steady stream instead of bursts with idle gaps. Sleeping costs no CPU.
-const xdpWorkers = 4
+const xdpWorkers = 8
 
 // runXDP is Run for MethodXDP.
 func runXDP(ctx context.Context, c Config) (Stats, error) {
@@ -187,7 +187,7 @@ func newXDPSender(ctx context.Context, c Config, objs *injObjects) (*xdpSender, 
 	x.chunk = max(xdpBatch(c)/c.Flows, 1)
 	// Calls are long (see xdpWorkers), so the pacer may grant a whole call's worth of due
 	// frames at once.
-	x.p = pacer{rate: c.Rate, maxDebt: 200 * time.Millisecond}
+	x.p = pacer{rate: c.Rate, maxDebt: 5 * time.Millisecond}
 	return x, nil
 }
 
