@@ -74,7 +74,7 @@ char LICENSE[] SEC("license") = "GPL";
 /* flow.flags */
 #define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
 #define FP_F_IN 2   /* the normal path delivered the flow to the pod */
-#define FP_F_CSUM 4 /* the device set an outer UDP checksum: not reproduced, normal path */
+#define FP_F_CSUM 4 /* the device set an outer UDP checksum (the fast path sends 0, see prg_fastpath_tx) */
 
 /* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with stats.go. */
@@ -261,7 +261,7 @@ static __always_inline void key_in(struct fp_key *k, const struct fp_pkt *p)
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
-	return *(__u32 *)a == *(__u32 *)b && *(__u16 *)(a + 4) == *(__u16 *)(b + 4);
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
 }
 
 /* handover records what the normal path will be learned from and lets the packet go there. */
@@ -362,7 +362,7 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	if (f->out_ifindex != ctx->ifindex)
 		return handover_out(f, &k, &p, ctx, FP_R_STALE);
-	if ((f->flags & FP_F_CSUM) || (cfg->flags & FP_C_UNSUP) || ctx->mark) {
+	if ((cfg->flags & FP_C_UNSUP) || ctx->mark) {
 		count(FP_DIR_TX, FP_R_UNSUP);
 		return TCX_NEXT;
 	}
@@ -377,7 +377,11 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 
-	/* udp_flow_src_port(): the inner flow's hash, taken before the packet grows. */
+	/* The outer UDP checksum is always 0, also where the device computes one (udpcsum, the
+	 * kernel's default): BPF cannot mark a GSO packet for per-segment outer checksums
+	 * (SKB_GSO_UDP_TUNNEL_CSUM), and RFC 7348 lets VXLAN over IPv4 send 0, which every receiver
+	 * accepts. Everything else is what the device builds.
+	 * udp_flow_src_port(): the inner flow's hash, taken before the packet grows. */
 	__u32 hash = bpf_get_hash_recalc(ctx);
 	if (!hash) { /* the kernel would hash the MACs instead */
 		count(FP_DIR_TX, FP_R_ERR);

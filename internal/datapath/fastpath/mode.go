@@ -85,6 +85,9 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	for _, u := range ov.Unsup {
 		ms.Notes = append(ms.Notes, fmt.Sprintf("%s: %s is not reproduced: every packet takes the normal path", ov.VX.Dev, u))
 	}
+	if ov.UDPCsum {
+		ms.Notes = append(ms.Notes, fmt.Sprintf("%s computes outer UDP checksums; fast-path frames carry 0 (RFC 7348 allows it over IPv4; eBPF cannot mark GSO packets for per-segment outer checksums)", ov.VX.Dev))
+	}
 	st.ModeState, _ = json.Marshal(ms)
 	if err := datapath.SaveState(st); err != nil {
 		return err

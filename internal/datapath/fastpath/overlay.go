@@ -36,6 +36,7 @@ type overlay struct {
 	PortMin  int             `json:"src_port_min"`
 	PortMax  int             `json:"src_port_max"` // exclusive, as udp_flow_src_port computes
 	MTU      int             `json:"underlay_mtu"`
+	UDPCsum  bool            `json:"udpcsum"`               // the device sets outer UDP checksums (the fast path sends 0)
 	Unsup    []string        `json:"unsupported,omitempty"` // device settings the fast path does not reproduce
 }
 
@@ -79,9 +80,7 @@ func readOverlay(t *datapath.Topology) (*overlay, []string, error) {
 	if vx.TOS == 1 {
 		ov.Unsup = append(ov.Unsup, "tos inherit")
 	}
-	if vx.UDPCSum {
-		ov.Unsup = append(ov.Unsup, "outer UDP checksums (udpcsum)")
-	}
+	ov.UDPCsum = vx.UDPCSum
 	if vx.GBP || vx.FlowBased {
 		ov.Unsup = append(ov.Unsup, "gbp/external (collect_md) device")
 	}
