@@ -122,7 +122,7 @@ machine it shares CPU1 with the application).
 Scenarios:
 ` + bench.ScenarioHelp(),
 	}
-	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd())
+	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd(), newBenchProjectCmd())
 	return c
 }
 
@@ -286,6 +286,67 @@ func runBench(o bench.Options, b *benchFlags) error {
 	return err
 }
 
+func newBenchProjectCmd() *cobra.Command {
+	var cores string
+	c := &cobra.Command{
+		Use:   "project RESULT.json|DIR...",
+		Short: "Model what a machine with more cores would do, from the per-stage costs a run measured",
+		Long: `A model, not a measurement. From each point's measured NET_RX ns per packet per receive
+stage (the stage probe) and each mode's placement rules (vanilla, prism and the native path run a
+flow's stages on one core; rps moves the later stages to a second core; falcon gives stages cores
+of their own; mflow splits the later stages over the other cores), it projects the receive
+capacity at each core count. It first checks itself against the machine the run was measured on
+(each CPU's free time over its stages' cost, the scarcest CPU setting the rate) and prints the
+error where the point was receive-bound. Run a rate sweep up to saturation for a meaningful check.`,
+		Example: `  peregrine bench project results/udp-inject-*.json --cores 1,2,4,8,16
+  peregrine bench run udp-inject --configs native,docker,docker/falcon --rates 100000,0 --out r && peregrine bench project r`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cs, err := parseIntList(cores)
+			if err != nil {
+				return fmt.Errorf("--cores: %w", err)
+			}
+			for _, n := range cs {
+				if n < 1 || n > 4096 {
+					return fmt.Errorf("--cores: %d out of range 1..4096", n)
+				}
+			}
+			runs, err := readRuns(args)
+			if err != nil {
+				return err
+			}
+			return report.Project(os.Stdout, cs, runs...)
+		},
+	}
+	c.Flags().StringVar(&cores, "cores", "1,2,4,8,16", "receive core counts to project to")
+	return c
+}
+
+// readRuns reads result files, or every *.json in the directories given.
+func readRuns(args []string) ([]*results.Run, error) {
+	var files []string
+	for _, a := range args {
+		if st, err := os.Stat(a); err == nil && st.IsDir() {
+			m, _ := filepath.Glob(filepath.Join(a, "*.json"))
+			files = append(files, m...)
+		} else {
+			files = append(files, a)
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no result files (*.json) in %s", strings.Join(args, " "))
+	}
+	var runs []*results.Run
+	for _, f := range files {
+		r, err := results.Read(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
 func newReportCmd() *cobra.Command {
 	var out string
 	c := &cobra.Command{
@@ -295,25 +356,9 @@ func newReportCmd() *cobra.Command {
   peregrine report results/tcp-*.json --out /tmp/rep`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var files []string
-			for _, a := range args {
-				if st, err := os.Stat(a); err == nil && st.IsDir() {
-					m, _ := filepath.Glob(filepath.Join(a, "*.json"))
-					files = append(files, m...)
-				} else {
-					files = append(files, a)
-				}
-			}
-			if len(files) == 0 {
-				return fmt.Errorf("no result files (*.json) in %s", strings.Join(args, " "))
-			}
-			var runs []*results.Run
-			for _, f := range files {
-				r, err := results.Read(f)
-				if err != nil {
-					return fmt.Errorf("%s: %w", f, err)
-				}
-				runs = append(runs, r)
+			runs, err := readRuns(args)
+			if err != nil {
+				return err
 			}
 			if err := report.Table(os.Stdout, runs...); err != nil {
 				return err
