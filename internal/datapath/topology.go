@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -48,6 +50,33 @@ type Topology struct {
 	Host  string   `json:"host"`
 	Devs  []Dev    `json:"devices"`
 	Notes []string `json:"notes,omitempty"` // things discovery saw but could not follow
+	// VXLANPorts are the UDP destination ports of the VXLAN devices found, recorded once here:
+	// every program that recognises VXLAN on the underlay takes its port set from this list.
+	VXLANPorts []uint16 `json:"vxlan_ports,omitempty"`
+}
+
+// VXLANPortSet is the port set for the programs (bpf/vxlan.h): the ports discovery recorded,
+// or the usual two for a record written before they were recorded.
+func (t *Topology) VXLANPortSet() ([]uint16, error) {
+	ports := t.VXLANPorts
+	if len(ports) == 0 {
+		ports = flow.DefaultVXLANPorts
+	}
+	if len(ports) > flow.VXLANMaxPorts {
+		return nil, fmt.Errorf("%d distinct VXLAN ports (%v): the programs match at most %d", len(ports), ports, flow.VXLANMaxPorts)
+	}
+	return slices.Clone(ports), nil
+}
+
+// addVXLANPort records a VXLAN device's destination port (0 means the kernel's default, 8472).
+func (t *Topology) addVXLANPort(vx *netlink.Vxlan) {
+	port := uint16(vx.Port)
+	if port == 0 {
+		port = 8472
+	}
+	if !slices.Contains(t.VXLANPorts, port) {
+		t.VXLANPorts = append(t.VXLANPorts, port)
+	}
 }
 
 // ByStage returns the devices of one stage.
@@ -185,6 +214,7 @@ func Discover(host, underlayOverride string) (*Topology, error) {
 				continue
 			}
 			add(v, l, StageVXLAN)
+			t.addVXLANPort(vx)
 			if underlayOverride == "" {
 				if u := underlayOf(hv, vx); u != nil {
 					add(hv, u, StageNIC)

@@ -155,7 +155,7 @@ func (a *agent) sample(mon *probe.LoadMonitor) error {
 		if cpu >= MaxCPUID {
 			break
 		}
-		if err := a.objs.Load.Put(uint32(cpu), pct(v)); err != nil {
+		if err := a.objs.PrgFalconLoad.Put(uint32(cpu), pct(v)); err != nil {
 			return fmt.Errorf("write load of CPU %d: %w", cpu, err)
 		}
 	}
@@ -295,7 +295,7 @@ func (a *agent) rescan() error {
 			ms.Pieces = append(ms.Pieces, p)
 			a.log.Printf("port %s (peer %s) appeared: attached", p.Dev, p.Next)
 		}
-		writeModeState(st, ms)
+		datapath.WriteModeState(st, ms)
 		return errors.Join(errs...)
 	})
 }

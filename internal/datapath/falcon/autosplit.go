@@ -111,7 +111,7 @@ func (a *agent) dropSplit() error {
 			return rerr
 		}
 		ms.SplitPins = nil
-		writeModeState(st, ms)
+		datapath.WriteModeState(st, ms)
 		return err
 	})
 }

@@ -40,7 +40,7 @@ func newHarness(t *testing.T, cpus []int, twoChoice bool, gateOpen bool) *harnes
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(o.Close)
+	t.Cleanup(func() { o.Close() })
 	cfg := Config{CPUs: cpus, Threshold: 80, TwoChoice: twoChoice, Repick: DefaultRepick}
 	if err := o.writeConfig(cfg, []uint16{4789, 8472}); err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func newHarness(t *testing.T, cpus []int, twoChoice bool, gateOpen bool) *harnes
 
 func (h *harness) setLoad(cpu int, pct uint32) {
 	h.t.Helper()
-	if err := h.o.Load.Put(uint32(cpu), pct); err != nil {
+	if err := h.o.PrgFalconLoad.Put(uint32(cpu), pct); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -70,7 +70,7 @@ func (h *harness) params(gateOpen, twoChoice bool) Params {
 	p := Params{CPUs: h.cpus, Threshold: 80, TwoChoice: twoChoice, GateOpen: gateOpen, Load: map[int]uint32{}}
 	for _, c := range h.cpus {
 		var v uint32
-		_ = h.o.Load.Lookup(uint32(c), &v)
+		_ = h.o.PrgFalconLoad.Lookup(uint32(c), &v)
 		p.Load[c] = v
 	}
 	return p
@@ -89,7 +89,7 @@ func (h *harness) run(prog *ebpf.Program, frame []byte) falFalconLast {
 	for i := range mark {
 		mark[i].Kind = 0xff
 	}
-	if err := h.o.Last.Put(uint32(0), mark); err != nil {
+	if err := h.o.PrgFalconLast.Put(uint32(0), mark); err != nil {
 		h.t.Fatal(err)
 	}
 	out := make([]byte, len(frame)+256)
@@ -104,7 +104,7 @@ func (h *harness) run(prog *ebpf.Program, frame []byte) falFalconLast {
 		h.t.Errorf("program changed the frame")
 	}
 	var per []falFalconLast
-	if err := h.o.Last.Lookup(uint32(0), &per); err != nil {
+	if err := h.o.PrgFalconLast.Lookup(uint32(0), &per); err != nil {
 		h.t.Fatal(err)
 	}
 	for _, l := range per {
@@ -162,11 +162,11 @@ func TestPortProgramFirstSecondStickyGate(t *testing.T) {
 	fh := f.Hash()
 
 	// First choice: CPU 3 is idle.
-	h.expect(h.run(h.o.Port, innerFrame(f)), Choose(h.params(true, true), fh, testSalt), fh)
+	h.expect(h.run(h.o.PrgFalconPort, innerFrame(f)), Choose(h.params(true, true), fh, testSalt), fh)
 
 	// The same flow again, now that CPU 3 is busy: sticky, no re-pick (no reordering).
 	h.setLoad(3, 95)
-	got := h.run(h.o.Port, innerFrame(f))
+	got := h.run(h.o.PrgFalconPort, innerFrame(f))
 	if got.Kind != KindSticky || got.Idx != 3 {
 		t.Fatalf("second packet: %s idx %d, want sticky idx 3", KindName(got.Kind), got.Idx)
 	}
@@ -180,13 +180,13 @@ func TestPortProgramFirstSecondStickyGate(t *testing.T) {
 	if want.Kind != KindSecond {
 		t.Fatalf("model: %s, want second", KindName(want.Kind))
 	}
-	h.expect(h.run(h.o.Port, innerFrame(f)), want, fh)
+	h.expect(h.run(h.o.PrgFalconPort, innerFrame(f)), want, fh)
 
 	// Gate closed: hash 0, the stage stays on the current CPU.
 	if err := h.o.writeGate(Gate{Open: false, Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}
-	h.expect(h.run(h.o.Port, innerFrame(f)), Choose(h.params(false, true), fh, testSalt), fh)
+	h.expect(h.run(h.o.PrgFalconPort, innerFrame(f)), Choose(h.params(false, true), fh, testSalt), fh)
 }
 
 func TestStaticIgnoresLoad(t *testing.T) {
@@ -198,7 +198,7 @@ func TestStaticIgnoresLoad(t *testing.T) {
 	if want.Kind != KindFirst || want.Idx != 2 {
 		t.Fatalf("model: %+v, want first choice idx 2", want)
 	}
-	h.expect(h.run(h.o.Port, innerFrame(f)), want, f.Hash())
+	h.expect(h.run(h.o.PrgFalconPort, innerFrame(f)), want, f.Hash())
 }
 
 func TestNICProgramDecidesVXLANStage(t *testing.T) {
@@ -212,11 +212,11 @@ func TestNICProgramDecidesVXLANStage(t *testing.T) {
 			f.Proto = 6
 		}
 		want := Choose(h.params(true, true), f.Hash(), salt)
-		h.expect(h.run(h.o.Nic, vxlanFrame(innerFrame(f), testVNI, 4789)), want, f.Hash())
+		h.expect(h.run(h.o.PrgFalconNic, vxlanFrame(innerFrame(f), testVNI, 4789)), want, f.Hash())
 	}
 	// flannel's port, IPv6 inside
 	f := Flow{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Sport: 1, Dport: 2, Proto: 17}
-	h.expect(h.run(h.o.Nic, vxlanFrame(innerFrame(f), testVNI, 8472)), Choose(h.params(true, true), f.Hash(), salt), f.Hash())
+	h.expect(h.run(h.o.PrgFalconNic, vxlanFrame(innerFrame(f), testVNI, 8472)), Choose(h.params(true, true), f.Hash(), salt), f.Hash())
 }
 
 // The hash written must make RPS pick exactly the chosen CPU for every set size.
@@ -231,7 +231,7 @@ func TestRPSIndexExactForSetSizes(t *testing.T) {
 		for i := 0; i < 40*n; i++ {
 			f := testFlow(i)
 			want := Choose(h.params(true, true), f.Hash(), testSalt)
-			got := h.run(h.o.Port, innerFrame(f))
+			got := h.run(h.o.PrgFalconPort, innerFrame(f))
 			h.expect(got, want, f.Hash())
 			seen[got.Idx] = true
 		}
@@ -262,7 +262,7 @@ func TestMalformedPassUntouched(t *testing.T) {
 	for name, frame := range cases {
 		t.Run("port/"+name, func(t *testing.T) {
 			h.t = t
-			if got := h.run(h.o.Port, frame); got.Kind != KindPass {
+			if got := h.run(h.o.PrgFalconPort, frame); got.Kind != KindPass {
 				t.Errorf("kind %s, want pass", KindName(got.Kind))
 			}
 		})
@@ -281,7 +281,7 @@ func TestMalformedPassUntouched(t *testing.T) {
 	for name, frame := range nic {
 		t.Run("nic/"+name, func(t *testing.T) {
 			h.t = t
-			if got := h.run(h.o.Nic, frame); got.Kind != KindPass {
+			if got := h.run(h.o.PrgFalconNic, frame); got.Kind != KindPass {
 				t.Errorf("kind %s, want pass", KindName(got.Kind))
 			}
 		})

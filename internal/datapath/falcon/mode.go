@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Mode is FALCON as a datapath mode.
@@ -51,42 +47,17 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	return ks, nil
 }
 
-// checkNotAttached refuses when falcon's pins for the target exist (another process, or a
-// crashed attach nobody detached, holds them) or a prg_falcon program already sits on one of the
-// devices falcon would use. Nothing has been changed when it is called.
+// checkNotAttached refuses when falcon's pins for the target exist or a prg_falcon program
+// already sits on one of the devices falcon would use. Nothing has been changed when it is called.
 func checkNotAttached(t *datapath.Topology) error {
-	dir := pinDir(t.Host)
-	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
-		return fmt.Errorf("falcon: pinned objects already exist at %s (another peregrine attachment or its agent holds them): run `peregrine detach` for this node, or remove that directory if nothing is attached", dir)
+	if err := bpfobj.CheckNoPins("falcon", pinDir(t.Host)); err != nil {
+		return err
 	}
 	for _, d := range t.Devs {
-		at := ebpf.AttachTCXEgress
-		switch d.Stage {
-		case datapath.StageNIC:
-			at = ebpf.AttachTCXIngress
-		case datapath.StageVethHost:
-		default:
+		if d.Stage != datapath.StageNIC && d.Stage != datapath.StageVethHost {
 			continue
 		}
-		var names []string
-		_ = netnsutil.Do(d.Netns, func() error {
-			res, err := link.QueryPrograms(link.QueryOptions{Target: d.Ifindex, Attach: at})
-			if err != nil {
-				return err // no tcx on this kernel: attach will say so
-			}
-			for _, p := range res.Programs {
-				prog, err := ebpf.NewProgramFromID(p.ID)
-				if err != nil {
-					continue
-				}
-				if info, err := prog.Info(); err == nil && strings.HasPrefix(info.Name, "prg_falcon") {
-					names = append(names, fmt.Sprintf("%s (id %d)", info.Name, p.ID))
-				}
-				prog.Close()
-			}
-			return nil
-		})
-		if len(names) > 0 {
+		if names := bpfobj.ProgramsOn(d.Netns, d.Ifindex, d.Stage == datapath.StageVethHost, "prg_falcon"); len(names) > 0 {
 			return fmt.Errorf("falcon: %s already runs %s from another attachment: falcon does not stack with itself; detach that one first", d, strings.Join(names, ", "))
 		}
 	}
@@ -100,9 +71,9 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err != nil {
 		return err
 	}
-	ports, err := vxlanPorts(t)
+	ports, err := t.VXLANPortSet()
 	if err != nil {
-		return err
+		return fmt.Errorf("falcon: %w", err)
 	}
 	objs, err := loadObjects()
 	if err != nil {
@@ -132,12 +103,12 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	var ms modeState
 	for i := range pieces {
 		if err := attachPiece(objs, st.Target, &pieces[i]); err != nil {
-			writeModeState(st, ms)
+			datapath.WriteModeState(st, ms)
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, pieces[i])
 	}
-	writeModeState(st, ms)
+	datapath.WriteModeState(st, ms)
 	if cfg.Split == "on" {
 		if err := splitAttach(t, cfg, st); err != nil {
 			return err

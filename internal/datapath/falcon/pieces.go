@@ -1,18 +1,10 @@
 package falcon
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -37,17 +29,7 @@ type modeState struct {
 
 func readModeState(st *datapath.State) (modeState, error) {
 	var ms modeState
-	if len(st.ModeState) == 0 {
-		return ms, nil
-	}
-	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
-		return ms, fmt.Errorf("falcon: record's mode state is corrupt: %w", err)
-	}
-	return ms, nil
-}
-
-func writeModeState(st *datapath.State, ms modeState) {
-	st.ModeState, _ = json.Marshal(ms)
+	return ms, datapath.ReadModeState(st, &ms)
 }
 
 func (p Piece) key() string { return fmt.Sprintf("%d/%d/%s", p.Inode, p.Dev.Ifindex, p.Dev.Name) }
@@ -77,47 +59,27 @@ func attachPiece(o *objects, target string, p *Piece) error {
 	if err := o.setDev(p.Inode, p.Dev.Ifindex, p.Salt, p.Stage); err != nil {
 		return fmt.Errorf("falcon: %s: device map: %w", p.Dev, err)
 	}
-	prog, at := o.Port, ebpf.AttachTCXEgress
+	prog, egress := o.PrgFalconPort, true
 	if p.Stage == StageIDVXLAN {
-		prog, at = o.Nic, ebpf.AttachTCXIngress
+		prog, egress = o.PrgFalconNic, false
 	}
-	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("%d_%d_%s", p.Inode, p.Dev.Ifindex, sanitize(p.Dev.Name)))
-	var l link.Link
-	err := netnsutil.Do(p.Dev.Netns, func() error {
-		var err error
-		l, err = link.AttachTCX(link.TCXOptions{Interface: p.Dev.Ifindex, Program: prog, Attach: at})
-		return err
-	})
-	if err != nil {
+	p.LinkPin = bpfobj.LinkPin(pinDir(target), p.Inode, p.Dev.Ifindex, p.Dev.Name, "")
+	if err := bpfobj.AttachTCX(prog, p.Dev.Netns, p.Dev.Ifindex, egress, p.LinkPin); err != nil {
 		o.delDev(p.Inode, p.Dev.Ifindex)
-		return fmt.Errorf("falcon: attach tcx to %s: %w (tcx needs Linux 6.6+)", p.Dev, err)
-	}
-	defer l.Close()
-	if err := l.Pin(p.LinkPin); err != nil {
-		o.delDev(p.Inode, p.Dev.Ifindex)
-		return fmt.Errorf("falcon: pin link of %s: %w", p.Dev, err)
+		return fmt.Errorf("falcon: %s: %w", p.Dev, err)
 	}
 	return nil
 }
 
-// detachPiece unpins the device's link (which detaches the program) and forgets the device.
+// detachPiece detaches the device's link, removes its pin and forgets the device.
 func detachPiece(o *objects, p Piece) error {
 	if o != nil {
 		o.delDev(p.Inode, p.Dev.Ifindex)
 	}
-	if err := os.Remove(p.LinkPin); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("falcon: remove link pin of %s: %w", p.Dev, err)
+	if err := bpfobj.DetachPin(p.LinkPin); err != nil {
+		return fmt.Errorf("falcon: %s: %w", p.Dev, err)
 	}
 	return nil
-}
-
-func sanitize(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '/' || r == '.' || r == ' ' {
-			return '_'
-		}
-		return r
-	}, s)
 }
 
 // stageKnobs plans the knobs of a device whose RPS applies falcon's choice: the FALCON set as its
@@ -135,40 +97,6 @@ func stageKnobs(d datapath.Dev, mask string) ([]datapath.Knob, error) {
 		}
 	}
 	return ks, nil
-}
-
-// vxlanPorts lists the UDP ports of the topology's VXLAN devices (the underlay program's filter).
-func vxlanPorts(t *datapath.Topology) ([]uint16, error) {
-	seen := map[uint16]bool{}
-	var out []uint16
-	for _, d := range t.ByStage(datapath.StageVXLAN) {
-		err := netnsutil.Do(d.Netns, func() error {
-			l, err := netlink.LinkByName(d.Name)
-			if err != nil {
-				return err
-			}
-			vx, ok := l.(*netlink.Vxlan)
-			if !ok {
-				return fmt.Errorf("%s is not a VXLAN device", d)
-			}
-			port := uint16(vx.Port)
-			if port == 0 {
-				port = 8472 // the kernel's default when none is given
-			}
-			if !seen[port] {
-				seen[port] = true
-				out = append(out, port)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("falcon: VXLAN port of %s: %w", d, err)
-		}
-	}
-	if len(out) > 4 {
-		return nil, fmt.Errorf("falcon: %d distinct VXLAN ports; at most 4 are supported", len(out))
-	}
-	return out, nil
 }
 
 // desiredPieces lists the devices of a topology falcon attaches to.

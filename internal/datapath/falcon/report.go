@@ -51,7 +51,7 @@ func ReadLive(st *datapath.State, window time.Duration) (*Live, error) {
 	}
 	for _, c := range cfg.CPUs {
 		var v uint32
-		if err := o.Load.Lookup(uint32(c), &v); err == nil {
+		if err := o.PrgFalconLoad.Lookup(uint32(c), &v); err == nil {
 			lv.Load[c] = v
 		}
 	}
@@ -88,7 +88,7 @@ func readStats(o *objects) ([]uint64, error) {
 	out := make([]uint64, stages*slots)
 	for i := range out {
 		var per []uint64
-		if err := o.Stat.Lookup(uint32(i), &per); err != nil {
+		if err := o.PrgFalconStat.Lookup(uint32(i), &per); err != nil {
 			return nil, fmt.Errorf("falcon: read stats: %w", err)
 		}
 		for _, v := range per {

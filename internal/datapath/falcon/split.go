@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 )
 
@@ -23,9 +24,9 @@ func splitAttach(t *datapath.Topology, cfg Config, st *datapath.State) error {
 	}
 	for _, d := range t.ByStage(datapath.StageNIC) {
 		pins, err := grosplit.Attach(grosplit.Config{Netns: d.Netns, Device: d.Name, CPUs: cfg.SplitCPUs,
-			PinDir: filepath.Join(datapath.PinDir(st.Target), "grosplit-"+sanitize(d.Name))})
+			PinDir: filepath.Join(datapath.PinDir(st.Target), "grosplit-"+bpfobj.Sanitize(d.Name))})
 		ms.SplitPins = append(ms.SplitPins, pins...)
-		writeModeState(st, ms)
+		datapath.WriteModeState(st, ms)
 		if err != nil {
 			return fmt.Errorf("falcon: GRO split on %s: %w", d, err)
 		}

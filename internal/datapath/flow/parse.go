@@ -28,6 +28,10 @@ const (
 	udpHeaderLen   = 8
 )
 
+// DefaultVXLANPorts are the IANA port (Linux vxlan's usual setting, Docker overlay) and the
+// Linux default (flannel): the port set where none was discovered or given.
+var DefaultVXLANPorts = []uint16{4789, 8472}
+
 // Key is struct prg_flow: addresses as the programs' words (AddrWords), ports in host order
 // (0 for fragments and protocols without ports).
 type Key struct {
