@@ -162,3 +162,5 @@ func Skipped(layout string) (egress, ingress string) {
 	return "bridge (redirected to the VXLAN device; the kernel still encapsulates, the overlay namespace's IP/UDP output stays)",
 		"bridge and veth backlog (redirect_peer from the VXLAN device; the underlay's IP/UDP and vxlan_rcv stay)"
 }
+
+func devOf(ifindex int) datapath.Dev { return datapath.Dev{Ifindex: ifindex, Name: "lo"} }
