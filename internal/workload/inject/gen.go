@@ -1,4 +1,4 @@
 package inject
 
 // The generated inject_bpf_bpfel.{go,o} are committed so that `go build` needs no clang.
-//go:generate go tool bpf2go -tags linux -target bpfel -output-stem inject_bpf inj ../../../bpf/inject.bpf.c -- -I../../../bpf -I/usr/include -g -O2 -Wall -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target bpfel -output-stem inject_bpf inj ../../../bpf/inject.bpf.c -- -nostdinc -I../../../bpf -I../../../bpf/include -g -O2 -Wall -mcpu=v3
