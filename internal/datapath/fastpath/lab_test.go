@@ -1,0 +1,224 @@
+package fastpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	RunAgentIfAsked()
+	os.Exit(m.Run())
+}
+
+func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
+	t.Helper()
+	testutil.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	t.Cleanup(func() {
+		for _, h := range []string{lab.NsPrefix(spec.Name) + "h1", lab.NsPrefix(spec.Name) + "h2"} {
+			if st, _ := datapath.LoadState(h, Name); st != nil {
+				_, _ = datapath.Detach(context.Background(), h, "")
+			}
+		}
+		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+			t.Errorf("down: %v", err)
+		}
+		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
+	})
+	l, err := lab.Up(ctx, spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func run(t *testing.T, ns string, argv ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := netnsutil.Run(ctx, ns, argv...)
+	if err != nil {
+		t.Fatalf("%s: %s: %v\n%s", ns, strings.Join(argv, " "), err, out)
+	}
+	return out
+}
+
+func attachAll(t *testing.T, hosts []string) {
+	t.Helper()
+	for _, h := range hosts {
+		if _, err := datapath.Attach(context.Background(), h, Name, datapath.Options{}); err != nil {
+			t.Fatalf("attach %s: %v", h, err)
+		}
+	}
+}
+
+func hits(t *testing.T, host string) (uint64, uint64) {
+	t.Helper()
+	v, err := Inspect(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.Egress["hit"], v.Ingress["hit"]
+}
+
+// TestLabFastPath runs the integration checks on both layouts, 2 hosts x 2 containers.
+func TestLabFastPath(t *testing.T) {
+	for _, style := range []string{lab.StyleFlannel, lab.StyleDocker} {
+		t.Run(style, func(t *testing.T) {
+			spec := lab.Spec{Name: "fpt" + style[:1], Style: style, Containers: 2}
+			l := labForTest(t, spec)
+			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			c11, c21 := l.Containers[0], l.Containers[2]
+			dst := strings.Split(c21.Addr, "/")[0]
+
+			// A TCP transfer that spans attach and detach completes.
+			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5301")
+			time.Sleep(300 * time.Millisecond)
+			done := make(chan error, 1)
+			var out string
+			go func() {
+				o, err := netnsutil.Run(context.Background(), c11.Netns, "iperf3", "-c", dst, "-p", "5301", "-t", "4")
+				out = o
+				done <- err
+			}()
+			time.Sleep(time.Second)
+			attachAll(t, hosts)
+			time.Sleep(1500 * time.Millisecond)
+			eg, in := hits(t, hosts[0])
+			for _, h := range hosts {
+				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+					t.Fatalf("detach %s: %v", h, err)
+				}
+			}
+			if err := <-done; err != nil || !strings.Contains(out, "receiver") {
+				t.Fatalf("transfer across attach/detach failed: %v\n%s", err, out)
+			}
+			if eg == 0 || in == 0 {
+				t.Fatalf("the transfer never took the fast path while attached (egress hits %d, ingress hits %d)", eg, in)
+			}
+
+			// TCP, UDP and ICMP with the fast path on both hosts.
+			attachAll(t, hosts)
+			run(t, c11.Netns, "ping", "-c", "5", "-i", "0.1", "-W", "1", dst)
+			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5302")
+			time.Sleep(300 * time.Millisecond)
+			run(t, c11.Netns, "iperf3", "-c", dst, "-p", "5302", "-t", "1")
+			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5303")
+			time.Sleep(300 * time.Millisecond)
+			o := run(t, c11.Netns, "iperf3", "-u", "-b", "50M", "-c", dst, "-p", "5303", "-t", "1")
+			if !strings.Contains(o, "receiver") {
+				t.Fatalf("udp: %s", o)
+			}
+			for _, h := range hosts {
+				v, err := Inspect(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 || v.Both == 0 {
+					t.Fatalf("%s: no fast path traffic: %s", h, v.Format())
+				}
+				if v.Egress["dropped"]+v.Ingress["dropped"] > 0 {
+					t.Fatalf("%s: fast path dropped packets: %s", h, v.Format())
+				}
+			}
+
+			if style == lab.StyleFlannel {
+				recreatePod(t, l, spec)
+				// The agent has a second to notice; the next packets must reach the new pod.
+				before, _ := hitsIn(t, hosts[1])
+				run(t, c11.Netns, "ping", "-c", "10", "-i", "0.2", "-W", "1", dst)
+				after, _ := hitsIn(t, hosts[1])
+				if after <= before {
+					t.Fatalf("re-created pod never got fast-path packets (ingress hits %d -> %d)", before, after)
+				}
+			}
+
+			// Detach leaves no program, map or pin.
+			var ids []ebpf.MapID
+			p, err := openPinned(hosts[0], false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range mapsOf(&p.fpMaps) {
+				info, _ := (*m).Info()
+				if id, ok := info.ID(); ok {
+					ids = append(ids, id)
+				}
+			}
+			p.Close()
+			for _, h := range hosts {
+				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("%s left behind", pinDir(h))
+				}
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for _, id := range ids {
+				for {
+					m, err := ebpf.NewMapFromID(id)
+					if err != nil {
+						break
+					}
+					m.Close()
+					if time.Now().After(deadline) {
+						t.Fatalf("map %d still exists after detach", id)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			for _, h := range hosts {
+				for _, ns := range []string{h, h + "-ov"} {
+					if !netnsutil.Exists(ns) {
+						continue
+					}
+					if o, _ := netnsutil.Run(context.Background(), ns, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
+						t.Fatalf("%s: programs still attached after detach:\n%s", ns, o)
+					}
+				}
+			}
+			if st, _ := datapath.LoadState(hosts[0], Name); st != nil {
+				t.Fatalf("record left behind")
+			}
+			if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(hosts[0]), "*")); len(m) > 0 {
+				t.Fatalf("pins left: %v", m)
+			}
+		})
+	}
+}
+
+func hitsIn(t *testing.T, host string) (uint64, uint64) {
+	eg, in := hits(t, host)
+	return in, eg
+}
+
+// recreatePod deletes h2-c1's veth (the pod's network goes) and makes a new one with a new MAC
+// and the same address, as a CNI re-creating the pod would.
+func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
+	t.Helper()
+	h2, c := l.Hosts[1].Netns, l.Containers[2]
+	run(t, h2, "ip", "link", "del", "veth1")
+	run(t, h2, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "eth0", "netns", c.Netns)
+	run(t, c.Netns, "ip", "link", "set", "eth0", "address", "02:42:c6:13:02:99", "mtu", fmt.Sprint(l.Spec.MTU-50))
+	run(t, h2, "ip", "link", "set", "veth1", "master", "cni0", "mtu", fmt.Sprint(l.Spec.MTU-50), "up")
+	run(t, c.Netns, "ip", "addr", "add", c.Addr, "dev", "eth0")
+	run(t, c.Netns, "ip", "link", "set", "eth0", "up")
+	s := l.Spec
+	run(t, c.Netns, "ip", "route", "add", "default", "via", s.GatewayAddr(2).Addr().String())
+	time.Sleep(1500 * time.Millisecond) // the agent's bound is 1 s
+}
