@@ -17,7 +17,9 @@ type (
 	EndpointView = endpoints.View
 )
 
-func (o *objects) tables() endpoints.Tables { return endpoints.Tables{EP: o.Ep, Port: o.Port} }
+func (o *objects) tables() endpoints.Tables {
+	return endpoints.Tables{EP: o.PrgPrismEp, Port: o.PrgPrismPort}
+}
 
 func discoverVXLAN(t *datapath.Topology) ([]vxlanDev, error) { return endpoints.DiscoverVXLAN(t) }
 

@@ -3,16 +3,12 @@ package prism
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
-
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -173,12 +169,12 @@ func (o *objects) writeIso(c *isoConfig, ports []uint16) error {
 			if cpu >= maxCPUID {
 				continue // beyond the map: packets there are steered, never kept (still correct)
 			}
-			if err := o.Cpucls.Put(uint32(cpu), cls); err != nil {
+			if err := o.PrgPrismCpucls.Put(uint32(cpu), cls); err != nil {
 				return fmt.Errorf("prism: write CPU classes: %w", err)
 			}
 		}
 	}
-	if err := o.Iso.Put(uint32(0), v); err != nil {
+	if err := o.PrgPrismIso.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("prism: write isolation config: %w", err)
 	}
 	return nil
@@ -191,37 +187,6 @@ const (
 	maxCPUID = 4096
 )
 
-// vxlanPorts lists the UDP ports of the topology's VXLAN devices: the underlay program steers
-// only frames to these.
-func vxlanPorts(t *datapath.Topology) ([]uint16, error) {
-	var out []uint16
-	for _, d := range t.ByStage(datapath.StageVXLAN) {
-		var port uint16
-		err := netnsutil.Do(d.Netns, func() error {
-			l, err := netlink.LinkByName(d.Name)
-			if err != nil {
-				return err
-			}
-			vx, ok := l.(*netlink.Vxlan)
-			if !ok {
-				return fmt.Errorf("not a VXLAN device")
-			}
-			port = uint16(vx.Port)
-			if port == 0 {
-				port = 8472 // the kernel's default when none is given
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("prism: VXLAN port of %s: %w", d, err)
-		}
-		if !slices.Contains(out, port) {
-			out = append(out, port)
-		}
-	}
-	return out, nil
-}
-
 // attachNIC puts prg_prism_nic on an underlay device (tcx ingress, in its namespace) and pins the
 // link. The program returns "next", so other tcx programs on the underlay still run.
 func attachNIC(o *objects, target string, d datapath.Dev) (piece, error) {
@@ -231,20 +196,9 @@ func attachNIC(o *objects, target string, d datapath.Dev) (piece, error) {
 		return p, fmt.Errorf("prism: namespace of %s: %w", d, err)
 	}
 	p.Inode = uint32(ino)
-	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("nic_%d_%d_%s", p.Inode, d.Ifindex,
-		strings.NewReplacer("/", "_", ".", "_").Replace(d.Name)))
-	var l link.Link
-	err = netnsutil.Do(d.Netns, func() error {
-		var err error
-		l, err = link.AttachTCX(link.TCXOptions{Interface: d.Ifindex, Program: o.Nic, Attach: ebpf.AttachTCXIngress})
-		return err
-	})
-	if err != nil {
-		return p, fmt.Errorf("prism: attach tcx ingress to the underlay %s: %w (tcx needs Linux 6.6+)", d, err)
-	}
-	defer l.Close()
-	if err := l.Pin(p.LinkPin); err != nil {
-		return p, fmt.Errorf("prism: pin link of %s: %w", d, err)
+	p.LinkPin = bpfobj.LinkPin(pinDir(target), ino, d.Ifindex, d.Name, "nic")
+	if err := bpfobj.AttachTCX(o.PrgPrismNic, d.Netns, d.Ifindex, false, p.LinkPin); err != nil {
+		return p, fmt.Errorf("prism: underlay %s: %w", d, err)
 	}
 	return p, nil
 }

@@ -63,11 +63,11 @@ func runNIC(t *testing.T, e *progEnv, frame []byte) (prsPrismLast, bool) {
 	for i := range mark {
 		mark[i].Hp = 0xff
 	}
-	if err := e.o.Last.Put(uint32(0), mark); err != nil {
+	if err := e.o.PrgPrismLast.Put(uint32(0), mark); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]byte, len(frame)+256)
-	ret, err := e.o.Nic.Run(&ebpf.RunOptions{Data: frame, DataOut: out})
+	ret, err := e.o.PrgPrismNic.Run(&ebpf.RunOptions{Data: frame, DataOut: out})
 	if err != nil {
 		t.Fatalf("test run: %v", err)
 	}
@@ -78,7 +78,7 @@ func runNIC(t *testing.T, e *progEnv, frame []byte) (prsPrismLast, bool) {
 		t.Fatal("program changed the frame")
 	}
 	var per []prsPrismLast
-	if err := e.o.Last.Lookup(uint32(0), &per); err != nil {
+	if err := e.o.PrgPrismLast.Lookup(uint32(0), &per); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range per {

@@ -2,19 +2,14 @@ package prism
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 )
 
 // Keys of datapath.Options.Extra that prism reads (the CLI's flags fill them); they are saved
@@ -57,16 +52,8 @@ type modeState struct {
 
 func readModeState(st *datapath.State) (modeState, error) {
 	var ms modeState
-	if len(st.ModeState) == 0 {
-		return ms, nil
-	}
-	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
-		return ms, fmt.Errorf("prism: record's mode state is corrupt: %w", err)
-	}
-	return ms, nil
+	return ms, datapath.ReadModeState(st, &ms)
 }
-
-func writeModeState(st *datapath.State, ms modeState) { st.ModeState, _ = json.Marshal(ms) }
 
 // rulesFromOptions reads the rules given at attach.
 func rulesFromOptions(extra map[string]string) ([]Rule, error) {
@@ -88,6 +75,9 @@ func rulesFromOptions(extra map[string]string) ([]Rule, error) {
 // Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
 // RPS. Bad rules and CPU lists are refused here, before anything is changed.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	if err := bpfobj.CheckNoPins("prism", pinDir(t.Host)); err != nil {
+		return nil, err
+	}
 	if _, err := rulesFromOptions(o.Extra); err != nil {
 		return nil, err
 	}
@@ -118,11 +108,11 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	}
 	st.Pins = append(st.Pins, dir)
 	ms := modeState{Rules: rules}
-	writeModeState(st, ms)
+	datapath.WriteModeState(st, ms)
 	if err := datapath.SaveState(st); err != nil {
 		return err
 	}
-	if err := objs.Cfg.Put(uint32(0), prsPrismCfg{}); err != nil {
+	if err := objs.PrgPrismCfg.Put(uint32(0), prsPrismCfg{}); err != nil {
 		return fmt.Errorf("prism: init config: %w", err)
 	}
 	for _, r := range rules {
@@ -148,7 +138,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, p)
-		writeModeState(st, ms)
+		datapath.WriteModeState(st, ms)
 		if err := datapath.SaveState(st); err != nil {
 			return err
 		}
@@ -159,7 +149,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 		}
 	}
 	ms.Notes = append(notes, unmatchedNotes(rules, eps)...)
-	writeModeState(st, ms)
+	datapath.WriteModeState(st, ms)
 	if o.Extra[OptAgent] != "off" {
 		pid, err := startAgent(st.Target)
 		if err != nil {
@@ -179,23 +169,12 @@ func attachPiece(o *objects, target string, vx vxlanDev) (piece, error) {
 	if vx.Routed {
 		dv.Routed = 1
 	}
-	if err := o.Dev.Put(prsPrgDevKey{Netns: vx.Inode, Ifindex: uint32(vx.Dev.Ifindex)}, dv); err != nil {
+	if err := o.PrgPrismDev.Put(prsPrgDevKey{Netns: vx.Inode, Ifindex: uint32(vx.Dev.Ifindex)}, dv); err != nil {
 		return p, fmt.Errorf("prism: %s: device map: %w", vx.Dev, err)
 	}
-	p.LinkPin = filepath.Join(pinDir(target), linksSub, fmt.Sprintf("%d_%d_%s", vx.Inode, vx.Dev.Ifindex,
-		strings.NewReplacer("/", "_", ".", "_").Replace(vx.Dev.Name)))
-	var l link.Link
-	err := netnsutil.Do(vx.Dev.Netns, func() error {
-		var err error
-		l, err = link.AttachTCX(link.TCXOptions{Interface: vx.Dev.Ifindex, Program: o.Vx, Attach: ebpf.AttachTCXIngress})
-		return err
-	})
-	if err != nil {
-		return p, fmt.Errorf("prism: attach tcx ingress to %s: %w (tcx needs Linux 6.6+)", vx.Dev, err)
-	}
-	defer l.Close()
-	if err := l.Pin(p.LinkPin); err != nil {
-		return p, fmt.Errorf("prism: pin link of %s: %w", vx.Dev, err)
+	p.LinkPin = bpfobj.LinkPin(pinDir(target), uint64(vx.Inode), vx.Dev.Ifindex, vx.Dev.Name, "")
+	if err := bpfobj.AttachTCX(o.PrgPrismVx, vx.Dev.Netns, vx.Dev.Ifindex, false, p.LinkPin); err != nil {
+		return p, fmt.Errorf("prism: %s: %w", vx.Dev, err)
 	}
 	return p, nil
 }
@@ -203,9 +182,9 @@ func attachPiece(o *objects, target string, vx vxlanDev) (piece, error) {
 // attachIsolation configures and attaches prg_prism_nic on every underlay device, recording each
 // link as it goes (a crash leaves nothing detach cannot find).
 func attachIsolation(objs *objects, t *datapath.Topology, st *datapath.State, ms *modeState, iso *isoConfig) error {
-	ports, err := vxlanPorts(t)
+	ports, err := t.VXLANPortSet()
 	if err != nil {
-		return err
+		return fmt.Errorf("prism: %w", err)
 	}
 	if err := objs.writeIso(iso, ports); err != nil {
 		return err
@@ -217,7 +196,7 @@ func attachIsolation(objs *objects, t *datapath.Topology, st *datapath.State, ms
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, p)
-		writeModeState(st, *ms)
+		datapath.WriteModeState(st, *ms)
 		if err := datapath.SaveState(st); err != nil {
 			return err
 		}
@@ -259,13 +238,12 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 		errs = append(errs, err)
 	}
 	for _, p := range ms.Pieces {
-		if err := os.Remove(p.LinkPin); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("prism: remove link pin of %s: %w", p.Dev, err))
+		if err := bpfobj.DetachPin(p.LinkPin); err != nil {
+			errs = append(errs, fmt.Errorf("prism: %s: %w", p.Dev, err))
 		}
 	}
-	// Links pinned by an attach that crashed before recording them.
-	if err := os.RemoveAll(filepath.Join(pinDir(st.Target), linksSub)); err != nil {
-		errs = append(errs, err)
+	for _, p := range bpfobj.LinkPins(pinDir(st.Target)) { // pinned by an attach that crashed before recording them
+		errs = append(errs, bpfobj.DetachPin(p))
 	}
 	return errors.Join(errs...)
 }
@@ -413,7 +391,7 @@ func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error)
 			return err
 		}
 		ms.Rules, out = next, next
-		writeModeState(st, ms)
+		datapath.WriteModeState(st, ms)
 		return nil
 	})
 	if errors.Is(err, datapath.ErrNotAttached) {

@@ -2,25 +2,20 @@ package prism
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 )
 
-// Pin layout under datapath.PinDir(target)/prism: maps and the program by their kernel names
-// (what bpftool shows) and one tcx link per VXLAN device in links/.
-const (
-	pinSub   = "prism"
-	linksSub = "links"
-)
+// Pin layout under datapath.PinDir(target)/prism: maps and programs by their kernel names
+// (what bpftool shows) and one tcx link per device in links/.
+const pinSub = "prism"
 
 func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
 
@@ -36,81 +31,31 @@ const (
 
 const epGone = 1
 
-// objects are the loaded (or re-opened pinned) maps and program of one attachment.
-type objects struct {
-	Cfg, Rule, Dev, Ep, Port, Stat, Rcnt *ebpf.Map
-	Iso, Last, Cpucls                    *ebpf.Map // HP isolation (isolation.go)
-	Vx                                   *ebpf.Program
-	Nic                                  *ebpf.Program // HP isolation's underlay program
-}
+// objects are bpf2go's objects of one attachment, loaded fresh or re-opened from the pins.
+type objects = prsObjects
 
-func (o *objects) maps() map[string]**ebpf.Map {
-	return map[string]**ebpf.Map{"prg_prism_cfg": &o.Cfg, "prg_prism_rule": &o.Rule, "prg_prism_dev": &o.Dev,
-		"prg_prism_ep": &o.Ep, "prg_prism_port": &o.Port, "prg_prism_stat": &o.Stat, "prg_prism_rcnt": &o.Rcnt,
-		"prg_prism_iso": &o.Iso, "prg_prism_last": &o.Last, "prg_prism_cpucls": &o.Cpucls}
-}
-
-// Close releases this process's references (pinned objects stay).
-func (o *objects) Close() {
-	for _, m := range o.maps() {
-		if *m != nil {
-			(*m).Close()
-		}
-	}
-	for _, p := range []*ebpf.Program{o.Vx, o.Nic} {
-		if p != nil {
-			p.Close()
-		}
-	}
-}
-
-// loadObjects loads the program and maps fresh (unpinned).
+// loadObjects loads the programs and maps fresh (unpinned).
 func loadObjects() (*objects, error) {
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("prism: raise memlock limit: %w", err)
+	spec, err := loadPrs()
+	if err != nil {
+		return nil, fmt.Errorf("prism: %w", err)
 	}
-	var po prsObjects
-	if err := loadPrsObjects(&po, nil); err != nil {
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("prism: verifier rejected the program: %+v", verr)
-		}
-		return nil, fmt.Errorf("prism: load eBPF objects (needs Linux 6.2+ with BTF: kfuncs, bpf_loop, tcx on 6.6+): %w", err)
+	var o objects
+	if err := bpfobj.Load("prism", spec, &o, nil); err != nil {
+		return nil, err
 	}
-	return &objects{Cfg: po.PrgPrismCfg, Rule: po.PrgPrismRule, Dev: po.PrgPrismDev, Ep: po.PrgPrismEp,
-		Port: po.PrgPrismPort, Stat: po.PrgPrismStat, Rcnt: po.PrgPrismRcnt, Iso: po.PrgPrismIso, Last: po.PrgPrismLast, Cpucls: po.PrgPrismCpucls,
-		Vx: po.PrgPrismVx, Nic: po.PrgPrismNic}, nil
+	return &o, nil
 }
 
-func (o *objects) pin(dir string) error {
-	if err := os.MkdirAll(filepath.Join(dir, linksSub), 0o700); err != nil {
-		return fmt.Errorf("prism: create pin directory (is bpffs mounted on /sys/fs/bpf?): %w", err)
-	}
-	for name, m := range o.maps() {
-		if err := (*m).Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("prism: pin %s: %w", name, err)
-		}
-	}
-	for name, p := range map[string]*ebpf.Program{"prg_prism_vx": o.Vx, "prg_prism_nic": o.Nic} {
-		if err := p.Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("prism: pin %s: %w", name, err)
-		}
-	}
-	return nil
-}
+func (o *objects) pin(dir string) error { return bpfobj.Pin("prism", dir, o) }
 
 // openPinned re-opens an attachment's pinned maps.
 func openPinned(target string) (*objects, error) {
-	dir := pinDir(target)
-	o := &objects{}
-	for name, m := range o.maps() {
-		var err error
-		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err != nil {
-			o.Close()
-			return nil, fmt.Errorf("prism: open pinned %s (is prism attached to %s?): %w", name, label(target), err)
-		}
+	var o objects
+	if err := bpfobj.OpenPinned("prism", pinDir(target), &o, false); err != nil {
+		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
 	}
-	return o, nil
+	return &o, nil
 }
 
 // addrWords puts an address in the program's layout: the raw bytes, IPv4 in word 0.
@@ -170,22 +115,22 @@ func (o *objects) writeRules(rules []Rule) error {
 		return fmt.Errorf("prism: %d rules; at most %d", len(rules), MaxRules)
 	}
 	var cfg prsPrismCfg
-	if err := o.Cfg.Lookup(uint32(0), &cfg); err != nil {
+	if err := o.PrgPrismCfg.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("prism: read config: %w", err)
 	}
 	next := (cfg.Set & 1) ^ 1
 	for i, r := range rules {
-		if err := o.Rule.Put(next*MaxRules+uint32(i), encodeRule(r)); err != nil {
+		if err := o.PrgPrismRule.Put(next*MaxRules+uint32(i), encodeRule(r)); err != nil {
 			return fmt.Errorf("prism: write rule %d: %w", r.ID, err)
 		}
 	}
 	// Two updates, so a reader never sees the new half with the old length.
 	cfg.N[next] = uint32(len(rules))
-	if err := o.Cfg.Put(uint32(0), cfg); err != nil {
+	if err := o.PrgPrismCfg.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("prism: write config: %w", err)
 	}
 	cfg.Set = next
-	if err := o.Cfg.Put(uint32(0), cfg); err != nil {
+	if err := o.PrgPrismCfg.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("prism: write config: %w", err)
 	}
 	return nil
@@ -197,7 +142,7 @@ func (o *objects) resetCounters(id int) error {
 	if err != nil {
 		return err
 	}
-	return o.Rcnt.Put(uint32(id), make([]prsPrismRcnt, n))
+	return o.PrgPrismRcnt.Put(uint32(id), make([]prsPrismRcnt, n))
 }
 
 // RuleCount is one rule's HP packets and bytes since it was installed.
@@ -205,7 +150,7 @@ type RuleCount struct{ Packets, Bytes uint64 }
 
 func (o *objects) ruleCount(id int) (RuleCount, error) {
 	var per []prsPrismRcnt
-	if err := o.Rcnt.Lookup(uint32(id), &per); err != nil {
+	if err := o.PrgPrismRcnt.Lookup(uint32(id), &per); err != nil {
 		return RuleCount{}, err
 	}
 	var c RuleCount
@@ -230,7 +175,7 @@ func (o *objects) stats() (Stats, error) {
 		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay}
 	for i, f := range fields {
 		var per []uint64
-		if err := o.Stat.Lookup(uint32(i), &per); err != nil {
+		if err := o.PrgPrismStat.Lookup(uint32(i), &per); err != nil {
 			return s, fmt.Errorf("prism: read counters: %w", err)
 		}
 		for _, v := range per {

@@ -54,7 +54,7 @@ func newProgEnv(t *testing.T, routed bool, rules string) *progEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(o.Close)
+	t.Cleanup(func() { o.Close() })
 	ino, err := netnsutil.Inode("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func newProgEnv(t *testing.T, routed bool, rules string) *progEnv {
 	if routed {
 		dev.Routed = 1
 	}
-	if err := o.Dev.Put(prsPrgDevKey{Netns: e.inode, Ifindex: loIfindex}, dev); err != nil {
+	if err := o.PrgPrismDev.Put(prsPrgDevKey{Netns: e.inode, Ifindex: loIfindex}, dev); err != nil {
 		t.Fatal(err)
 	}
 	e.setRules(rules)
@@ -106,10 +106,10 @@ func (e *progEnv) endpoint(addr string, slot uint32, epIfindex int, flags uint32
 	v := prsPrismEp{Slot: slot, Ifindex: uint32(epIfindex), Flags: flags}
 	copy(v.CtrMac[:], ctrMAC)
 	copy(v.BrMac[:], brMAC)
-	if err := e.o.Port.Put(slot, prsBpfDevmapVal{Ifindex: loIfindex}); err != nil {
+	if err := e.o.PrgPrismPort.Put(slot, prsBpfDevmapVal{Ifindex: loIfindex}); err != nil {
 		e.t.Fatalf("devmap put: %v", err)
 	}
-	if err := e.o.Ep.Put(k, v); err != nil {
+	if err := e.o.PrgPrismEp.Put(k, v); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -118,7 +118,7 @@ func (e *progEnv) run(data []byte) (uint32, []byte) {
 	e.t.Helper()
 	out := make([]byte, len(data)+256)
 	opts := &ebpf.RunOptions{Data: data, DataOut: out}
-	ret, err := e.o.Vx.Run(opts)
+	ret, err := e.o.PrgPrismVx.Run(opts)
 	if err != nil {
 		e.t.Fatalf("test run: %v", err)
 	}
@@ -293,7 +293,7 @@ func TestVanishedEndpointsAreDroppedNeverRedirected(t *testing.T) {
 	}
 	// The veth was unregistered: the kernel removed its devmap slot.
 	e.endpoint("198.19.2.10", 20, loIfindex, 0)
-	if err := e.o.Port.Delete(uint32(20)); err != nil {
+	if err := e.o.PrgPrismPort.Delete(uint32(20)); err != nil {
 		t.Fatal(err)
 	}
 	if ret, b, a := send("198.19.2.10"); ret != tcShot || a.Stale != b.Stale+1 || a.Redirected != b.Redirected {
@@ -331,7 +331,7 @@ func TestRulesChangeLive(t *testing.T) {
 
 func TestUnconfiguredDevicePasses(t *testing.T) {
 	e := newProgEnv(t, false, "all")
-	if err := e.o.Dev.Delete(prsPrgDevKey{Netns: e.inode, Ifindex: loIfindex}); err != nil {
+	if err := e.o.PrgPrismDev.Delete(prsPrgDevKey{Netns: e.inode, Ifindex: loIfindex}); err != nil {
 		t.Fatal(err)
 	}
 	before := e.stats()
