@@ -66,7 +66,9 @@ Modes:
 ` + modeList() + `
 In a lab built with --rx-cpus, the underlay's receive mask stands in for the NIC's IRQ
 affinity and is left alone.`,
-		Example: `  sudo peregrine attach rps                     # this node (current namespace)
+		Example: `  sudo peregrine attach fastpath --lab          # overlay fast path on every lab host (start here)
+  sudo peregrine attach fastpath                # this node's overlay (flannel.1/cni0 or docker's vxlan0/br0)
+  sudo peregrine attach rps                     # this node (current namespace)
   sudo peregrine attach rps --lab               # every host of the lab "lab"
   sudo peregrine attach rps --lab --name fl     # every host of the lab "fl"
   sudo peregrine attach rps --netns prg-lab-h2 --cpus 1
