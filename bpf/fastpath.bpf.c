@@ -314,6 +314,42 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 *
 	return f;
 }
 
+/* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
+ * take the fast path. NULL: the packet goes the normal path (counted). */
+static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct fp_pkt *p, struct fp_key *k)
+{
+	__u32 r = parse(ctx, 0, p);
+	if (r) {
+		count(FP_DIR_TX, r);
+		return NULL;
+	}
+	key_out(k, p);
+	struct fp_flow *f = lookup(k, 1, &r);
+	if (r != FP_R_HIT) {
+		handover_out(f, k, p, ctx, r);
+		return NULL;
+	}
+	return f;
+}
+
+/* begin_in is the same for the ingress programs, the inner frame at off. */
+static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p, struct fp_key *k,
+						__u32 vtep)
+{
+	__u32 r = parse(ctx, off, p);
+	if (r) {
+		count(FP_DIR_RX, r);
+		return NULL;
+	}
+	key_in(k, p);
+	struct fp_flow *f = lookup(k, 0, &r);
+	if (r != FP_R_HIT) {
+		handover_in(f, k, p, vtep, r);
+		return NULL;
+	}
+	return f;
+}
+
 /* ttl_sub lowers the IPv4 TTL at off by dec with the header checksum updated. */
 static __always_inline int ttl_sub(struct __sk_buff *ctx, __u32 off, __u8 dec)
 {
@@ -345,19 +381,10 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	struct fp_cfg *cfg = fp_config();
 	struct fp_key k = {};
 	struct fp_pkt p;
-	__u32 r;
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	r = parse(ctx, 0, &p);
-	if (r) {
-		count(FP_DIR_TX, r);
-		return TCX_NEXT;
-	}
-	key_out(&k, &p);
-	struct fp_flow *f = lookup(&k, 1, &r);
-	if (r != FP_R_HIT)
-		return handover_out(f, &k, &p, ctx, r);
+	struct fp_flow *f = begin_out(ctx, &p, &k);
 	if (!f)
 		return TCX_NEXT;
 	if (f->out_ifindex != ctx->ifindex)
@@ -446,7 +473,6 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 	struct fp_outer o;
 	struct fp_key k = {};
 	struct fp_pkt p;
-	__u32 r;
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
@@ -469,22 +495,14 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, FP_R_OTHER);
 		return TCX_NEXT;
 	}
-	r = parse(ctx, sizeof(o), &p);
-	if (r) {
-		count(FP_DIR_RX, r);
+	struct fp_flow *f = begin_in(ctx, sizeof(o), &p, &k, o.ip.saddr);
+	if (!f)
 		return TCX_NEXT;
-	}
 	/* flannel.1 takes only frames to its own MAC (anything else is PACKET_OTHERHOST there). */
 	if ((cfg->flags & FP_C_ROUTED) && !mac_eq(p.eth.h_dest, cfg->vx_mac)) {
 		count(FP_DIR_RX, FP_R_L2);
 		return TCX_NEXT;
 	}
-	key_in(&k, &p);
-	struct fp_flow *f = lookup(&k, 0, &r);
-	if (r != FP_R_HIT)
-		return handover_in(f, &k, &p, o.ip.saddr, r);
-	if (!f)
-		return TCX_NEXT;
 	if (f->vtep != o.ip.saddr) /* the remote end moved to another node */
 		return handover_in(f, &k, &p, o.ip.saddr, FP_R_STALE);
 	struct prg_pod *pod = NULL;
@@ -591,19 +609,10 @@ int prg_fastpath_dtx(struct __sk_buff *ctx)
 	struct fp_cfg *cfg = fp_config();
 	struct fp_key k = {};
 	struct fp_pkt p;
-	__u32 r;
 
 	if (!cfg || !(cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	r = parse(ctx, 0, &p);
-	if (r) {
-		count(FP_DIR_TX, r);
-		return TCX_NEXT;
-	}
-	key_out(&k, &p);
-	struct fp_flow *f = lookup(&k, 1, &r);
-	if (r != FP_R_HIT)
-		return handover_out(f, &k, &p, ctx, r);
+	struct fp_flow *f = begin_out(ctx, &p, &k);
 	if (!f)
 		return TCX_NEXT;
 	/* The bridge sent this flow to the VXLAN device with this very Ethernet header. */
@@ -650,19 +659,10 @@ int prg_fastpath_drx(struct __sk_buff *ctx)
 	struct fp_cfg *cfg = fp_config();
 	struct fp_key k = {};
 	struct fp_pkt p;
-	__u32 r;
 
 	if (!cfg || !(cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	r = parse(ctx, 0, &p);
-	if (r) {
-		count(FP_DIR_RX, r);
-		return TCX_NEXT;
-	}
-	key_in(&k, &p);
-	struct fp_flow *f = lookup(&k, 0, &r);
-	if (r != FP_R_HIT)
-		return handover_in(f, &k, &p, 0, r);
+	struct fp_flow *f = begin_in(ctx, 0, &p, &k, 0);
 	if (!f)
 		return TCX_NEXT;
 	struct prg_pod *pod = NULL;
