@@ -26,6 +26,13 @@
  * for repick_ns (its earlier packets have left every backlog by then) or when the controller
  * bumps the epoch (the gate re-opened): a deliberate re-pick, never a per-packet flip.
  *
+ * Cost per packet matters as much as the decision (issue 12: every program <= 150 ns net). So:
+ * the LRU key is the 32-bit flow hash and the stage salt (8 bytes, not the 40-byte 5-tuple; two
+ * flows whose hashes collide share a choice, which is the choice both would compute anyway
+ * unless loads changed in between), the time is the coarse clock (a jiffy's resolution is far
+ * below repick_ns, 200 ms by default, 1 ms at least), and a sticky hit writes the entry only
+ * when that clock moved, so a busy flow dirties its cache line once per tick, not per packet.
+ *
  * Keep the arithmetic in step with internal/datapath/falcon/model.go: the tests compare them.
  */
 #include "common.h"
@@ -79,7 +86,7 @@ struct falcon_dev {
 };
 
 struct falcon_flow {
-	struct prg_flow f;
+	__u32 fh;   /* prg_flow_hash of the 5-tuple */
 	__u32 salt; /* the stage: same flow, other stage, other entry */
 };
 
@@ -198,12 +205,11 @@ static __always_inline struct falcon_dev *this_dev(struct __sk_buff *ctx)
 }
 
 /* steer is Algorithm 1 for one stage transition. */
-static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, __u32 stage)
+static __always_inline void steer(struct __sk_buff *ctx, struct falcon_cfg *cfg, struct falcon_flow *f, __u32 stage)
 {
 	__u32 zero = 0;
-	struct falcon_cfg *cfg = bpf_map_lookup_elem(&prg_falcon_cfg, &zero);
 	struct falcon_gate *gate = bpf_map_lookup_elem(&prg_falcon_gate, &zero);
-	__u32 fh = prg_flow_hash(&f->f);
+	__u32 fh = f->fh;
 	if (!cfg || !gate || cfg->n == 0 || cfg->n > FALCON_MAX_CPUS) {
 		record(ctx, KIND_PASS, stage, 0, 0, fh, f->salt);
 		count(stage, SLOT_KIND(KIND_PASS));
@@ -216,13 +222,14 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_flow *f, 
 		count(stage, SLOT_KIND(KIND_GATE));
 		return;
 	}
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
 	__u32 kind, idx;
 	struct falcon_choice *c = bpf_map_lookup_elem(&prg_falcon_flow, f);
 	if (c && c->epoch == gate->epoch && c->idx < n && now - c->last_ns < cfg->repick_ns) {
 		idx = c->idx;
 		kind = KIND_STICKY;
-		c->last_ns = now;
+		if (c->last_ns != now)
+			c->last_ns = now;
 	} else {
 		__u32 h = prg_fmix32(fh + f->salt); /* FALCON: hash_32(skb->hash + ifindex) */
 		idx = h % n;
@@ -266,10 +273,10 @@ int prg_falcon_nic(struct __sk_buff *ctx)
 	PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, vx.inner, 0, &h));
 	if (r != PRG_OK)
 		goto pass;
-	f.f = h.flow;
+	f.fh = prg_flow_hash(&h.flow);
 	/* Several VXLAN devices may share one underlay: the VNI tells them apart. */
 	f.salt = prg_fmix32(d->salt ^ vx.vni);
-	steer(ctx, &f, d->stage);
+	steer(ctx, cfg, &f, d->stage);
 	return TCX_NEXT;
 pass:
 	record(ctx, KIND_PASS, d ? d->stage : 0, 0, 0, 0, 0);
@@ -280,6 +287,7 @@ pass:
 SEC("tcx/egress")
 int prg_falcon_port(struct __sk_buff *ctx)
 {
+	__u32 zero = 0;
 	struct falcon_flow f = {};
 	struct prg_hdrs h = {};
 	struct prg_pkt p;
@@ -293,8 +301,8 @@ int prg_falcon_port(struct __sk_buff *ctx)
 		record(ctx, KIND_PASS, d ? d->stage : 0, 0, 0, 0, 0);
 		return TCX_NEXT;
 	}
-	f.f = h.flow;
+	f.fh = prg_flow_hash(&h.flow);
 	f.salt = d->salt;
-	steer(ctx, &f, d->stage);
+	steer(ctx, bpf_map_lookup_elem(&prg_falcon_cfg, &zero), &f, d->stage);
 	return TCX_NEXT;
 }

@@ -40,16 +40,8 @@ type falFalconDev struct {
 }
 
 type falFalconFlow struct {
-	_ structs.HostLayout
-	F struct {
-		_     structs.HostLayout
-		Saddr [4]uint32
-		Daddr [4]uint32
-		Sport uint16
-		Dport uint16
-		Proto uint8
-		Pad   [3]uint8
-	}
+	_    structs.HostLayout
+	Fh   uint32
 	Salt uint32
 }
 
