@@ -1,0 +1,95 @@
+package ezpath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Counters of the host programs (enum in bpf/ezpath_host.bpf.c).
+const (
+	hostTagged = iota
+	hostRelayed
+	hostUpTagged
+	hostDelivered
+	hostMissVID
+	hostMissPod
+	hostNotIP
+	hostErr
+	hostUntagged
+	hostStatN
+)
+
+var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged"}
+
+// RelayDev names both ends of the veth pair attach adds between a host's overlay namespace and
+// the host namespace (the docker layout's stand-in for OVS's port on the NIC).
+const RelayDev = "ezp0"
+
+// createRelay adds the relay pair (host ns end, overlay ns end), up, with the underlay's MTU.
+func createRelay(hostNs, ovNs string, mtu int) error {
+	return netnsutil.Do(hostNs, func() error {
+		ov, err := netnsutil.Handle(ovNs)
+		if err != nil {
+			return err
+		}
+		defer ov.Close()
+		la := netlink.NewLinkAttrs()
+		la.Name, la.MTU = RelayDev, mtu
+		v := &netlink.Veth{LinkAttrs: la, PeerName: RelayDev, PeerNamespace: netlink.NsFd(int(ov))}
+		if err := netlink.LinkAdd(v); err != nil {
+			return fmt.Errorf("ezpath: create relay veth %s in %s: %w", RelayDev, hostNs, err)
+		}
+		l, err := netlink.LinkByName(RelayDev)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		h, err := netlink.NewHandleAt(ov)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		pl, err := h.LinkByName(RelayDev)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetUp(pl)
+	})
+}
+
+// deleteRelay removes the relay pair (both ends go with one); absent is fine.
+func deleteRelay(hostNs string) error {
+	if !netnsutil.Exists(hostNs) {
+		return nil
+	}
+	return netnsutil.Do(hostNs, func() error {
+		l, err := netlink.LinkByName(RelayDev)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				return nil
+			}
+			return err
+		}
+		return netlink.LinkDel(l)
+	})
+}
+
+// hostStats reads a host's counters by name.
+func hostStats(ht *hostTables) (map[string]uint64, error) {
+	s, err := sumPerCPU(ht.PrgEzpHstat, hostStatN)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for i, n := range hostStatNames {
+		out[n] = s[i]
+	}
+	return out, nil
+}

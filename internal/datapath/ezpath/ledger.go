@@ -1,0 +1,102 @@
+package ezpath
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// LedgerDir holds one ledger per lab: which container pairs are offloaded (authoritative; the
+// tables mirror it) and the controller's last view of the flows. Every change of the offload
+// tables happens under the ledger's lock, whoever makes it (CLI, agent, detach).
+var LedgerDir = "/run/peregrine/ezpath"
+
+// Pair is an offloaded (or refused) pair of containers, both directions.
+type Pair struct {
+	A     string    `json:"a"`
+	B     string    `json:"b"`
+	By    string    `json:"by"` // auto | manual
+	Since time.Time `json:"since"`
+	Note  string    `json:"note,omitempty"`
+}
+
+func (p Pair) same(a, b string) bool { return (p.A == a && p.B == b) || (p.A == b && p.B == a) }
+
+// Ledger is a lab's offload record.
+type Ledger struct {
+	Lab     string     `json:"lab"`
+	Pairs   []Pair     `json:"pairs"`
+	Refused []Pair     `json:"refused,omitempty"` // candidates left on the overlay, with why
+	Flows   []FlowView `json:"flows,omitempty"`   // the controller's last poll
+	Polled  time.Time  `json:"polled,omitempty"`
+}
+
+func ledgerPath(lab string) string { return filepath.Join(LedgerDir, lab+".json") }
+
+// ReadLedger returns the lab's ledger (empty if there is none).
+func ReadLedger(lab string) (*Ledger, error) {
+	b, err := os.ReadFile(ledgerPath(lab))
+	if errors.Is(err, os.ErrNotExist) {
+		return &Ledger{Lab: lab}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var l Ledger
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("ezpath: ledger %s is corrupt: %w", ledgerPath(lab), err)
+	}
+	return &l, nil
+}
+
+func writeLedger(l *Ledger) error {
+	if err := os.MkdirAll(LedgerDir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(l, "", "  ")
+	tmp := ledgerPath(l.Lab) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, ledgerPath(l.Lab))
+}
+
+// withLedger runs fn on the lab's ledger under its lock and saves it when fn returns nil.
+func withLedger(lab string, fn func(*Ledger) error) error {
+	if err := os.MkdirAll(LedgerDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(LedgerDir, lab+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	l, err := ReadLedger(lab)
+	if err != nil {
+		return err
+	}
+	if err := fn(l); err != nil {
+		return err
+	}
+	return writeLedger(l)
+}
+
+// removeLedger forgets a lab's ledger (the last host detached).
+func removeLedger(lab string) error {
+	var errs []error
+	for _, p := range []string{ledgerPath(lab), filepath.Join(LedgerDir, lab+".lock")} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	_ = os.Remove(LedgerDir) // only if empty
+	return errors.Join(errs...)
+}

@@ -1,0 +1,308 @@
+package ezpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// ModeName is the mode's name for attach/detach.
+const ModeName = "ezpath"
+
+// pinSub is ezpath's directory under a host's datapath.PinDir: host/ (host programs and maps)
+// and tor/ (the data plane of the host's ToR switch), each with its tcx links in links/.
+const pinSub = "ezpath"
+
+type mode struct{}
+
+func init() { datapath.Register(mode{}) }
+
+func (mode) Name() string { return ModeName }
+func (mode) Summary() string {
+	return "EZPath: selected flows skip the hosts' VXLAN stack; the ToR switches (lab --tor) encapsulate, hosts only tag (802.1Q)"
+}
+
+// modeState is ezpath's part of a host's attachment record.
+type modeState struct {
+	Config Config   `json:"config"`
+	Host   int      `json:"host"`
+	Relay  bool     `json:"relay"` // the ezp0 pair exists (or is being made)
+	Links  []string `json:"links,omitempty"`
+	Notes  []string `json:"notes,omitempty"`
+}
+
+// Knobs: ezpath changes no sysfs knob (it adds programs, the relay pair and table entries).
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	cfg, err := ParseConfig(o.Extra)
+	if err != nil {
+		return nil, err
+	}
+	r, err := openRack(cfg.Lab)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := r.hostIndex(t.Host); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	cfg, err := ParseConfig(o.Extra)
+	if err != nil {
+		return err
+	}
+	r, err := openRack(cfg.Lab)
+	if err != nil {
+		return err
+	}
+	i, err := r.hostIndex(st.Target)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(datapath.PinDir(st.Target), pinSub)
+	if err := bpfobj.CheckNoPins(who, dir); err != nil {
+		return err
+	}
+	ms := modeState{Config: cfg, Host: i, Relay: true}
+	st.Pins = append(st.Pins, dir)
+	save := func() error { datapath.WriteModeState(st, ms); return datapath.SaveState(st) }
+	if err := save(); err != nil {
+		return err
+	}
+	hns, ons, tns := hostNs(r.lab, i), ovNs(r.lab, i), torNs(r.lab, i)
+	if err := createRelay(hns, ons, r.lab.Spec.MTU); err != nil {
+		return err
+	}
+	ho, err := newHostObjects()
+	if err != nil {
+		return err
+	}
+	defer ho.Close()
+	if err := bpfobj.Pin(who, r.hostDir(i), ho); err != nil {
+		return err
+	}
+	to, err := newTorObjects(cfg.TableSize)
+	if err != nil {
+		return err
+	}
+	defer to.Close()
+	if err := bpfobj.Pin(who, r.torDir(i), to); err != nil {
+		return err
+	}
+	notes, err := configureHost(r, i, t, ho)
+	if err != nil {
+		return err
+	}
+	ms.Notes = notes
+	if err := configureToR(r, i, t, to); err != nil {
+		return err
+	}
+	// Receive side first (switch uplink, host uplink, relay, delivery), then the sending side,
+	// so nothing is tagged before every hop can take it.
+	type piece struct {
+		ns, dev, dir string
+		prog      *ebpf.Program
+	}
+	pieces := []piece{
+		{tns, lab.ToRUp, r.torDir(i), to.PrgEzpTorUp},
+		{tns, lab.ToRDown, r.torDir(i), to.PrgEzpTorDn},
+		{ons, RelayDev, r.hostDir(i), ho.PrgEzpDeliver},
+		{hns, "eth0", r.hostDir(i), ho.PrgEzpUplink},
+		{hns, RelayDev, r.hostDir(i), ho.PrgEzpRelay},
+	}
+	for _, d := range t.ByStage(datapath.StageVethHost) {
+		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpPort})
+	}
+	for _, p := range pieces {
+		idx, err := ifindexIn(p.ns, p.dev)
+		if err != nil {
+			return err
+		}
+		ino, err := netnsutil.Inode(netnsutil.Path(p.ns))
+		if err != nil {
+			return err
+		}
+		pin := bpfobj.LinkPin(p.dir, ino, idx, p.dev, "")
+		if err := bpfobj.AttachTCX(p.prog, p.ns, idx, false, pin); err != nil {
+			return fmt.Errorf("ezpath: %s/%s: %w", p.ns, p.dev, err)
+		}
+		ms.Links = append(ms.Links, pin)
+		if err := save(); err != nil {
+			return err
+		}
+	}
+	// One controller per lab: the first host's attachment runs it (it needs every host's
+	// tables, and hosts attached later join its view on its next poll).
+	if i == 1 {
+		pid, err := agentproc.Start(ModeName, st.Target)
+		if err != nil {
+			return err
+		}
+		st.AgentPID = pid
+	}
+	return save()
+}
+
+// configureHost fills the host tables: the relay's ifindexes, the tenant's VID and every local
+// pod (delivery never depends on the offload state, so a tagged frame always finds its pod).
+func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]string, error) {
+	hns, ons := hostNs(r.lab, i), ovNs(r.lab, i)
+	up, err := ifindexIn(hns, "eth0")
+	if err != nil {
+		return nil, err
+	}
+	rh, err := ifindexIn(hns, RelayDev)
+	if err != nil {
+		return nil, err
+	}
+	ro, err := ifindexIn(ons, RelayDev)
+	if err != nil {
+		return nil, err
+	}
+	if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro)}); err != nil {
+		return nil, fmt.Errorf("ezpath: host config: %w", err)
+	}
+	ino, err := netnsutil.Inode(netnsutil.Path(ons))
+	if err != nil {
+		return nil, err
+	}
+	if err := ho.EzpHostVid.Put(uint32(r.vid), hostEzpVidVal{Domain: uint32(ino)}); err != nil {
+		return nil, fmt.Errorf("ezpath: tenant VID: %w", err)
+	}
+	vxs, err := endpoints.DiscoverVXLAN(t)
+	if err != nil {
+		return nil, err
+	}
+	eps, notes := endpoints.Discover(t, vxs)
+	if _, err := endpoints.Sync(endpoints.Tables{EP: ho.PrgEzpEp, Port: ho.PrgEzpPodport}, eps, time.Now()); err != nil {
+		return nil, fmt.Errorf("ezpath: pod table: %w", err)
+	}
+	return notes, nil
+}
+
+// configureToR programs host i's switch: its VTEP, the tenant's (port, VID) -> VNI and the
+// underlay routes to every other ToR and host.
+func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
+	s := r.lab.Spec
+	cfg := torEzpTorCfg{Vtep: nbo(r.vtep(i))}
+	ports, err := t.VXLANPortSet()
+	if err != nil {
+		return err
+	}
+	copy(cfg.VxlanPorts[:], ports)
+	if cfg.VxlanPorts[0] == 0 {
+		cfg.VxlanPorts[0] = uint16(s.VXLANPort)
+	}
+	if err := to.EzpTorCfg.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("ezpath: switch config: %w", err)
+	}
+	if err := to.EzpVlanToVni.Put(torEzpPortVid{Ifindex: uint32(r.downIfindex(i)), Vid: uint32(r.vid)}, r.vni); err != nil {
+		return fmt.Errorf("ezpath: ezp_vlan_to_vni: %w", err)
+	}
+	up, err := ifindexIn(torNs(r.lab, i), lab.ToRUp)
+	if err != nil {
+		return err
+	}
+	for k := 1; k <= s.Hosts; k++ {
+		if k == i {
+			continue
+		}
+		nh := torEzpNexthop{Ifindex: uint32(up), Smac: mac6(s.ToRUpMAC(i)), Dmac: mac6(s.ToRUpMAC(k))}
+		for _, a := range []uint32{nbo(s.ToRAddr(k)), nbo(s.HostAddr(k).Addr())} {
+			if err := to.EzpIpv4Lpm.Put(torEzpLpmKey{Prefixlen: 32, Addr: a}, nh); err != nil {
+				return fmt.Errorf("ezpath: ezp_ipv4_lpm: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// Unload takes the host's pairs off the switch path (in the mandatory order), detaches the
+// programs and removes the relay pair; the framework removes the pins afterwards.
+func (mode) Unload(_ context.Context, st *datapath.State) error {
+	var errs []error
+	if st.AgentPID != 0 {
+		errs = append(errs, agentproc.Stop(st.AgentPID, ModeName, st.Target))
+	}
+	var ms modeState
+	if err := datapath.ReadModeState(st, &ms); err != nil {
+		errs = append(errs, err)
+	}
+	if ms.Config.Lab != "" {
+		errs = append(errs, unoffloadHost(ms.Config.Lab, ms.Host, ms.Config.Drain))
+	}
+	dir := filepath.Join(datapath.PinDir(st.Target), pinSub)
+	for _, sub := range []string{"host", "tor"} {
+		for _, pin := range bpfobj.LinkPins(filepath.Join(dir, sub)) {
+			errs = append(errs, bpfobj.DetachPin(pin))
+		}
+	}
+	if ms.Relay {
+		errs = append(errs, deleteRelay(st.Target))
+	}
+	if ms.Config.Lab != "" && !otherHostsAttached(ms.Config.Lab, st.Target) {
+		errs = append(errs, removeLedger(ms.Config.Lab))
+	}
+	return errors.Join(errs...)
+}
+
+// unoffloadHost moves every pair with an end on host i back to the overlay. A lab that is being
+// torn down (namespaces gone) has nothing left to order: the ledger just forgets the pairs.
+func unoffloadHost(labName string, i int, drain time.Duration) error {
+	r, rerr := openRack(labName)
+	return withLedger(labName, func(l *Ledger) error {
+		var keep, gone []Pair
+		for _, p := range l.Pairs {
+			if hostOf(p.A) == i || hostOf(p.B) == i {
+				gone = append(gone, p)
+			} else {
+				keep = append(keep, p)
+			}
+		}
+		l.Pairs = keep
+		if rerr != nil {
+			return nil
+		}
+		var errs []error
+		for _, p := range gone {
+			a, err1 := r.endpoint(p.A)
+			b, err2 := r.endpoint(p.B)
+			if err1 == nil && err2 == nil {
+				errs = append(errs, r.remove(a, b, keep, drain))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// hostOf is the host index of a container named h<i>-c<j>.
+func hostOf(name string) int {
+	var i, j int
+	if _, err := fmt.Sscanf(name, "h%d-c%d", &i, &j); err != nil {
+		return 0
+	}
+	return i
+}
+
+func otherHostsAttached(labName, self string) bool {
+	states, _ := datapath.AllStates()
+	for _, st := range states {
+		var ms modeState
+		if st.Mode == ModeName && st.Target != self && datapath.ReadModeState(st, &ms) == nil && ms.Config.Lab == labName {
+			return true
+		}
+	}
+	return false
+}
