@@ -113,7 +113,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	// so nothing is tagged before every hop can take it.
 	type piece struct {
 		ns, dev, dir string
-		prog      *ebpf.Program
+		prog         *ebpf.Program
 	}
 	pieces := []piece{
 		{tns, lab.ToRUp, r.torDir(i), to.PrgEzpTorUp},

@@ -66,7 +66,7 @@ func openRack(labName string) (*rack, error) {
 	return r, nil
 }
 
-func torNs(l *lab.Lab, i int) string { return lab.NsPrefix(l.Spec.Name) + lab.ToRName(i) }
+func torNs(l *lab.Lab, i int) string  { return lab.NsPrefix(l.Spec.Name) + lab.ToRName(i) }
 func hostNs(l *lab.Lab, i int) string { return lab.NsPrefix(l.Spec.Name) + fmt.Sprintf("h%d", i) }
 func ovNs(l *lab.Lab, i int) string   { return lab.NsPrefix(l.Spec.Name) + fmt.Sprintf("h%d-ov", i) }
 
@@ -118,8 +118,12 @@ func (r *rack) endpoint(s string) (endpoint, error) {
 	return endpoint{}, fmt.Errorf("lab %q has no container %q: choose one of %s", r.lab.Spec.Name, s, strings.Join(names, ", "))
 }
 
-func (r *rack) torDir(i int) string  { return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "tor") }
-func (r *rack) hostDir(i int) string { return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "host") }
+func (r *rack) torDir(i int) string {
+	return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "tor")
+}
+func (r *rack) hostDir(i int) string {
+	return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "host")
+}
 
 // portIfindex is the ifindex of a container's bridge-side veth in its overlay namespace.
 func (r *rack) portIfindex(e endpoint) (int, error) { return ifindexIn(ovNs(r.lab, e.Host), e.Veth) }
