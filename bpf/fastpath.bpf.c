@@ -42,16 +42,14 @@
  */
 #include "common.h"
 #include "pod.h"
+#include "vxlan.h"
 #include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "GPL";
 
 #define TCX_NEXT (-1)
 #define TC_ACT_SHOT 2
-#define FP_ETH_P_IP 0x0800
 #define FP_IPPROTO_ICMP 1
-#define FP_IPPROTO_TCP 6
-#define FP_IPPROTO_UDP 17
 #define FP_ENCAP_LEN 50 /* outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14 */
 /* uapi's BPF_F_ADJ_ROOM_ENCAP_L2(len): a macro, so vmlinux.h lacks it. */
 #define FP_ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
@@ -108,7 +106,7 @@ struct fp_cfg {
 	__u32 vni;        /* host order */
 	__u32 mtu;        /* underlay MTU */
 	__u32 netns;      /* pod endpoint domain: inode of the bridge-side veths' namespace */
-	__u16 port;       /* VXLAN UDP port, network order */
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* the device's UDP port (host order; vxlan.h's set) */
 	__u16 port_min;   /* UDP source port range [min, max), host order, as udp_flow_src_port */
 	__u16 port_max;
 	__u8 vx_mac[6];   /* the VXLAN device's MAC (a routed device only accepts frames to it) */
@@ -185,60 +183,71 @@ struct fp_pkt {
 	__u8 hdrs; /* IPv4 + L4 header bytes (for the MTU check of GSO segments) */
 };
 
-/* parse reads the inner Ethernet/IPv4/L4 headers at off. 0, or the FP_R_* reason the packet
- * stays on the normal path. */
-static __always_inline int parse(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p)
+/* parse_at reads the inner Ethernet/IPv4/L4 headers at off with the shared parser (parse.h)
+ * and adds what the fast path needs beyond it. 0, or the FP_R_* reason the packet stays on the
+ * normal path. */
+static __always_inline int parse_at(const struct prg_pkt *pk, __u32 off, struct fp_pkt *p)
 {
-	struct iphdr ip;
-
-	if (bpf_skb_load_bytes(ctx, off, &p->eth, sizeof(p->eth)))
-		return FP_R_NOTIP;
-	if (p->eth.h_proto != bpf_htons(FP_ETH_P_IP))
-		return FP_R_NOTIP;
+	struct prg_hdrs h = {};
+	int r = prg_parse_frame(pk, off, 0, &h);
+	if (r == PRG_SHORT)
+		return PRG_SHORT;
+	if (r != PRG_OK || h.family != 4)
+		return FP_R_NOTIP; /* ARP, IPv6, VLAN-tagged, malformed */
+	struct ethhdr *eth = prg_hdr(pk, off, struct ethhdr);
+	struct iphdr *ip = prg_hdr(pk, h.l3_off, struct iphdr);
+	if (!eth || !ip)
+		return PRG_SHORT;
+	__builtin_memcpy(&p->eth, eth, sizeof(p->eth));
 	if (p->eth.h_dest[0] & 1)
 		return FP_R_L2;
-	if (bpf_skb_load_bytes(ctx, off + sizeof(p->eth), &ip, sizeof(ip)) || ip.version != 4)
-		return FP_R_NOTIP;
-	if (ip.ihl != 5)
+	if (ip->ihl != 5)
 		return FP_R_OPTS;
-	if (ip.frag_off & bpf_htons(0x3fff))
+	if (h.frag)
 		return FP_R_FRAG;
-	p->saddr = ip.saddr;
-	p->daddr = ip.daddr;
-	p->proto = ip.protocol;
-	p->ttl = ip.ttl;
-	p->tos = ip.tos;
-	off += sizeof(p->eth) + sizeof(ip);
-	if (ip.protocol == FP_IPPROTO_TCP) {
-		__u8 t[14]; /* ports, seq, ack, data offset, flags */
-		if (bpf_skb_load_bytes(ctx, off, t, sizeof(t)))
-			return FP_R_PROTO;
+	p->saddr = h.flow.saddr[0];
+	p->daddr = h.flow.daddr[0];
+	p->proto = h.flow.proto;
+	p->ttl = h.ttl;
+	p->tos = ip->tos;
+	p->sport = h.flow.sport;
+	p->dport = h.flow.dport;
+	if (p->proto == PRG_IPPROTO_TCP) {
+		__u8 *t = prg_at(pk, h.l4_off, 14); /* ports, seq, ack, data offset, flags */
+		if (!t)
+			return PRG_SHORT;
 		if (t[13] & 0x07) /* FIN, SYN, RST: conntrack must see them */
 			return FP_R_PROTO;
-		__builtin_memcpy(&p->sport, t, 2);
-		__builtin_memcpy(&p->dport, t + 2, 2);
-		p->hdrs = sizeof(ip) + (t[12] >> 4) * 4;
+		p->hdrs = sizeof(*ip) + (t[12] >> 4) * 4;
 		return 0;
 	}
-	if (ip.protocol == FP_IPPROTO_UDP) {
-		__u16 ports[2];
-		if (bpf_skb_load_bytes(ctx, off, ports, sizeof(ports)))
-			return FP_R_PROTO;
-		p->sport = ports[0];
-		p->dport = ports[1];
-		p->hdrs = sizeof(ip) + 8;
+	if (p->proto == PRG_IPPROTO_UDP) {
+		p->hdrs = sizeof(*ip) + 8;
 		return 0;
 	}
-	if (ip.protocol == FP_IPPROTO_ICMP) {
-		__u8 h[6]; /* type, code, checksum, identifier */
-		if (bpf_skb_load_bytes(ctx, off, h, sizeof(h)) || (h[0] != 0 && h[0] != 8) || h[1] != 0)
+	if (p->proto == FP_IPPROTO_ICMP) {
+		__u8 *c = prg_at(pk, h.l4_off, 6); /* type, code, checksum, identifier */
+		if (!c)
+			return PRG_SHORT;
+		if ((c[0] != 0 && c[0] != 8) || c[1] != 0)
 			return FP_R_PROTO; /* only echo: errors carry other flows' headers */
-		__builtin_memcpy(&p->sport, h + 4, 2);
+		__builtin_memcpy(&p->sport, c + 4, 2);
 		p->dport = p->sport; /* symmetric: request and reply share the key */
-		p->hdrs = sizeof(ip) + 8;
+		p->hdrs = sizeof(*ip) + 8;
 		return 0;
 	}
 	return FP_R_PROTO;
+}
+
+/* parse is parse_at on a tc packet, pulling the headers into the linear part once if needed. */
+static __always_inline int parse(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p)
+{
+	struct prg_pkt pk;
+	int r;
+
+	prg_pkt_tc(&pk, ctx);
+	PRG_TC_PARSE(r, &pk, ctx, parse_at(&pk, off, p));
+	return r == PRG_SHORT ? FP_R_NOTIP : r;
 }
 
 static __always_inline void key_out(struct fp_key *k, const struct fp_pkt *p)
@@ -448,54 +457,82 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	return bpf_redirect(cfg->underlay, 0);
 }
 
-/* The outer headers of a VXLAN frame, read in one go. */
+/* What the fast path needs of a frame's outer headers. */
 struct fp_outer {
-	struct ethhdr eth;
-	struct iphdr ip;
-	struct udphdr udp;
-	__u32 vx[2]; /* flags(8) reserved(24) | VNI(24) reserved(8) */
-} __attribute__((packed));
+	__u32 saddr, daddr;
+	__u16 udp_check;
+	__u8 vxlan;  /* a VXLAN frame of our overlay: our port and VNI, flags exactly I */
+	__u8 reason; /* otherwise FP_R_OPTS/FP_R_FRAG for IPv4 UDP with options or fragmented, else FP_R_OTHER */
+};
 
-/* outer_ok says whether o is a VXLAN frame of our overlay: IPv4 without options or fragments
- * to vtep_is (the local VTEP when rx, any when learning), our port and VNI, I flag only. */
-static __always_inline int outer_ok(const struct fp_outer *o, const struct fp_cfg *cfg)
+static __always_inline int outer_at(const struct prg_pkt *pk, const struct fp_cfg *cfg, struct fp_outer *o)
 {
-	return o->eth.h_proto == bpf_htons(FP_ETH_P_IP) && o->ip.version == 4 && o->ip.ihl == 5 &&
-	       o->ip.protocol == FP_IPPROTO_UDP && !(o->ip.frag_off & bpf_htons(0x3fff)) &&
-	       o->udp.dest == cfg->port && o->vx[0] == bpf_htonl(0x08000000) &&
-	       o->vx[1] == bpf_htonl(cfg->vni << 8);
+	struct prg_hdrs h = {};
+	struct prg_vxlan vx;
+	int r = prg_parse_frame(pk, 0, 0, &h);
+	o->reason = FP_R_OTHER;
+	if (r == PRG_SHORT)
+		return r;
+	if (r != PRG_OK || h.family != 4)
+		return PRG_OK;
+	o->saddr = h.flow.saddr[0];
+	o->daddr = h.flow.daddr[0];
+	if (h.flow.proto == PRG_IPPROTO_UDP) {
+		if (h.l4_off - h.l3_off != sizeof(struct iphdr)) {
+			o->reason = FP_R_OPTS;
+			return PRG_OK;
+		}
+		if (h.frag) {
+			o->reason = FP_R_FRAG;
+			return PRG_OK;
+		}
+	}
+	r = prg_vxlan_of(pk, &h, cfg->vxlan_ports, &vx);
+	if (r != PRG_OK)
+		return r == PRG_SHORT ? r : PRG_OK;
+	struct udphdr *udp = prg_hdr(pk, h.l4_off, struct udphdr);
+	__u32 *hdr = prg_at(pk, h.l4_off + sizeof(struct udphdr), PRG_VXLAN_HLEN);
+	if (!udp || !hdr)
+		return PRG_SHORT;
+	/* Exactly the I flag (no GBP/GPE bits) and our VNI: what the device itself accepts. */
+	if (hdr[0] != bpf_htonl(0x08000000) || vx.vni != cfg->vni || hdr[1] & bpf_htonl(0xff))
+		return PRG_OK;
+	o->udp_check = udp->check;
+	o->vxlan = 1;
+	return PRG_OK;
+}
+
+static __always_inline void outer(struct __sk_buff *ctx, const struct fp_cfg *cfg, struct fp_outer *o)
+{
+	struct prg_pkt pk;
+	int r;
+
+	prg_pkt_tc(&pk, ctx);
+	PRG_TC_PARSE(r, &pk, ctx, outer_at(&pk, cfg, o));
+	if (r != PRG_OK)
+		o->vxlan = 0;
 }
 
 SEC("tcx/ingress")
 int prg_fastpath_rx(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg = fp_config();
-	struct fp_outer o;
+	struct fp_outer o = {};
 	struct fp_key k = {};
 	struct fp_pkt p;
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	if (bpf_skb_load_bytes(ctx, 0, &o, sizeof(o)) || ctx->pkt_type != 0 /* PACKET_HOST */ ||
-	    o.ip.daddr != cfg->vtep) {
+	outer(ctx, cfg, &o);
+	if (o.daddr != cfg->vtep || ctx->pkt_type != 0 /* PACKET_HOST */) {
 		count(FP_DIR_RX, FP_R_OTHER);
 		return TCX_NEXT;
 	}
-	if (o.eth.h_proto == bpf_htons(FP_ETH_P_IP) && o.ip.protocol == FP_IPPROTO_UDP) {
-		if (o.ip.ihl != 5) {
-			count(FP_DIR_RX, FP_R_OPTS);
-			return TCX_NEXT;
-		}
-		if (o.ip.frag_off & bpf_htons(0x3fff)) {
-			count(FP_DIR_RX, FP_R_FRAG);
-			return TCX_NEXT;
-		}
-	}
-	if (!outer_ok(&o, cfg)) {
-		count(FP_DIR_RX, FP_R_OTHER);
+	if (!o.vxlan) {
+		count(FP_DIR_RX, o.reason);
 		return TCX_NEXT;
 	}
-	struct fp_flow *f = begin_in(ctx, sizeof(o), &p, &k, o.ip.saddr);
+	struct fp_flow *f = begin_in(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p, &k, o.saddr);
 	if (!f)
 		return TCX_NEXT;
 	/* flannel.1 takes only frames to its own MAC (anything else is PACKET_OTHERHOST there). */
@@ -503,8 +540,8 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, FP_R_L2);
 		return TCX_NEXT;
 	}
-	if (f->vtep != o.ip.saddr) /* the remote end moved to another node */
-		return handover_in(f, &k, &p, o.ip.saddr, FP_R_STALE);
+	if (f->vtep != o.saddr) /* the remote end moved to another node */
+		return handover_in(f, &k, &p, o.saddr, FP_R_STALE);
 	struct prg_pod *pod = NULL;
 	int pr = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, p.daddr, &pod);
 	if (pr == PRG_POD_MISS || !pod) {
@@ -512,7 +549,7 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
-		return handover_in(f, &k, &p, o.ip.saddr, FP_R_STALE);
+		return handover_in(f, &k, &p, o.saddr, FP_R_STALE);
 	if (p.ttl <= f->in_ttl_dec) {
 		count(FP_DIR_RX, FP_R_TTL);
 		return TCX_NEXT;
@@ -524,7 +561,7 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 	}
 	/* A verified non-zero outer UDP checksum counted as one CHECKSUM_UNNECESSARY level; it is
 	 * gone now. A zero checksum was never counted. */
-	if (o.udp.check && bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
+	if (o.udp_check && bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
 		bpf_csum_level(ctx, BPF_CSUM_LEVEL_DEC);
 	if (ttl_sub(ctx, sizeof(struct ethhdr), f->in_ttl_dec)) {
 		count(FP_DIR_RX, FP_R_DROP);
@@ -543,7 +580,7 @@ SEC("tcx/egress")
 int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg;
-	struct fp_outer o;
+	struct fp_outer o = {};
 	struct fp_key k = {};
 	struct fp_pkt p;
 
@@ -552,9 +589,12 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 	cfg = fp_config();
-	if (!cfg || bpf_skb_load_bytes(ctx, 0, &o, sizeof(o)) || !outer_ok(&o, cfg) || o.ip.saddr != cfg->vtep)
+	if (!cfg)
 		return TCX_NEXT;
-	if (parse(ctx, sizeof(o), &p))
+	outer(ctx, cfg, &o);
+	if (!o.vxlan || o.saddr != cfg->vtep)
+		return TCX_NEXT;
+	if (parse(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p))
 		return TCX_NEXT;
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
@@ -562,10 +602,10 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		return TCX_NEXT; /* not a flow the fast path handed over */
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
-	f->vtep = o.ip.daddr;
+	f->vtep = o.daddr;
 	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
 	f->out_ttl_seen = 0;
-	if (o.udp.check)
+	if (o.udp_check)
 		f->flags |= FP_F_CSUM;
 	else
 		f->flags &= ~FP_F_CSUM;

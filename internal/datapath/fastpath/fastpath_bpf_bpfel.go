@@ -23,18 +23,19 @@ type fpBpfDevmapVal struct {
 }
 
 type fpFpCfg struct {
-	_         structs.HostLayout
-	Flags     uint32
-	Underlay  uint32
-	VxIfindex uint32
-	Vtep      uint32
-	Vni       uint32
-	Mtu       uint32
-	Netns     uint32
-	Port      uint16
-	PortMin   uint16
-	PortMax   uint16
-	VxMac     [6]uint8
+	_          structs.HostLayout
+	Flags      uint32
+	Underlay   uint32
+	VxIfindex  uint32
+	Vtep       uint32
+	Vni        uint32
+	Mtu        uint32
+	Netns      uint32
+	VxlanPorts [8]uint16
+	PortMin    uint16
+	PortMax    uint16
+	VxMac      [6]uint8
+	_          [2]byte
 }
 
 type fpFpFlow struct {

@@ -138,7 +138,7 @@ func readOverlay(t *datapath.Topology) (*overlay, []string, error) {
 func (ov *overlay) cfg() fpFpCfg {
 	c := fpFpCfg{Flags: cOn, Underlay: uint32(ov.Underlay.Ifindex), VxIfindex: uint32(ov.VX.Dev.Ifindex),
 		Vtep: binary.LittleEndian.Uint32(ov.VTEP), Vni: uint32(ov.VNI), Mtu: uint32(ov.MTU), Netns: ov.VX.Inode,
-		Port: htons(uint16(ov.Port)), PortMin: uint16(ov.PortMin), PortMax: uint16(ov.PortMax)}
+		VxlanPorts: [8]uint16{uint16(ov.Port)}, PortMin: uint16(ov.PortMin), PortMax: uint16(ov.PortMax)}
 	copy(c.VxMac[:], ov.VX.MAC)
 	if ov.Layout == LayoutRouted {
 		c.Flags |= cRouted
