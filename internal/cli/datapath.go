@@ -54,6 +54,7 @@ func newAttachCmd() *cobra.Command {
 	var ff falconFlags
 	var pf prismFlags
 	var mf mflowFlags
+	var ef ezpathFlags
 	c := &cobra.Command{
 		Use:   "attach MODE",
 		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
@@ -76,7 +77,8 @@ affinity and is left alone.`,
   sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
   sudo peregrine attach falcon --static         # first choice only (no two-choice balancing)
   sudo peregrine attach mflow --lab --cpus 0-1 --batch 256 --elephant-pps 10000
-  sudo peregrine attach mflow --split-at device --merge`,
+  sudo peregrine attach mflow --split-at device --merge
+  sudo peregrine attach ezpath --lab --policy auto --table-size 64   # a lab built with --tor`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := datapath.Lookup(args[0]); err != nil {
@@ -98,6 +100,9 @@ affinity and is left alone.`,
 				return err
 			}
 			if err := mf.extra(cmd, args[0], o.CPUs, o.Extra); err != nil {
+				return err
+			}
+			if err := ef.extra(cmd, args[0], &tf, o.Extra); err != nil {
 				return err
 			}
 			targets, l, err := tf.resolve()
@@ -141,6 +146,7 @@ affinity and is left alone.`,
 	ff.add(c)
 	pf.add(c)
 	mf.add(c)
+	ef.add(c)
 	return c
 }
 
@@ -157,7 +163,7 @@ type falconFlags struct {
 func (f *falconFlags) add(c *cobra.Command) {
 	c.Flags().IntVar(&f.threshold, "threshold", falcon.DefaultThreshold, "falcon: load threshold in percent (0-100): at or above it on average the gate closes, per CPU it rejects a first choice")
 	c.Flags().BoolVar(&f.static, "static", false, "falcon: first choice only (the paper's \"static\"); default is two-choice (\"dynamic\")")
-	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period")
+	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period; ezpath: controller polling period (default 1s)")
 	c.Flags().DurationVar(&f.repick, "repick", falcon.DefaultRepick, "falcon: idle time after which a flow's CPU choice may be re-picked")
 	c.Flags().StringVar(&f.splitCPUs, "split-cpus", "", "falcon: GRO split CPUs (XDP+cpumap on the underlay), e.g. 1")
 	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split auto|on|off (default: on when --split-cpus is given; auto acts as on for now)")
@@ -173,6 +179,9 @@ func (f *falconFlags) extra(c *cobra.Command, mode string) (map[string]string, e
 			continue
 		}
 		if mode != "falcon" {
+			if n == "interval" && mode == "ezpath" {
+				continue // ezpath's polling period (ezpathFlags)
+			}
 			return nil, fmt.Errorf("--%s is a falcon flag; mode %s does not take it", n, mode)
 		}
 		key := strings.ReplaceAll(n, "-", "_")

@@ -46,7 +46,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd(), newEzpathCmd())
 	return root
 }
 
