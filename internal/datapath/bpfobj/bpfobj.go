@@ -71,9 +71,9 @@ func fields(objs any) []field {
 }
 
 // Pin pins every loaded map and program of objs under dir by its kernel name (what bpftool
-// shows), skipping those listed in except; dir and dir/links are created.
+// shows), skipping those listed in except; dir is created.
 func Pin(who, dir string, objs any, except ...string) error {
-	if err := os.MkdirAll(filepath.Join(dir, LinksSub), 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("%s: create pin directory (is bpffs mounted on /sys/fs/bpf?): %w", who, err)
 	}
 	for _, f := range fields(objs) {
@@ -147,6 +147,9 @@ func AttachTCX(prog *ebpf.Program, netns string, ifindex int, egress bool, pin s
 	at := ebpf.AttachTCXIngress
 	if egress {
 		at = ebpf.AttachTCXEgress
+	}
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		return fmt.Errorf("create pin directory (is bpffs mounted on /sys/fs/bpf?): %w", err)
 	}
 	var l link.Link
 	err := netnsutil.Do(netns, func() error {

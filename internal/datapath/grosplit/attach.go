@@ -9,9 +9,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -21,11 +21,10 @@ const (
 	pinDropsLink = "link_drops" // tracing link of the cpumap drop counter
 )
 
-var pinnedMaps = []string{gsMapPrgGsCpus, gsMapPrgGsCfg, gsMapPrgGsStats, gsMapPrgGsFlows, gsMapPrgGsMflows, gsMapPrgGsRings}
-
-// pinDeq is the second-level cpumap program (mflow's ring guard), pinned so a live CPU-set
-// change (SetCPUs, another process) can give new entries the same program.
-const pinDeq = "prog_deq"
+// pinDeq is the second-level cpumap program (mflow's ring guard), pinned (as every map and
+// program, by its kernel name) so a live CPU-set change (SetCPUs, another process) can give new
+// entries the same program.
+const pinDeq = gsProgPrgGsDeq
 
 // Attach loads the split, attaches the XDP program to cfg.Device in native (driver) mode inside
 // cfg.Netns, fills the cpumap and pins everything under cfg.PinDir. It returns every pinned path
@@ -42,9 +41,6 @@ func Attach(cfg Config) (pins []string, err error) {
 	if _, err := os.Stat(filepath.Join(cfg.PinDir, pinXDPLink)); err == nil {
 		return nil, fmt.Errorf("grosplit: %s already holds an attached split: detach it first", cfg.PinDir)
 	}
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("grosplit: raise memlock limit: %w", err)
-	}
 	spec, err := loadGs()
 	if err != nil {
 		return nil, fmt.Errorf("grosplit: %w", err)
@@ -56,8 +52,8 @@ func Attach(cfg Config) (pins []string, err error) {
 	}
 	spec.Maps[gsMapPrgGsCpus].MaxEntries = uint32(possible)
 	var objs gsObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		return nil, fmt.Errorf("grosplit: load: %w", err)
+	if err := bpfobj.Load("grosplit", spec, &objs, nil); err != nil {
+		return nil, err
 	}
 	// Only the pins keep the split alive once Attach returns: close every fd of ours.
 	defer objs.Close()
@@ -69,27 +65,13 @@ func Attach(cfg Config) (pins []string, err error) {
 	if err := setCPUs(objs.PrgGsCpus, objs.PrgGsCfg, cfg, nil, deq); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.PinDir, 0o755); err != nil {
-		return nil, fmt.Errorf("grosplit: create pin dir: %w", err)
-	}
 	undo := func(cause error) error {
-		return errors.Join(cause, Detach(pins))
+		return errors.Join(cause, Detach(Pins(cfg.PinDir)))
 	}
-	for _, name := range pinnedMaps {
-		m := mapByName(&objs, name)
-		p := filepath.Join(cfg.PinDir, name)
-		if err := m.Pin(p); err != nil {
-			return nil, undo(fmt.Errorf("grosplit: pin %s: %w", name, err))
-		}
-		pins = append(pins, p)
+	if err := bpfobj.Pin("grosplit", cfg.PinDir, &objs); err != nil {
+		return nil, undo(err)
 	}
-	if deq != nil {
-		p := filepath.Join(cfg.PinDir, pinDeq)
-		if err := deq.Pin(p); err != nil {
-			return nil, undo(fmt.Errorf("grosplit: pin %s: %w", pinDeq, err))
-		}
-		pins = append(pins, p)
-	}
+	pins = Pins(cfg.PinDir)
 
 	// Drop counting is best effort: a kernel without the tracepoint still splits.
 	if l, err := link.AttachTracing(link.TracingOptions{Program: objs.PrgGsDrops, AttachType: ebpf.AttachTraceRawTp}); err == nil {
@@ -146,7 +128,7 @@ func Detach(pins []string) error {
 	dirs := map[string]bool{}
 	for _, p := range ordered {
 		if strings.HasPrefix(filepath.Base(p), "link_") {
-			errs = append(errs, detachLink(p))
+			errs = append(errs, bpfobj.DetachPin(p))
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("grosplit: unpin %s: %w", p, err))
@@ -166,33 +148,14 @@ func Detach(pins []string) error {
 }
 
 // Pins lists the pinned objects an attached split has under pinDir (for a Detach from a
-// process that did not keep Attach's answer).
+// process that did not keep Attach's answer): everything there, the directory is the split's.
 func Pins(pinDir string) []string {
+	entries, _ := os.ReadDir(pinDir)
 	var out []string
-	for _, name := range append(append([]string{}, pinnedMaps...), pinDeq, pinDropsLink, pinXDPLink) {
-		p := filepath.Join(pinDir, name)
-		if _, err := os.Stat(p); err == nil {
-			out = append(out, p)
-		}
+	for _, e := range entries {
+		out = append(out, filepath.Join(pinDir, e.Name()))
 	}
 	return out
-}
-
-func mapByName(o *gsObjects, name string) *ebpf.Map {
-	switch name {
-	case gsMapPrgGsCpus:
-		return o.PrgGsCpus
-	case gsMapPrgGsCfg:
-		return o.PrgGsCfg
-	case gsMapPrgGsStats:
-		return o.PrgGsStats
-	case gsMapPrgGsMflows:
-		return o.PrgGsMflows
-	case gsMapPrgGsRings:
-		return o.PrgGsRings
-	default:
-		return o.PrgGsFlows
-	}
 }
 
 func nsLabel(netns string) string {
@@ -206,23 +169,4 @@ func nsLabel(netns string) string {
 func isUnder(dir, root string) bool {
 	rel, err := filepath.Rel(root, dir)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
-}
-
-// detachLink detaches a pinned link at once. Unpinning alone also detaches, but only when the
-// kernel frees the link, which it defers (RCU, then a work item): callers that check the device
-// right after Detach would still see the program. Links without a detach operation (tracing)
-// just wait for the unpin.
-func detachLink(pin string) error {
-	l, err := link.LoadPinnedLink(pin, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("grosplit: open pinned link %s: %w", pin, err)
-	}
-	defer l.Close()
-	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-		return fmt.Errorf("grosplit: detach %s: %w", pin, err)
-	}
-	return nil
 }

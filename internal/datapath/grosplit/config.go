@@ -9,14 +9,16 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 )
 
 // Limits of the BPF side (bpf/grosplit.bpf.c): keep them in step with its GS_MAX_* constants.
 const (
-	MaxSplitCPUs = 64    // CPUs in one split set (GS_MAX_SLOTS)
-	MaxCPUID     = 255   // highest CPU id the per-target counters cover (GS_MAX_CPUS-1)
-	MaxPorts     = 8     // VXLAN ports (GS_MAX_PORTS)
-	MaxQueueSize = 16384 // the kernel's cpumap qsize limit
+	MaxSplitCPUs = 64                 // CPUs in one split set (GS_MAX_SLOTS)
+	MaxCPUID     = 255                // highest CPU id the per-target counters cover (GS_MAX_CPUS-1)
+	MaxPorts     = flow.VXLANMaxPorts // VXLAN ports (PRG_VXLAN_MAX_PORTS)
+	MaxQueueSize = 16384              // the kernel's cpumap qsize limit
 )
 
 // Defaults applied by Attach to zero fields.
@@ -24,7 +26,7 @@ const DefaultQueueSize = 2048
 
 // DefaultVXLANPorts are the IANA port (Linux vxlan default, Docker overlay) and the Linux legacy
 // port that Flannel uses.
-var DefaultVXLANPorts = []uint16{4789, 8472}
+var DefaultVXLANPorts = flow.DefaultVXLANPorts
 
 // PinRoot is where peregrine pins eBPF objects; the default PinDir lives under it.
 var PinRoot = "/sys/fs/bpf/peregrine"

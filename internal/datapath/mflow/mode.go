@@ -2,7 +2,6 @@ package mflow
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -45,24 +45,18 @@ type modeState struct {
 
 // tcxTarget is one tcx program to attach.
 type tcxTarget struct {
-	prog *ebpf.Program
-	at   ebpf.AttachType
-	dev  datapath.Dev
+	prog   *ebpf.Program
+	egress bool
+	dev    datapath.Dev
 }
 
 func readModeState(st *datapath.State) (modeState, error) {
 	var ms modeState
-	if len(st.ModeState) == 0 {
-		return ms, nil
-	}
-	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
-		return ms, fmt.Errorf("mflow: record's mode state is corrupt: %w", err)
-	}
-	return ms, nil
+	return ms, datapath.ReadModeState(st, &ms)
 }
 
 func saveModeState(st *datapath.State, ms modeState) error {
-	st.ModeState, _ = json.Marshal(ms)
+	datapath.WriteModeState(st, ms)
 	return datapath.SaveState(st)
 }
 
@@ -92,8 +86,8 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if err != nil {
 		return nil, err
 	}
-	if entries, err := os.ReadDir(pinDir(t.Host)); err == nil && len(entries) > 0 {
-		return nil, fmt.Errorf("mflow: pinned objects already exist at %s: run `peregrine detach` for this node, or remove that directory if nothing is attached", pinDir(t.Host))
+	if err := bpfobj.CheckNoPins("mflow", pinDir(t.Host)); err != nil {
+		return nil, err
 	}
 	nics := t.ByStage(datapath.StageNIC)
 	if len(nics) == 0 {
@@ -207,9 +201,9 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err := saveModeState(st, ms); err != nil {
 		return err
 	}
-	ports, err := vxlanPorts(t)
+	ports, err := t.VXLANPortSet()
 	if err != nil {
-		return err
+		return fmt.Errorf("mflow: %w", err)
 	}
 	nics := t.ByStage(datapath.StageNIC)
 	var shared *ebpf.Map // the XDP split's flow map, for the merge program
@@ -248,24 +242,32 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 		if err := writeConfig(objs.PrgMfCfg, c, ports); err != nil {
 			return err
 		}
-		if err := pinMaps(objs, dir, shared == nil); err != nil {
+		var notOurs []string // the split's flow map is pinned by the split
+		if shared != nil {
+			notOurs = append(notOurs, mapFlows)
+		}
+		if err := bpfobj.Pin("mflow", dir, objs, notOurs...); err != nil {
 			return err
 		}
 		var targets []tcxTarget
 		if c.SplitAt == SplitDevice {
 			for _, d := range nics {
-				targets = append(targets, tcxTarget{objs.PrgMflowDev, ebpf.AttachTCXIngress, d})
+				targets = append(targets, tcxTarget{objs.PrgMflowDev, false, d})
 			}
 		}
 		if c.Merge {
 			for _, d := range t.ByStage(datapath.StageVethHost) {
-				targets = append(targets, tcxTarget{objs.PrgMflowPort, ebpf.AttachTCXEgress, d})
+				targets = append(targets, tcxTarget{objs.PrgMflowPort, true, d})
 			}
 		}
 		for _, tg := range targets {
-			pin, err := attachTCX(tg.prog, tg.at, tg.dev, dir)
+			ino, err := netnsutil.Inode(netnsutil.Path(tg.dev.Netns))
 			if err != nil {
-				return err
+				return fmt.Errorf("mflow: namespace of %s: %w", tg.dev, err)
+			}
+			pin := bpfobj.LinkPin(dir, ino, tg.dev.Ifindex, tg.dev.Name, "")
+			if err := bpfobj.AttachTCX(tg.prog, tg.dev.Netns, tg.dev.Ifindex, tg.egress, pin); err != nil {
+				return fmt.Errorf("mflow: %s: %w", tg.dev, err)
 			}
 			ms.Links = append(ms.Links, pin)
 			if err := saveModeState(st, ms); err != nil {
@@ -303,16 +305,13 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 	ms, err := readModeState(st)
 	errs := []error{err}
 	links := ms.Links
-	if entries, err := os.ReadDir(filepath.Join(pinDir(st.Target), linksSub)); err == nil {
-		for _, e := range entries { // pins a crash left out of the record
-			p := filepath.Join(pinDir(st.Target), linksSub, e.Name())
-			if !slices.Contains(links, p) {
-				links = append(links, p)
-			}
+	for _, p := range bpfobj.LinkPins(pinDir(st.Target)) { // pins a crash left out of the record
+		if !slices.Contains(links, p) {
+			links = append(links, p)
 		}
 	}
 	for _, p := range links {
-		errs = append(errs, detachTCX(p))
+		errs = append(errs, bpfobj.DetachPin(p))
 	}
 	pins := ms.SplitPins
 	if entries, err := os.ReadDir(pinDir(st.Target)); err == nil {
