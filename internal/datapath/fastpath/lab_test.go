@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -221,4 +222,54 @@ func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
 	s := l.Spec
 	run(t, c.Netns, "ip", "route", "add", "default", "via", s.GatewayAddr(2).Addr().String())
 	time.Sleep(1500 * time.Millisecond) // the agent's bound is 1 s
+}
+
+// TestHandBuiltOverlay attaches to a Flannel-like overlay that peregrine's lab did not build
+// (scripts/handbuilt-flannel.sh: ip(8) commands, an underlay named ens5, CNI-like veth names,
+// port 8472, onlink routes, static neighbour and FDB entries) and checks TCP and ICMP take the
+// fast path both ways, and that detach leaves nothing.
+func TestHandBuiltOverlay(t *testing.T) {
+	testutil.RequireRoot(t)
+	script, err := filepath.Abs("../../../scripts/handbuilt-flannel.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "fph"
+	hosts := []string{"prg-fph-n1", "prg-fph-n2"}
+	t.Cleanup(func() {
+		for _, h := range hosts {
+			if st, _ := datapath.LoadState(h, Name); st != nil {
+				_, _ = datapath.Detach(context.Background(), h, "")
+			}
+		}
+		if out, err := exec.Command(script, "down", name).CombinedOutput(); err != nil {
+			t.Errorf("down: %v\n%s", err, out)
+		}
+		testutil.AssertClean(t, "prg-"+name+"-")
+	})
+	if out, err := exec.Command(script, "up", name).CombinedOutput(); err != nil {
+		t.Fatalf("build the overlay: %v\n%s", err, out)
+	}
+	attachAll(t, hosts)
+	run(t, "prg-fph-n1-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.244.2.2")
+	run(t, "prg-fph-n2-p1", "iperf3", "-s", "-D", "-1", "-p", "5304")
+	time.Sleep(300 * time.Millisecond)
+	run(t, "prg-fph-n1-p1", "iperf3", "-c", "10.244.2.2", "-p", "5304", "-t", "1")
+	for _, h := range hosts {
+		v, err := Inspect(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Layout != LayoutRouted || v.Underlay != h+"/ens5" || v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 {
+			t.Fatalf("%s: %s", h, v.Format())
+		}
+	}
+	for _, h := range hosts {
+		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind", pinDir(h))
+		}
+	}
 }
