@@ -2,6 +2,7 @@ package ezpath
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -34,3 +35,5 @@ const (
 
 // timeNow is the clock (a variable so tests can see what the tables saw).
 var timeNow = time.Now
+
+func fmtSscan(s string, v *uint64) (int, error) { return fmt.Sscan(s, v) }
