@@ -230,7 +230,7 @@ func TestToggleDuringATransferKeepsTheConnection(t *testing.T) {
 	}
 	var res struct {
 		End struct {
-			SumReceived struct{ Bytes uint64 } `json:"sum_received"`
+			SumReceived struct{ Bytes uint64 }    `json:"sum_received"`
 			SumSent     struct{ Retransmits int } `json:"sum_sent"`
 		} `json:"end"`
 		Error string `json:"error"`
