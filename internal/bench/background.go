@@ -136,6 +136,16 @@ func (o *Options) modeExtra(mode string) map[string]string {
 	for k, v := range o.ModeExtra {
 		m[k] = v
 	}
+	if mode == "ezpath" {
+		// The controller offloads the measured pair within a tenth of a second of its first
+		// traffic (the discarded warm-up) and keeps it offloaded across the interleaved
+		// repetitions of the other configs (idle timer 60 s).
+		for k, v := range map[string]string{"policy": "auto", "interval": "100ms", "active": "1", "idle": "600", "min_rate": "1"} {
+			if m[k] == "" {
+				m[k] = v
+			}
+		}
+	}
 	if mode != "prism" {
 		delete(m, "rules") // --prism-rules is prism's alone
 		return m

@@ -28,7 +28,7 @@ type testbed struct {
 func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i) }
 
 func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(string, ...any)) (*testbed, error) {
-	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs}
+	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs, ToR: o.ToR}
 	log("building lab %s for %s", spec.Name, cfg.Name())
 	l, err := lab.Up(ctx, spec, nil)
 	if err != nil {
@@ -38,6 +38,9 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 	for _, spec := range cfg.Stack {
 		for _, h := range l.Hosts {
 			opts := datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Extra: mergeExtra(o.modeExtra(spec.Mode), spec.Extra)}
+			if spec.Mode == "ezpath" {
+				opts.Extra["lab"] = l.Spec.Name // the switches it programs are the lab's
+			}
 			st, err := datapath.Attach(ctx, h.Netns, spec.Mode, opts)
 			if err != nil {
 				tb.teardown()

@@ -28,6 +28,9 @@ type Options struct {
 	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
 	RxCPUs, SenderCPUs, AppCPUs []int
 	NoStageProbe                bool
+	// ToR builds every lab with a top-of-rack switch per host (lab.Spec.ToR; mode ezpath needs
+	// them); the results' underlay is then "tor".
+	ToR bool
 	// NoBPFStats leaves the kernel's BPF run-time statistics off: no per-program costs, but no
 	// statistics overhead (~70 ns per program run) on the measured path either.
 	NoBPFStats bool
@@ -101,7 +104,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	run := &results.Run{
 		Schema: results.Schema, ID: fmt.Sprintf("%s-%s", sc.Name, time.Now().Format("20060102-150405")),
 		Started: time.Now(), Env: environment(o.Version),
-		Lab: results.Lab{Hosts: 2, Containers: sc.containers(), MTU: 1500, Underlay: lab.UnderlayDirect, RxCPUs: o.RxCPUs},
+		Lab: results.Lab{Hosts: 2, Containers: sc.containers(), MTU: 1500, Underlay: o.underlayName(), RxCPUs: o.RxCPUs},
 		Scenario: results.Scenario{Name: sc.Name, Workload: sc.def().workload, Repetitions: sc.Reps, Warmup: sc.Warmup,
 			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
 			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate, "background": sc.Background, "injector": sc.Injector, "rates": sc.Rates}},
@@ -369,4 +372,12 @@ func appendUnique(xs []string, s string) []string {
 		}
 	}
 	return append(xs, s)
+}
+
+// underlayName is what the results call the underlay: direct, or tor with --tor.
+func (o *Options) underlayName() string {
+	if o.ToR {
+		return "tor"
+	}
+	return lab.UnderlayDirect
 }

@@ -30,6 +30,7 @@ type benchFlags struct {
 	noBPFStats                    bool
 	background, prismRules        string
 	injector, rates               string
+	tor                           bool
 }
 
 func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
@@ -54,12 +55,13 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
 	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
 	f.BoolVar(&b.noBPFStats, "no-bpf-stats", false, "leave the kernel's BPF run-time statistics off: no per-program ns per run, and none of their ~70 ns per program run on the measured path")
+	f.BoolVar(&b.tor, "tor", false, "labs with a top-of-rack switch per host (lab up --tor), which mode ezpath needs; every config crosses the same switches")
 	f.BoolVar(&b.asJSON, "json", false, "print the result JSON on stdout instead of the table")
 	f.BoolVar(&b.noReport, "no-report", false, "do not write the HTML report")
 }
 
 func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Options, error) {
-	o := bench.Options{Configs: configs, OutDir: b.out, NoStageProbe: b.noStage, NoBPFStats: b.noBPFStats, Log: os.Stderr, Version: Version}
+	o := bench.Options{Configs: configs, OutDir: b.out, NoStageProbe: b.noStage, NoBPFStats: b.noBPFStats, Log: os.Stderr, Version: Version, ToR: b.tor}
 	var err error
 	for _, x := range []struct {
 		flag string
