@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -209,7 +209,7 @@ func printLab(l *lab.Lab) {
 	s := l.Spec
 	rx := "sender's CPU (no RPS)"
 	if len(s.RxCPUs) > 0 {
-		rx = "CPUs " + formatCPUList(s.RxCPUs)
+		rx = "CPUs " + cpuset.Format(s.RxCPUs)
 	}
 	wire := "wire-like frames (tx offload off)"
 	if s.WireFrames != nil && !*s.WireFrames {
@@ -275,37 +275,5 @@ func newLabExecCmd() *cobra.Command {
 	return c
 }
 
-// parseCPUList parses "0,2-3" into CPU numbers.
-func parseCPUList(s string) ([]int, error) {
-	var cpus []int
-	seen := map[int]bool{}
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("%q is not a CPU list like 0,2-3", s)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("%q is not a CPU list like 0,2-3", s)
-			}
-		}
-		for c := a; c <= b; c++ {
-			if !seen[c] {
-				seen[c] = true
-				cpus = append(cpus, c)
-			}
-		}
-	}
-	return cpus, nil
-}
-
-func formatCPUList(cpus []int) string {
-	var parts []string
-	for _, c := range cpus {
-		parts = append(parts, strconv.Itoa(c))
-	}
-	return strings.Join(parts, ",")
-}
+// parseCPUList parses "0,2-3" into CPU numbers (cpuset.Parse: ascending, distinct).
+func parseCPUList(s string) ([]int, error) { return cpuset.Parse(s) }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath/mflow" // registers mode "mflow"
 )
 
@@ -51,6 +52,10 @@ func (f *mflowFlags) extra(c *cobra.Command, mode string, cpus []int, m map[stri
 		return nil
 	}
 	// Validate before anything is discovered, so a bad value fails fast and changes nothing.
-	_, err := mflow.ParseConfig(cpus, m, []int{0, 1})
+	online, err := cpuset.Online()
+	if err != nil {
+		return err
+	}
+	_, err = mflow.ParseConfig(cpus, m, online)
 	return err
 }

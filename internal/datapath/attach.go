@@ -5,43 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// CheckCPUs verifies every CPU is online.
-func CheckCPUs(cpus []int) error {
-	online, err := os.ReadFile("/sys/devices/system/cpu/online")
-	set := map[int]bool{}
-	if err == nil {
-		for _, part := range strings.Split(strings.TrimSpace(string(online)), ",") {
-			lo, hi, isRange := strings.Cut(part, "-")
-			a, _ := strconv.Atoi(lo)
-			b := a
-			if isRange {
-				b, _ = strconv.Atoi(hi)
-			}
-			for c := a; c <= b; c++ {
-				set[c] = true
-			}
-		}
-	} else {
-		for c := 0; c < runtime.NumCPU(); c++ {
-			set[c] = true
-		}
-	}
-	for _, c := range cpus {
-		if !set[c] {
-			return fmt.Errorf("CPU %d is offline or absent (online: %s)", c, strings.TrimSpace(string(online)))
-		}
-	}
-	return nil
-}
+// CheckCPUs verifies every CPU is online (cpuset.CheckOnline; kept for callers outside datapath).
+func CheckCPUs(cpus []int) error { return cpuset.CheckOnline(cpus) }
 
 // Attach puts a mode on the host namespace target. Nothing is changed unless discovery and
 // planning succeed; if applying fails halfway, what was applied is restored.
@@ -200,7 +172,7 @@ func optionsMap(o Options) map[string]string {
 		m["underlay"] = o.Underlay
 	}
 	if len(o.CPUs) > 0 {
-		m["cpus"] = lab.CPUMask(o.CPUs)
+		m["cpus"] = cpuset.Mask(o.CPUs)
 	}
 	if o.KeepUnderlay {
 		m["keep_underlay"] = "true"

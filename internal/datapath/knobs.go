@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -104,19 +105,7 @@ func CurrentValue(k Knob) string {
 	return strings.TrimSpace(s)
 }
 
-// sameMask compares two CPU masks ignoring leading zero words and case ("00000003" == "3").
-func sameMask(a, b string) bool { return normMask(a) == normMask(b) }
-
-func normMask(m string) string {
-	m = strings.ToLower(strings.ReplaceAll(strings.TrimSpace(m), ",", ""))
-	m = strings.TrimLeft(m, "0")
-	if m == "" {
-		return "0"
-	}
-	return m
-}
-
 // SameValue compares a live knob value with a set one (CPU masks compare by value).
-func SameValue(live, set string) bool { return live == set || sameMask(live, set) }
+func SameValue(live, set string) bool { return live == set || cpuset.SameMask(live, set) }
 
 func numCPU() int { return runtime.NumCPU() }

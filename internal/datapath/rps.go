@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"runtime"
 
-	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 )
 
 // rpsMode is the usual tuning advice: RPS across all CPUs on every stage device. It is the
@@ -26,7 +26,7 @@ func (rpsMode) Knobs(t *Topology, o Options) ([]Knob, error) {
 			cpus = append(cpus, c)
 		}
 	}
-	mask := lab.CPUMask(cpus)
+	mask := cpuset.Mask(cpus)
 	var ks []Knob
 	for _, d := range t.Devs {
 		if d.Stage == StageNIC && o.KeepUnderlay {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
@@ -71,7 +72,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			for k, v := range during {
 				if v != before[k] {
 					changed++
-					if !sameMask(v, lab.CPUMask(allCPUs())) {
+					if !cpuset.SameMask(v, cpuset.Mask(allCPUs())) {
 						t.Errorf("%s = %q, want all CPUs", k, v)
 					}
 				}

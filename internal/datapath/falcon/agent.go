@@ -17,8 +17,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
@@ -243,7 +243,7 @@ func (a *agent) rescan() error {
 	if err != nil {
 		return err
 	}
-	mask := lab.CPUMask(a.cfg.CPUs)
+	mask := cpuset.Mask(a.cfg.CPUs)
 	return datapath.UpdateState(a.target, "falcon", 2*time.Second, func(st *datapath.State) error {
 		ms, err := readModeState(st)
 		if err != nil {

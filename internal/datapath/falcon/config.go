@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
@@ -63,7 +64,7 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 			return c, fmt.Errorf("falcon: CPU %d is out of range 0..%d", cpu, MaxCPUID-1)
 		}
 	}
-	if err := datapath.CheckCPUs(c.CPUs); err != nil {
+	if err := cpuset.CheckOnline(c.CPUs); err != nil {
 		return c, fmt.Errorf("falcon: --cpus: %w", err)
 	}
 	if v, ok := extra[OptThreshold]; ok {
@@ -96,10 +97,10 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 		}
 	}
 	if v := extra[OptSplitCPUs]; v != "" {
-		if c.SplitCPUs, err = parseList(v); err != nil {
+		if c.SplitCPUs, err = cpuset.Parse(v); err != nil {
 			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
 		}
-		if err := datapath.CheckCPUs(c.SplitCPUs); err != nil {
+		if err := cpuset.CheckOnline(c.SplitCPUs); err != nil {
 			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
 		}
 		if c.Split == "off" && extra[OptSplit] == "" {
@@ -124,48 +125,13 @@ func duration(extra map[string]string, key string, def, lo, hi time.Duration) (t
 	return d, nil
 }
 
-// parseList reads "0-2,5" (the saved form is a hex mask; see cpusOfRecord).
-func parseList(s string) ([]int, error) {
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			return nil, fmt.Errorf("bad CPU %q", part)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("bad CPU range %q", part)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	return out, nil
-}
-
 // cpusOfRecord reads the CPU set back from a record: the framework saves it as a hex mask.
 func cpusOfRecord(opts map[string]string) ([]int, error) {
 	m, ok := opts["cpus"]
 	if !ok {
 		return nil, nil
 	}
-	var cpus []int
-	words := strings.Split(m, ",")
-	for wi := range words {
-		w, err := strconv.ParseUint(words[len(words)-1-wi], 16, 32)
-		if err != nil {
-			return nil, fmt.Errorf("saved CPU mask %q: %w", m, err)
-		}
-		for b := 0; b < 32; b++ {
-			if w&(1<<b) != 0 {
-				cpus = append(cpus, wi*32+b)
-			}
-		}
-	}
-	return cpus, nil
+	return cpuset.FromMask(m)
 }
 
 // ConfigOfState rebuilds the settings of a recorded attachment.

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -304,7 +305,7 @@ func assertNoFalconProgs(t *testing.T, d datapath.Dev, at ebpf.AttachType) {
 func numOnline() int {
 	n := 0
 	for c := 0; c < 64; c++ {
-		if datapath.CheckCPUs([]int{c}) == nil {
+		if cpuset.CheckOnline([]int{c}) == nil {
 			n++
 		}
 	}

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
 // Mode is FALCON as a datapath mode.
@@ -32,7 +32,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if err := checkNotAttached(t); err != nil {
 		return nil, err
 	}
-	mask := lab.CPUMask(cfg.CPUs)
+	mask := cpuset.Mask(cfg.CPUs)
 	var ks []datapath.Knob
 	for _, d := range t.Devs {
 		if d.Stage != datapath.StageVXLAN && d.Stage != datapath.StageVeth {

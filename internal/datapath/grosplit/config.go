@@ -3,13 +3,13 @@ package grosplit
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 )
 
@@ -105,16 +105,16 @@ func checkCPUs(cpus []int) error {
 	if err != nil {
 		return fmt.Errorf("grosplit: count possible CPUs: %w", err)
 	}
-	online, err := onlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
-		return err
+		return fmt.Errorf("grosplit: %w", err)
 	}
 	seen := map[int]bool{}
 	for _, c := range cpus {
 		switch {
 		case c < 0 || c > MaxCPUID || c >= possible:
 			return fmt.Errorf("grosplit: CPU %d out of range (this machine has %d possible CPUs, grosplit counts up to %d)", c, possible, MaxCPUID)
-		case !online[c]:
+		case !slices.Contains(online, c):
 			return fmt.Errorf("grosplit: CPU %d is offline", c)
 		case seen[c]:
 			return fmt.Errorf("grosplit: CPU %d listed twice (a flow's CPU is a hash bucket: duplicates would skew the split)", c)
@@ -122,31 +122,6 @@ func checkCPUs(cpus []int) error {
 		seen[c] = true
 	}
 	return nil
-}
-
-func onlineCPUs() (map[int]bool, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if err != nil {
-		return nil, fmt.Errorf("grosplit: read online CPUs: %w", err)
-	}
-	set := map[int]bool{}
-	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			return nil, fmt.Errorf("grosplit: parse online CPUs %q: %w", b, err)
-		}
-		z := a
-		if isRange {
-			if z, err = strconv.Atoi(hi); err != nil {
-				return nil, fmt.Errorf("grosplit: parse online CPUs %q: %w", b, err)
-			}
-		}
-		for c := a; c <= z; c++ {
-			set[c] = true
-		}
-	}
-	return set, nil
 }
 
 // bpfCfg is the prg_gs_cfg entry for a (defaulted) config.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 )
 
@@ -58,7 +59,7 @@ func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, err
 	var err error
 	c.CPUs = slices.Clone(cpus)
 	if len(c.CPUs) == 0 && extra[OptCPUs] != "" {
-		if c.CPUs, err = ParseCPUList(extra[OptCPUs]); err != nil {
+		if c.CPUs, err = cpuset.Parse(extra[OptCPUs]); err != nil {
 			return c, fmt.Errorf("mflow: cpus: %w", err)
 		}
 	}
@@ -164,28 +165,6 @@ func parseRate(s string) (uint64, error) {
 	return uint64(f * mult), nil
 }
 
-// ParseCPUList reads "0-2,5".
-func ParseCPUList(s string) ([]int, error) {
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("bad CPU %q", part)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("bad CPU range %q", part)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	return out, nil
-}
-
 // checkOverlap refuses splitting CPUs that are all IRQ CPUs: batches would be "split" onto the
 // CPU(s) that already run the whole path. Overlap with some of them is allowed (on a 2-CPU
 // machine it is unavoidable) and noted.
@@ -206,22 +185,4 @@ func checkOverlap(c Config, irq []int) (note string, err error) {
 		return fmt.Sprintf("mflow: splitting CPUs %v include IRQ CPU(s) %v: those batches compete with the receive interrupt work (fine on a small machine, avoid it on a big one)", c.CPUs, shared), nil
 	}
 	return "", nil
-}
-
-// cpusOfMask reads a hex CPU mask ("3", "00000000,00000003").
-func cpusOfMask(m string) []int {
-	var cpus []int
-	words := strings.Split(strings.TrimSpace(m), ",")
-	for wi := range words {
-		w, err := strconv.ParseUint(words[len(words)-1-wi], 16, 32)
-		if err != nil {
-			return nil
-		}
-		for b := 0; b < 32; b++ {
-			if w&(1<<b) != 0 {
-				cpus = append(cpus, wi*32+b)
-			}
-		}
-	}
-	return cpus
 }

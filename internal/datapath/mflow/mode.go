@@ -11,10 +11,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
@@ -66,7 +66,7 @@ var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "T
 
 // config reads the settings from attach options; online CPUs fill the default split set.
 func config(o datapath.Options) (Config, error) {
-	online, err := onlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		return Config{}, err
 	}
@@ -74,7 +74,7 @@ func config(o datapath.Options) (Config, error) {
 	if err != nil {
 		return c, err
 	}
-	if err := datapath.CheckCPUs(c.CPUs); err != nil {
+	if err := cpuset.CheckOnline(c.CPUs); err != nil {
 		return c, fmt.Errorf("mflow: splitting CPUs: %w", err)
 	}
 	return c, nil
@@ -119,7 +119,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 		}
 		t.Notes = append(t.Notes, "mflow: falcon is attached: mflow splits the NIC stage, falcon places the VXLAN and veth stages")
 	}
-	mask := lab.CPUMask(c.CPUs)
+	mask := cpuset.Mask(c.CPUs)
 	var ks []datapath.Knob
 	add := func(d datapath.Dev, file, v string) error {
 		paths, err := datapath.RxQueueKnobs(d, file)
@@ -179,7 +179,11 @@ func irqCPUs(nics []datapath.Dev) ([]int, error) {
 			if err != nil {
 				return nil, fmt.Errorf("mflow: read %s:%s: %w", d.Netns, p, err)
 			}
-			for _, c := range cpusOfMask(v) {
+			cpus, err := cpuset.FromMask(v)
+			if err != nil {
+				return nil, fmt.Errorf("mflow: %s:%s: %w", d.Netns, p, err)
+			}
+			for _, c := range cpus {
 				if !slices.Contains(out, c) {
 					out = append(out, c)
 				}
@@ -329,12 +333,4 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 		errs = append(errs, grosplit.Detach(pins))
 	}
 	return errors.Join(errs...)
-}
-
-func onlineCPUs() ([]int, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if err != nil {
-		return nil, fmt.Errorf("mflow: read online CPUs: %w", err)
-	}
-	return ParseCPUList(strings.TrimSpace(string(b)))
 }

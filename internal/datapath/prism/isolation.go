@@ -2,14 +2,12 @@ package prism
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -41,16 +39,16 @@ func parseIsolation(cpus []int, extra map[string]string) (*isoConfig, error) {
 	if v == "" {
 		return nil, nil
 	}
-	hp, err := parseCPUs(v)
+	hp, err := cpuset.Parse(v)
 	if err != nil {
 		return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
 	}
-	if err := datapath.CheckCPUs(hp); err != nil {
+	if err := cpuset.CheckOnline(hp); err != nil {
 		return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
 	}
 	pool := slices.Clone(cpus)
 	if len(pool) == 0 {
-		if pool, err = onlineCPUs(); err != nil {
+		if pool, err = cpuset.Online(); err != nil {
 			return nil, fmt.Errorf("prism: --hp-cpus: %w", err)
 		}
 	}
@@ -62,52 +60,13 @@ func parseIsolation(cpus []int, extra map[string]string) (*isoConfig, error) {
 	}
 	slices.Sort(c.LP)
 	if len(c.LP) == 0 {
-		return nil, fmt.Errorf("prism: --hp-cpus %s reserves every CPU low-priority traffic may use (%s): nothing would be left for it; reserve fewer CPUs", v, cpuList(pool))
+		return nil, fmt.Errorf("prism: --hp-cpus %s reserves every CPU low-priority traffic may use (%s): nothing would be left for it; reserve fewer CPUs", v, cpuset.Format(pool))
 	}
 	c.Set = slices.Sorted(slices.Values(append(slices.Clone(c.HP), c.LP...)))
 	if len(c.Set) > maxIsoCPUs {
 		return nil, fmt.Errorf("prism: --hp-cpus: %d CPUs in the RPS set; at most %d", len(c.Set), maxIsoCPUs)
 	}
 	return c, nil
-}
-
-// parseCPUs reads "1", "0-3", "1,4-5" into distinct ascending CPU ids.
-func parseCPUs(s string) ([]int, error) {
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("%q is not a CPU list like 1 or 2-3", s)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("%q is not a CPU list like 1 or 2-3", s)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
-func cpuList(cpus []int) string {
-	var parts []string
-	for _, c := range cpus {
-		parts = append(parts, strconv.Itoa(c))
-	}
-	return strings.Join(parts, ",")
-}
-
-func onlineCPUs() ([]int, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if err != nil {
-		return nil, fmt.Errorf("read online CPUs: %w", err)
-	}
-	return parseCPUs(strings.TrimSpace(string(b)))
 }
 
 // idxStay is the recorded index of a packet kept on its CPU (PR_IDX_STAY).
@@ -132,7 +91,7 @@ func (c *isoConfig) steer(hp bool, fh uint32, cpu int) (idx, hash uint32) {
 // program computed) and no RFS flow table (RFS would follow the application's CPU instead).
 func isoKnobs(t *datapath.Topology, c *isoConfig) ([]datapath.Knob, error) {
 	var ks []datapath.Knob
-	mask := lab.CPUMask(c.Set)
+	mask := cpuset.Mask(c.Set)
 	for _, d := range t.ByStage(datapath.StageVXLAN) {
 		for _, kv := range [][2]string{{"rps_cpus", mask}, {"rps_flow_cnt", "0"}} {
 			paths, err := datapath.RxQueueKnobs(d, kv[0])

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -93,7 +94,7 @@ func udpBurst(t *testing.T, ns, addr string, port, n int) {
 }
 
 func TestLabIsolationSplitsVXLANStage(t *testing.T) {
-	if cpus, _ := onlineCPUs(); len(cpus) < 2 || cpus[0] != 0 || cpus[1] != 1 {
+	if cpus, _ := cpuset.Online(); len(cpus) < 2 || cpus[0] != 0 || cpus[1] != 1 {
 		t.Skipf("needs CPUs 0 and 1 online, have %v", cpus)
 	}
 	if err := stage.Check(); err != nil {
@@ -178,8 +179,8 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 func TestAttachRefusesBadHPCPUs(t *testing.T) {
 	l := labForTest(t, lab.Spec{Name: "tpisobad", Style: lab.StyleDocker})
 	h := l.Hosts[1].Netns
-	online, _ := onlineCPUs()
-	for _, bad := range []string{"x", "4096", cpuList(online)} {
+	online, _ := cpuset.Online()
+	for _, bad := range []string{"x", "4096", cpuset.Format(online)} {
 		_, err := datapath.Attach(context.Background(), h, "prism", datapath.Options{Extra: map[string]string{OptRules: hpRules, OptHPCPUs: bad}})
 		if err == nil {
 			t.Errorf("--hp-cpus %q accepted", bad)

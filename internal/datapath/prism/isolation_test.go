@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
@@ -182,7 +183,7 @@ func checkSteer(t *testing.T, c *isoConfig, hp bool, got prsPrismLast) (cpu int)
 
 func TestIsolationSteersHPToReservedCPUs(t *testing.T) {
 	for _, c := range isoPlans() {
-		t.Run(fmt.Sprintf("hp=%s,lp=%s", cpuList(c.HP), cpuList(c.LP)), func(t *testing.T) {
+		t.Run(fmt.Sprintf("hp=%s,lp=%s", cpuset.Format(c.HP), cpuset.Format(c.LP)), func(t *testing.T) {
 			e := isoEnv(t, c)
 			pinThread(t, 0)
 			used := map[bool]map[int]bool{true: {}, false: {}}
@@ -220,7 +221,7 @@ func TestIsolationSteersHPToReservedCPUs(t *testing.T) {
 // On the 2-vCPU lab's plan: a packet whose NIC stage already runs on a CPU of its class stays
 // there with hash 0 (no RPS hop), the others are steered to the other CPU.
 func TestIsolationKeepsPacketsOnTheirClassCPU(t *testing.T) {
-	if cpus, _ := onlineCPUs(); !slices.Contains(cpus, 1) {
+	if cpus, _ := cpuset.Online(); !slices.Contains(cpus, 1) {
 		t.Skip("needs CPUs 0 and 1")
 	}
 	c := plan([]int{1}, []int{0})
@@ -308,7 +309,7 @@ func TestIsolationOffLeavesFramesAlone(t *testing.T) {
 }
 
 func TestParseIsolation(t *testing.T) {
-	online, err := onlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,12 +318,12 @@ func TestParseIsolation(t *testing.T) {
 	}
 	last := online[len(online)-1]
 	bad := map[string]string{
-		"x":                  "not a CPU list",
-		"3-1":                "not a CPU list",
-		"-1":                 "not a CPU list",
-		"4096":               "offline or absent",
-		cpuList(online):      "reserves every CPU",
-		fmt.Sprint(last + 1): "offline or absent",
+		"x":                   "not a CPU list",
+		"3-1":                 "not a CPU list",
+		"-1":                  "not a CPU list",
+		"4096":                "offline or absent",
+		cpuset.Format(online): "reserves every CPU",
+		fmt.Sprint(last + 1):  "offline or absent",
 	}
 	for v, want := range bad {
 		if _, err := parseIsolation(nil, map[string]string{OptHPCPUs: v}); err == nil || !strings.Contains(err.Error(), want) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 )
@@ -334,7 +335,7 @@ func (v *View) Format() string {
 		s.Miss, s.L2, s.TTL, s.Gone, s.Stale, s.Err)
 	if iso := v.Isolation; iso != nil {
 		fmt.Fprintf(&b, "  prism: HP isolation: HP on CPUs %s, the rest on %s (VXLAN RPS set %s); underlay VXLAN frames %d: HP %d, LP %d (kept on their CPU %d), untouched %d\n",
-			cpuList(iso.HP), cpuList(iso.LP), cpuList(iso.Set), s.IsoVXLAN, s.IsoHP, s.IsoLP, s.IsoStay, s.IsoOff)
+			cpuset.Format(iso.HP), cpuset.Format(iso.LP), cpuset.Format(iso.Set), s.IsoVXLAN, s.IsoHP, s.IsoLP, s.IsoStay, s.IsoOff)
 	}
 	for _, r := range v.Rules {
 		fmt.Fprintf(&b, "    rule %-2d %-40s HP packets %d, bytes %d\n", r.ID, r.Rule, r.Packets, r.Bytes)
