@@ -66,7 +66,9 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 		return nil, err
 	}
 	tb.stages = map[string]string{}
-	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
+	// With --tor the receiving rack's switch is a stage too ("tor"): its softirq time is the
+	// switch's work, which real silicon would do (receive cost minus it is the host's).
+	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers, l.ToRs} {
 		for _, n := range set {
 			if n.Name != recvHost && n.Host != recvHost {
 				continue // the stage chart is about the receive path of the measured flow
@@ -122,7 +124,9 @@ var offloadFeatures = map[string]string{
 // namespace, its overlay namespace (docker) and its containers.
 func readOffloads(ctx context.Context, l *lab.Lab, recvHost string) map[string]map[string]bool {
 	out := map[string]map[string]bool{}
-	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
+	// With --tor the receiving rack's switch is a stage too ("tor"): its softirq time is the
+	// switch's work, which real silicon would do (receive cost minus it is the host's).
+	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers, l.ToRs} {
 		for _, n := range set {
 			if n.Name != recvHost && n.Host != recvHost {
 				continue
