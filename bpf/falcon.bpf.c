@@ -26,12 +26,16 @@
  * for repick_ns (its earlier packets have left every backlog by then) or when the controller
  * bumps the epoch (the gate re-opened): a deliberate re-pick, never a per-packet flip.
  *
- * Cost per packet matters as much as the decision (issue 12: every program <= 150 ns net). So:
- * the LRU key is the 32-bit flow hash and the stage salt (8 bytes, not the 40-byte 5-tuple; two
- * flows whose hashes collide share a choice, which is the choice both would compute anyway
- * unless loads changed in between), the time is the coarse clock (a jiffy's resolution is far
- * below repick_ns, 200 ms by default, 1 ms at least), and a sticky hit writes the entry only
- * when that clock moved, so a busy flow dirties its cache line once per tick, not per packet.
+ * Cost per packet matters as much as the decision (issue 12: every program <= 150 ns net). So
+ * the choices live in a 2-way set-associative table in a plain array (an inlined lookup, no
+ * hashing or LRU list work in the kernel), indexed by the flow hash mixed with the stage salt
+ * and tagged with both (8 bytes, not the 40-byte 5-tuple); a miss evicts the way used longest
+ * ago, as an LRU would. Two flows whose hash and salt both collide share a choice, the one both
+ * would compute anyway unless loads changed in between. Entries are written without locks: two
+ * CPUs filling one set at once can leave a way torn, which costs at most one packet a re-pick
+ * or a placement, never a wrong CPU index (idx < n is checked). The time is the coarse clock (a
+ * jiffy is far below repick_ns, 200 ms by default, 1 ms at least), and a sticky hit writes the
+ * entry only when that clock moved, so a busy flow dirties its cache line once per tick.
  *
  * Keep the arithmetic in step with internal/datapath/falcon/model.go: the tests compare them.
  */
@@ -91,11 +95,18 @@ struct falcon_flow {
 };
 
 struct falcon_choice {
-	__u64 last_ns;
+	__u32 fh;   /* tag: the falcon_flow it belongs to */
+	__u32 salt;
+	__u64 last_ns; /* 0: empty way */
 	__u32 idx;
 	__u32 epoch;
 	__u32 kind;
 	__u32 pad;
+};
+
+#define FALCON_SETS 32768 /* x 2 ways: 65536 flow-stage choices, 2 MiB */
+struct falcon_set {
+	struct falcon_choice way[2];
 };
 
 /* The last decision on this CPU: tests read it, people may. */
@@ -140,10 +151,10 @@ struct {
 } prg_falcon_dev SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct falcon_flow);
-	__type(value, struct falcon_choice);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FALCON_SETS);
+	__type(key, __u32);
+	__type(value, struct falcon_set);
 } prg_falcon_flow SEC(".maps");
 
 struct {
@@ -224,7 +235,19 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_cfg *cfg,
 	}
 	__u64 now = bpf_ktime_get_coarse_ns();
 	__u32 kind, idx;
-	struct falcon_choice *c = bpf_map_lookup_elem(&prg_falcon_flow, f);
+	__u32 si = prg_fmix32(fh ^ f->salt) & (FALCON_SETS - 1);
+	struct falcon_set *set = bpf_map_lookup_elem(&prg_falcon_flow, &si);
+	if (!set) {
+		record(ctx, KIND_PASS, stage, 0, 0, fh, f->salt);
+		count(stage, SLOT_KIND(KIND_PASS));
+		return;
+	}
+	struct falcon_choice *c = &set->way[0];
+	if (c->fh != fh || c->salt != f->salt || c->last_ns == 0) {
+		c = &set->way[1];
+		if (c->fh != fh || c->salt != f->salt || c->last_ns == 0)
+			c = 0;
+	}
 	if (c && c->epoch == gate->epoch && c->idx < n && now - c->last_ns < cfg->repick_ns) {
 		idx = c->idx;
 		kind = KIND_STICKY;
@@ -242,8 +265,15 @@ static __always_inline void steer(struct __sk_buff *ctx, struct falcon_cfg *cfg,
 				kind = KIND_SECOND;
 			}
 		}
-		struct falcon_choice nc = { .last_ns = now, .idx = idx, .epoch = gate->epoch, .kind = kind };
-		bpf_map_update_elem(&prg_falcon_flow, f, &nc, BPF_ANY);
+		/* The flow's own way, else the one used longest ago (an empty way has last_ns 0). */
+		if (!c)
+			c = set->way[0].last_ns <= set->way[1].last_ns ? &set->way[0] : &set->way[1];
+		c->fh = fh;
+		c->salt = f->salt;
+		c->idx = idx;
+		c->epoch = gate->epoch;
+		c->kind = kind;
+		c->last_ns = now ? now : 1;
 	}
 	idx = bound_idx(idx);
 	bpf_set_hash(ctx, prg_rps_hash(idx, n, fh));

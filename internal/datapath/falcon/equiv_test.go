@@ -2,13 +2,16 @@ package falcon
 
 import (
 	"net/netip"
+	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/bpfequiv"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // pinTestThread keeps the test on one CPU, so a decision that records the current CPU (gate
@@ -93,5 +96,86 @@ func TestCostCutProgramsDecideAsBefore(t *testing.T) {
 	} {
 		both(name+" port", "prg_falcon_port", frame)
 		both(name+" nic", "prg_falcon_nic", frame)
+	}
+}
+
+// BenchmarkCostCut times the programs before and after the cost cut on the same packets,
+// side by side (BPF_PROG_TEST_RUN's own per-run time, repeat 100000): a sticky flow at the NIC
+// (VXLAN frame) and at a bridge port (inner frame). go test -run XXX -bench CostCut.
+func BenchmarkCostCut(b *testing.B) {
+	pinBench(b)
+	cpus := []int{0, 1}
+	o, err := loadObjects()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.writeConfig(Config{CPUs: cpus, Threshold: 80, TwoChoice: true, Repick: DefaultRepick}, []uint16{4789, 8472}); err != nil {
+		b.Fatal(err)
+	}
+	if err := o.writeGate(Gate{Open: true, Epoch: 1}); err != nil {
+		b.Fatal(err)
+	}
+	ino, err := netnsutil.Inode("/proc/self/ns/net")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := o.setDev(ino, 1, testSalt, StageIDVeth); err != nil {
+		b.Fatal(err)
+	}
+	beforePath := "testdata/falcon_before.o"
+	if p := os.Getenv("PRG_COSTCUT_BEFORE"); p != "" {
+		beforePath = p // a variant to compare with, while tuning
+	}
+	spec, err := ebpf.LoadCollectionSpec(beforePath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	old, err := ebpf.NewCollection(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer old.Close()
+	for _, name := range []string{"prg_falcon_cfg", "prg_falcon_gate", "prg_falcon_dev", "prg_falcon_load"} {
+		src := map[string]*ebpf.Map{"prg_falcon_cfg": o.PrgFalconCfg, "prg_falcon_gate": o.PrgFalconGate, "prg_falcon_dev": o.PrgFalconDev, "prg_falcon_load": o.PrgFalconLoad}[name]
+		var k, v []byte
+		it := src.Iterate()
+		for it.Next(&k, &v) {
+			if err := old.Maps[name].Put(k, v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	f := testFlow(7)
+	cases := []struct {
+		name  string
+		frame []byte
+		prog  string
+	}{{"nic", vxlanFrame(innerFrame(f), testVNI, 4789), "prg_falcon_nic"}, {"port", innerFrame(f), "prg_falcon_port"}}
+	for _, c := range cases {
+		progs := map[string]*ebpf.Program{"before": old.Programs[c.prog],
+			"after": map[string]*ebpf.Program{"prg_falcon_nic": o.PrgFalconNic, "prg_falcon_port": o.PrgFalconPort}[c.prog]}
+		for _, which := range []string{"before", "after"} {
+			b.Run(c.name+"/"+which, func(b *testing.B) {
+				var total time.Duration
+				for i := 0; i < b.N; i++ {
+					_, d, err := progs[which].Benchmark(c.frame, 100000, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					total += d
+				}
+				b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/run")
+			})
+		}
+	}
+}
+
+func pinBench(b *testing.B) {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(0)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -24,25 +24,10 @@ type falFalconCfg struct {
 	Cpus       [64]uint32
 }
 
-type falFalconChoice struct {
-	_      structs.HostLayout
-	LastNs uint64
-	Idx    uint32
-	Epoch  uint32
-	Kind   uint32
-	Pad    uint32
-}
-
 type falFalconDev struct {
 	_     structs.HostLayout
 	Salt  uint32
 	Stage uint32
-}
-
-type falFalconFlow struct {
-	_    structs.HostLayout
-	Fh   uint32
-	Salt uint32
 }
 
 type falFalconGate struct {
@@ -64,6 +49,20 @@ type falFalconLast struct {
 	FlowHash uint32
 	Salt     uint32
 	Pad      uint32
+}
+
+type falFalconSet struct {
+	_   structs.HostLayout
+	Way [2]struct {
+		_      structs.HostLayout
+		Fh     uint32
+		Salt   uint32
+		LastNs uint64
+		Idx    uint32
+		Epoch  uint32
+		Kind   uint32
+		Pad    uint32
+	}
 }
 
 type falPrgDevKey struct {
