@@ -359,24 +359,29 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 	return f;
 }
 
-/* ttl_sub lowers the IPv4 TTL at off by dec with the header checksum updated. */
-static __always_inline int ttl_sub(struct __sk_buff *ctx, __u32 off, __u8 dec)
+/* ttl_sub_ip lowers an IPv4 header's TTL by dec, updating its checksum incrementally
+ * (RFC 1624: TTL shares a 16-bit word with the protocol byte). The header must be writable. */
+static __always_inline void ttl_sub_ip(struct iphdr *ip, __u8 dec)
 {
-	__u16 oldw, neww;
-
 	if (!dec)
-		return 0;
-	if (bpf_skb_load_bytes(ctx, off + offsetof(struct iphdr, ttl), &oldw, sizeof(oldw)))
-		return -1;
-	neww = oldw;
-	((__u8 *)&neww)[0] -= dec; /* TTL shares a checksum word with the protocol byte */
-	if (bpf_l3_csum_replace(ctx, off + offsetof(struct iphdr, check), oldw, neww, sizeof(neww)))
-		return -1;
-	return bpf_skb_store_bytes(ctx, off + offsetof(struct iphdr, ttl), &neww, sizeof(neww), 0) ? -1 : 0;
+		return;
+	__u16 oldw = *(__u16 *)&ip->ttl;
+	ip->ttl -= dec;
+	__u16 neww = *(__u16 *)&ip->ttl;
+	__u32 c = (~bpf_ntohs(ip->check) & 0xffff) + (~bpf_ntohs(oldw) & 0xffff) + bpf_ntohs(neww);
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	ip->check = bpf_htons(~c & 0xffff);
 }
 
-static __always_inline __u16 csum_fold(__u32 c)
+/* ip_csum is the checksum of an option-less IPv4 header whose check field is 0. */
+static __always_inline __u16 ip_csum(const struct iphdr *ip)
 {
+	const __u16 *w = (const __u16 *)ip;
+	__u32 c = 0;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		c += w[i];
 	c = (c & 0xffff) + (c >> 16);
 	c = (c & 0xffff) + (c >> 16);
 	return ~c;
@@ -417,29 +422,13 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	 * kernel's default): BPF cannot mark a GSO packet for per-segment outer checksums
 	 * (SKB_GSO_UDP_TUNNEL_CSUM), and RFC 7348 lets VXLAN over IPv4 send 0, which every receiver
 	 * accepts. Everything else is what the device builds.
-	 * udp_flow_src_port(): the inner flow's hash, taken before the packet grows. */
-	__u32 hash = bpf_get_hash_recalc(ctx);
-	if (!hash) { /* the kernel would hash the MACs instead */
-		count(FP_DIR_TX, FP_R_ERR);
-		return TCX_NEXT;
-	}
-	hash ^= hash << 16;
-	__u16 sport = (__u16)((((__u64)hash) * (__u32)(cfg->port_max - cfg->port_min)) >> 32) + cfg->port_min;
-
-	__u8 h[FP_TMPL_LEN];
-	__builtin_memcpy(h, f->tmpl, sizeof(h));
-	struct iphdr *oip = (void *)(h + sizeof(struct ethhdr));
-	struct udphdr *oudp = (void *)(oip + 1);
+	 * Source port: udp_flow_src_port() of the flow's hash. A hash the packet already carries
+	 * (a pod's TCP socket sets one) is what the device will use; without one the device would
+	 * run the flow dissector over the inner headers, which gives every packet of the flow the
+	 * value it gave the learned packet, so the template's port stands (saves the dissection). */
+	__u32 hash = ctx->hash;
 	__u32 olen = ctx->len + FP_ENCAP_LEN - sizeof(struct ethhdr);
-	oip->tot_len = bpf_htons(olen);
-	oip->id = bpf_get_prandom_u32();
-	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner one (CE becomes ECT(0)). */
-	oip->tos = (oip->tos & ~3) | ((p.tos & 3) == 3 ? 2 : (p.tos & 3));
-	oip->check = 0;
-	oip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)oip, sizeof(*oip), 0));
-	oudp->source = bpf_htons(sport);
-	oudp->len = bpf_htons(olen - sizeof(struct iphdr));
-	oudp->check = 0;
+	__u16 id = bpf_get_prandom_u32();
 
 	if (bpf_skb_adjust_room(ctx, FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
@@ -448,13 +437,39 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_ERR);
 		return TCX_NEXT;
 	}
-	if (bpf_skb_store_bytes(ctx, 0, h, sizeof(h), 0) || ttl_sub(ctx, FP_TMPL_LEN, f->out_ttl_dec)) {
-		count(FP_DIR_TX, FP_R_DROP);
-		return TC_ACT_SHOT;
+	/* The headers are written in place (no helper per field): template, then the fixes. */
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (data + FP_TMPL_LEN + sizeof(struct iphdr) > end) {
+		if (bpf_skb_pull_data(ctx, FP_TMPL_LEN + sizeof(struct iphdr)))
+			goto drop;
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + FP_TMPL_LEN + sizeof(struct iphdr) > end)
+			goto drop;
 	}
+	__builtin_memcpy(data, f->tmpl, FP_TMPL_LEN);
+	struct iphdr *oip = data + sizeof(struct ethhdr);
+	struct udphdr *oudp = (void *)(oip + 1);
+	oip->tot_len = bpf_htons(olen);
+	oip->id = id;
+	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner one (CE becomes ECT(0)). */
+	oip->tos = (oip->tos & ~3) | ((p.tos & 3) == 3 ? 2 : (p.tos & 3));
+	oip->check = 0;
+	oip->check = ip_csum(oip);
+	if (hash) {
+		hash ^= hash << 16;
+		oudp->source = bpf_htons((__u16)((((__u64)hash) * (__u32)(cfg->port_max - cfg->port_min)) >> 32) +
+					 cfg->port_min);
+	}
+	oudp->len = bpf_htons(olen - sizeof(struct iphdr));
+	oudp->check = 0;
+	ttl_sub_ip(data + FP_TMPL_LEN, f->out_ttl_dec);
 	ctx->mark = FP_MARK;
 	count(FP_DIR_TX, FP_R_HIT);
 	return bpf_redirect(cfg->underlay, 0);
+drop:
+	count(FP_DIR_TX, FP_R_DROP);
+	return TC_ACT_SHOT;
 }
 
 /* What the fast path needs of a frame's outer headers. */
@@ -563,17 +578,26 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 	 * gone now. A zero checksum was never counted. */
 	if (o.udp_check && bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
 		bpf_csum_level(ctx, BPF_CSUM_LEVEL_DEC);
-	if (ttl_sub(ctx, sizeof(struct ethhdr), f->in_ttl_dec)) {
-		count(FP_DIR_RX, FP_R_DROP);
-		return TC_ACT_SHOT;
+	if (f->in_ttl_dec) {
+		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+		if (data + sizeof(struct ethhdr) + sizeof(struct iphdr) > end) {
+			if (bpf_skb_pull_data(ctx, sizeof(struct ethhdr) + sizeof(struct iphdr)))
+				goto drop;
+			data = (void *)(long)ctx->data;
+			end = (void *)(long)ctx->data_end;
+			if (data + sizeof(struct ethhdr) + sizeof(struct iphdr) > end)
+				goto drop;
+		}
+		ttl_sub_ip(data + sizeof(struct ethhdr), f->in_ttl_dec);
 	}
 	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
-	if (v < 0) {
-		count(FP_DIR_RX, FP_R_DROP);
-		return TC_ACT_SHOT;
-	}
+	if (v < 0)
+		goto drop;
 	count(FP_DIR_RX, FP_R_HIT);
 	return v;
+drop:
+	count(FP_DIR_RX, FP_R_DROP);
+	return TC_ACT_SHOT;
 }
 
 SEC("tcx/egress")

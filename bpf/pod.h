@@ -77,12 +77,18 @@ static __always_inline int prg_pod_lookup4(void *ep_map, void *port_map, __u32 n
 static __always_inline long prg_pod_deliver(struct __sk_buff *ctx, const __u8 *dmac, const __u8 *smac,
 					    __u32 ifindex)
 {
-	__u8 macs[12];
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 
-	__builtin_memcpy(macs, dmac, 6);
-	__builtin_memcpy(macs + 6, smac, 6);
-	if (bpf_skb_store_bytes(ctx, 0, macs, sizeof(macs), 0))
-		return -1;
+	if (data + 12 > end) {
+		if (bpf_skb_pull_data(ctx, 12))
+			return -1;
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + 12 > end)
+			return -1;
+	}
+	__builtin_memcpy(data, dmac, 6); /* in place: no helper call per frame */
+	__builtin_memcpy(data + 6, smac, 6);
 	if (bpf_skb_change_type(ctx, 0 /* PACKET_HOST */))
 		return -1;
 	return bpf_redirect_peer(ifindex, 0);

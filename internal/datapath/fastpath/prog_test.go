@@ -53,7 +53,7 @@ func newProgEnv(t *testing.T) *progEnv {
 
 // template is an outer header + inner Ethernet as flannel.1 on host A would build for pod B.
 func template() []byte {
-	f := frame{dst: macNicB, src: macNicA, saddr: vtepA, daddr: vtepB, proto: 17, sport: 1, dport: 8472,
+	f := frame{dst: macNicB, src: macNicA, saddr: vtepA, daddr: vtepB, proto: 17, sport: 45678, dport: 8472,
 		payload: append([]byte{8, 0, 0, 0, 0, 0, 1, 0}, append(append(append([]byte{}, macVxB...), macVxA...), 8, 0)...)}
 	b := f.bytes()
 	binary.BigEndian.PutUint16(b[40:], 0) // outer UDP checksum off in the template
