@@ -40,7 +40,7 @@ Addresses come from the RFC 2544 benchmarking range: underlay 198.18.0.0/24, ove
 
 func newLabUpCmd() *cobra.Command {
 	var spec lab.Spec
-	var file, rxCPUs string
+	var file, rxCPUs, torCPUs string
 	var noGRO, vethOffloads, asJSON bool
 	c := &cobra.Command{
 		Use:   "up",
@@ -68,6 +68,13 @@ func newLabUpCmd() *cobra.Command {
 					return fmt.Errorf("--rx-cpus: %w", err)
 				}
 				spec.RxCPUs = cpus
+			}
+			if torCPUs != "" {
+				cpus, err := parseCPUList(torCPUs)
+				if err != nil {
+					return fmt.Errorf("--tor-cpus: %w", err)
+				}
+				spec.ToRCPUs = cpus
 			}
 			if noGRO {
 				off := false
@@ -106,6 +113,7 @@ func newLabUpCmd() *cobra.Command {
 	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port)")
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
+	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
 	return c
 }
 

@@ -67,6 +67,10 @@ type Spec struct {
 	// "down"; ToRs joined by their "up" ports, directly or through the switch namespace). The
 	// ToRs route the underlay as plain IP; EZPath (attach ezpath) programs them. See tor.go.
 	ToR bool `yaml:"tor" json:"tor,omitempty"`
+	// ToRCPUs are the CPUs the switches' receive runs on (RPS on every ToR port, so each flow
+	// stays in order on one CPU, as in a switch port's FIFO). Default: the last CPU, away from
+	// the emulated NIC IRQ core (CPU0); with 4+ CPUs a core of its own, standing in for silicon.
+	ToRCPUs []int `yaml:"tor_cpus" json:"tor_cpus,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.

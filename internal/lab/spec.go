@@ -58,6 +58,9 @@ func (s *Spec) Defaults() {
 			s.VNI = 1 // flannel's VXLAN backend always uses VNI 1
 		}
 	}
+	if s.ToR && len(s.ToRCPUs) == 0 {
+		s.ToRCPUs = []int{runtime.NumCPU() - 1}
+	}
 	if s.VXLANPort == 0 {
 		s.VXLANPort = 4789
 		if s.Style == StyleFlannel {
@@ -103,6 +106,11 @@ func (s *Spec) Validate() error {
 	for _, c := range s.RxCPUs {
 		if c < 0 || c >= runtime.NumCPU() {
 			return fmt.Errorf("rx CPU %d does not exist: this machine has CPUs 0-%d", c, runtime.NumCPU()-1)
+		}
+	}
+	for _, c := range s.ToRCPUs {
+		if c < 0 || c >= runtime.NumCPU() {
+			return fmt.Errorf("ToR CPU %d does not exist: this machine has CPUs 0-%d", c, runtime.NumCPU()-1)
 		}
 	}
 	u, err := netip.ParsePrefix(s.UnderlayCIDR)

@@ -107,6 +107,14 @@ func (b *builder) torUnderlay() error {
 		if err := b.torRoutes(tors[i], i); err != nil {
 			return err
 		}
+		// A veth without NAPI queues received frames on the backlog of whichever CPU sent
+		// them; a TCP flow sent from two CPUs (the application, and ACK-clocked softirqs) would
+		// be reordered. RPS keeps each flow on one CPU, in order, like a switch port.
+		for _, dev := range []string{ToRDown, ToRUp} {
+			if err := SetRPS(s.ns(ToRName(i)), dev, s.ToRCPUs); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
