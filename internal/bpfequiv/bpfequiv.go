@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -20,8 +21,9 @@ type Before struct {
 	Coll *ebpf.Collection
 }
 
-// LoadBefore loads the old object file. Maps are created fresh (nothing is pinned).
-func LoadBefore(t *testing.T, path string) *Before {
+// LoadBefore loads the old object file. Maps are created fresh (nothing is pinned); prepare,
+// when given, adjusts the spec first as the new code's loader does (map sizes, constants).
+func LoadBefore(t *testing.T, path string, prepare ...func(*ebpf.CollectionSpec)) *Before {
 	t.Helper()
 	testutil.RequireRoot(t)
 	spec, err := ebpf.LoadCollectionSpec(path)
@@ -30,6 +32,9 @@ func LoadBefore(t *testing.T, path string) *Before {
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
+	}
+	for _, f := range prepare {
+		f(spec)
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
@@ -141,4 +146,31 @@ func Same(t *testing.T, what string, before, after Result) {
 	if !bytes.Equal(before.Record, after.Record) {
 		t.Errorf("%s: record before %x\n after %x", what, before.Record, after.Record)
 	}
+}
+
+// Alternate times two programs on the same frame, alternating which runs first each round so
+// neither gets the warmer cache, and reports both as ns per run (BPF_PROG_TEST_RUN's own
+// timing over repeat runs).
+func Alternate(b *testing.B, before, after *ebpf.Program, frame []byte, repeat int) {
+	b.Helper()
+	var tb, ta time.Duration
+	for i := 0; i < b.N; i++ {
+		order := []*ebpf.Program{before, after}
+		if i%2 == 1 {
+			order[0], order[1] = after, before
+		}
+		for _, p := range order {
+			_, d, err := p.Benchmark(frame, repeat, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if p == before {
+				tb += d
+			} else {
+				ta += d
+			}
+		}
+	}
+	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N), "before_ns/run")
+	b.ReportMetric(float64(ta.Nanoseconds())/float64(b.N), "after_ns/run")
 }

@@ -68,7 +68,7 @@ type section struct {
 	Stages     []stageTable
 	Cost       htmlTable // cost per delivered packet
 	Programs   htmlTable // eBPF programs' net ns per run
-	Problems   []string // Validate's findings, shown rather than hidden
+	Problems   []string  // Validate's findings, shown rather than hidden
 }
 
 type configRow struct {
