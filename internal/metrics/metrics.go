@@ -22,6 +22,13 @@ type Collector struct {
 	devices func() (map[stage.DevKey]stage.DeviceInfo, error)
 
 	softnet, softirq, attached, knobs, knobsHeld, stagePkts, stageNs, scrapeErr *prometheus.Desc
+	modePkts, modeEntries                                                       *prometheus.Desc
+}
+
+// ModeCounters is a datapath mode that exports its own counters: packets by direction and
+// result ({direction, result} -> count) and the sizes of its tables (table -> entries).
+type ModeCounters interface {
+	Counters(st *datapath.State) (packets map[[2]string]uint64, entries map[string]int, err error)
 }
 
 // New returns a collector; sp may be nil.
@@ -30,22 +37,24 @@ func New(sp *stage.Probe) *Collector {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, nil)
 	}
 	return &Collector{
-		stage:     sp,
-		devices:   stage.ResolveDevices,
-		softnet:   d("softnet_total", "Per-CPU /proc/net/softnet_stat counters (processed, dropped, time_squeeze, received_rps, flow_limit).", "cpu", "counter"),
-		softirq:   d("softirqs_total", "Per-CPU softirq counts from /proc/softirqs.", "cpu", "type"),
-		attached:  d("attached", "1 for each datapath attachment on record (mode, target namespace).", "mode", "target", "complete"),
-		knobs:     d("knobs", "Knobs an attachment changed.", "mode", "target"),
-		knobsHeld: d("knobs_held", "Knobs of an attachment that still hold the value it set.", "mode", "target"),
-		stagePkts: d("stage_packets_total", "Packets entering the stack per device and CPU (eBPF stage probe; since the probe started).", "netns", "device", "cpu"),
-		stageNs:   d("stage_softirq_seconds_total", "NET_RX softirq time attributed per device and CPU (eBPF stage probe).", "netns", "device", "cpu"),
-		scrapeErr: d("scrape_errors", "Sources that failed in this scrape.", "source"),
+		stage:       sp,
+		devices:     stage.ResolveDevices,
+		softnet:     d("softnet_total", "Per-CPU /proc/net/softnet_stat counters (processed, dropped, time_squeeze, received_rps, flow_limit).", "cpu", "counter"),
+		softirq:     d("softirqs_total", "Per-CPU softirq counts from /proc/softirqs.", "cpu", "type"),
+		attached:    d("attached", "1 for each datapath attachment on record (mode, target namespace).", "mode", "target", "complete"),
+		knobs:       d("knobs", "Knobs an attachment changed.", "mode", "target"),
+		knobsHeld:   d("knobs_held", "Knobs of an attachment that still hold the value it set.", "mode", "target"),
+		stagePkts:   d("stage_packets_total", "Packets entering the stack per device and CPU (eBPF stage probe; since the probe started).", "netns", "device", "cpu"),
+		stageNs:     d("stage_softirq_seconds_total", "NET_RX softirq time attributed per device and CPU (eBPF stage probe).", "netns", "device", "cpu"),
+		scrapeErr:   d("scrape_errors", "Sources that failed in this scrape.", "source"),
+		modePkts:    d("mode_packets_total", "Packets a datapath mode's programs handled, by direction and result (e.g. fastpath: hit, miss, fallback reasons).", "mode", "target", "direction", "result"),
+		modeEntries: d("mode_table_entries", "Entries in a datapath mode's tables (e.g. fastpath: flows, learned flows, pods).", "mode", "target", "table"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.softnet, c.softirq, c.attached, c.knobs, c.knobsHeld, c.stagePkts, c.stageNs, c.scrapeErr} {
+	for _, d := range []*prometheus.Desc{c.softnet, c.softirq, c.attached, c.knobs, c.knobsHeld, c.stagePkts, c.stageNs, c.scrapeErr, c.modePkts, c.modeEntries} {
 		ch <- d
 	}
 }
@@ -90,6 +99,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.knobs, prometheus.GaugeValue, float64(len(st.Knobs)), st.Mode, target)
 			ch <- prometheus.MustNewConstMetric(c.knobsHeld, prometheus.GaugeValue, float64(held), st.Mode, target)
+			c.modeCounters(ch, st, target, fail)
 		}
 	} else {
 		fail("datapath")
@@ -108,5 +118,28 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.stagePkts, prometheus.CounterValue, float64(d.Packets), d.NetnsName, d.Name, cpu)
 			ch <- prometheus.MustNewConstMetric(c.stageNs, prometheus.CounterValue, float64(d.SoftirqNs)/1e9, d.NetnsName, d.Name, cpu)
 		}
+	}
+}
+
+// modeCounters emits the counters of a mode that has them.
+func (c *Collector) modeCounters(ch chan<- prometheus.Metric, st *datapath.State, target string, fail func(string)) {
+	m, err := datapath.Lookup(st.Mode)
+	if err != nil {
+		return
+	}
+	mc, ok := m.(ModeCounters)
+	if !ok {
+		return
+	}
+	pkts, entries, err := mc.Counters(st)
+	if err != nil {
+		fail(st.Mode)
+		return
+	}
+	for k, v := range pkts {
+		ch <- prometheus.MustNewConstMetric(c.modePkts, prometheus.CounterValue, float64(v), st.Mode, target, k[0], k[1])
+	}
+	for k, v := range entries {
+		ch <- prometheus.MustNewConstMetric(c.modeEntries, prometheus.GaugeValue, float64(v), st.Mode, target, k)
 	}
 }

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
@@ -263,6 +265,31 @@ func TestHandBuiltOverlay(t *testing.T) {
 		if v.Layout != LayoutRouted || v.Underlay != h+"/ens5" || v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 {
 			t.Fatalf("%s: %s", h, v.Format())
 		}
+	}
+	// The same counters as Prometheus metrics.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.New(nil))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range fams {
+		if f.GetName() != "peregrine_mode_packets_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["mode"] == Name && l["target"] == hosts[0] && l["direction"] == "egress" && l["result"] == "hit" && m.GetCounter().GetValue() > 0 {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no peregrine_mode_packets_total{mode=fastpath,direction=egress,result=hit} > 0 for %s", hosts[0])
 	}
 	for _, h := range hosts {
 		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {

@@ -161,3 +161,25 @@ func (v *View) Format() string {
 	}
 	return b.String()
 }
+
+// Counters implements metrics.ModeCounters: packets per direction ("egress", "ingress") and
+// result (Reasons), and the flow and pod tables' sizes.
+func (mode) Counters(st *datapath.State) (map[[2]string]uint64, map[string]int, error) {
+	v, err := Inspect(st.Target)
+	if err != nil {
+		return nil, nil, err
+	}
+	pk := map[[2]string]uint64{}
+	for dir, d := range map[string]Direction{"egress": v.Egress, "ingress": v.Ingress} {
+		for r, n := range d {
+			pk[[2]string{dir, r}] = n
+		}
+	}
+	live := 0
+	for _, e := range v.Endpoints {
+		if e.Held {
+			live++
+		}
+	}
+	return pk, map[string]int{"flows": v.Flows, "flows_learned": v.Both, "pods": live}, nil
+}
