@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/workload"
 )
@@ -132,10 +133,7 @@ func (bg *background) wait(m map[string]float64) error {
 // directions (replies cross the overlay too), so `bench compare --modes vanilla,prism` measures
 // the sync path without further setup.
 func (o *Options) modeExtra(mode string) map[string]string {
-	m := map[string]string{}
-	for k, v := range o.ModeExtra {
-		m[k] = v
-	}
+	m := datapath.FilterOptions(mode, o.ModeExtra) // run-wide: each mode gets the keys it takes
 	if mode == "ezpath" {
 		// The controller offloads the measured pair within a tenth of a second of its first
 		// traffic (the discarded warm-up) and keeps it offloaded across the interleaved

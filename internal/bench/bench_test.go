@@ -46,12 +46,19 @@ func TestParseConfigs(t *testing.T) {
 }
 
 func TestConfigOptions(t *testing.T) {
-	c, err := ParseConfig("docker/rps@split-cpus=1+static=true")
+	c, err := ParseConfig("docker/falcon@split-cpus=1+static=true")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Name() != "docker/rps@split-cpus=1+static=true" || c.Stack[0].Extra["split_cpus"] != "1" || c.Stack[0].Extra["static"] != "true" {
+	if c.Name() != "docker/falcon@split-cpus=1+static=true" || c.Stack[0].Extra["split_cpus"] != "1" || c.Stack[0].Extra["static"] != "true" {
 		t.Fatalf("parsed %+v name %s", c, c.Name())
+	}
+	// Options a mode does not take are refused, not silently dropped.
+	for bad, want := range map[string]string{"docker/rps@split-cpus=1": "does not take", "docker/falcon@bogus=1": "bogus",
+		"docker/mflow@cpus=1": "not a mode option"} {
+		if _, err := ParseConfig(bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", bad, err, want)
+		}
 	}
 	st, err := ParseConfig("docker/falcon/prism@hp_cpus=1")
 	if err != nil || st.Mode != "falcon+prism" || len(st.Stack) != 2 || st.Stack[1].Extra["hp_cpus"] != "1" || st.Name() != "docker/falcon/prism@hp_cpus=1" {

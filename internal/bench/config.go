@@ -87,6 +87,9 @@ func ParseConfig(s string) (Config, error) {
 				}
 				spec.Extra[strings.ReplaceAll(k, "-", "_")] = v
 			}
+			if err := datapath.CheckOptionKeys(mode, spec.Extra); err != nil {
+				return Config{}, fmt.Errorf("config %q: %w", s, err)
+			}
 		}
 		for _, prev := range c.Stack {
 			if prev.Mode == mode {

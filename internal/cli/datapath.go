@@ -99,7 +99,7 @@ affinity and is left alone.`,
 			if err := pf.extra(cmd, args[0], o.Extra); err != nil {
 				return err
 			}
-			if err := mf.extra(cmd, args[0], o.CPUs, o.Extra); err != nil {
+			if err := mf.extra(cmd, args[0], o.Extra); err != nil {
 				return err
 			}
 			if err := ef.extra(cmd, args[0], &tf, o.Extra); err != nil {
@@ -178,7 +178,7 @@ func (f *falconFlags) extra(c *cobra.Command, mode string) (map[string]string, e
 		if !fl.Changed {
 			continue
 		}
-		if mode != "falcon" {
+		if mode != falcon.Name {
 			if n == "interval" && mode == "ezpath" {
 				continue // ezpath's polling period (ezpathFlags)
 			}
@@ -187,13 +187,7 @@ func (f *falconFlags) extra(c *cobra.Command, mode string) (map[string]string, e
 		key := strings.ReplaceAll(n, "-", "_")
 		m[key] = fl.Value.String()
 	}
-	if mode == "falcon" {
-		// Validate here too, so a bad value fails before anything is discovered.
-		if _, err := falcon.ParseConfig(nil, m); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return m, nil // datapath.Attach parses them (Configure) before anything is discovered
 }
 
 func modeList() string {

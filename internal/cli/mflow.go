@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath/mflow" // registers mode "mflow"
 )
 
@@ -37,25 +36,16 @@ func (f *mflowFlags) add(c *cobra.Command) {
 }
 
 // extra adds the mflow flags given to m; they are an error on another mode.
-func (f *mflowFlags) extra(c *cobra.Command, mode string, cpus []int, m map[string]string) error {
+func (f *mflowFlags) extra(c *cobra.Command, mode string, m map[string]string) error {
 	for _, n := range mflowFlagNames {
 		fl := c.Flags().Lookup(n)
 		if !fl.Changed {
 			continue
 		}
-		if mode != "mflow" {
+		if mode != mflow.Name {
 			return fmt.Errorf("--%s is an mflow flag; mode %s does not take it", n, mode)
 		}
 		m[strings.ReplaceAll(n, "-", "_")] = fl.Value.String()
 	}
-	if mode != "mflow" {
-		return nil
-	}
-	// Validate before anything is discovered, so a bad value fails fast and changes nothing.
-	online, err := cpuset.Online()
-	if err != nil {
-		return err
-	}
-	_, err = mflow.ParseConfig(cpus, m, online)
-	return err
+	return nil // datapath.Attach parses them (Configure) before anything is discovered
 }

@@ -30,11 +30,11 @@ func (f *prismFlags) add(c *cobra.Command) {
 // extra adds the prism flags given to m; they are an error on another mode.
 func (f *prismFlags) extra(c *cobra.Command, mode string, m map[string]string) error {
 	for _, n := range []string{"rule", "rules-file", "no-agent", "hp-cpus"} {
-		if c.Flags().Lookup(n).Changed && mode != "prism" {
+		if c.Flags().Lookup(n).Changed && mode != prism.Name {
 			return fmt.Errorf("--%s is a prism flag; mode %s does not take it", n, mode)
 		}
 	}
-	if mode != "prism" {
+	if mode != prism.Name {
 		return nil
 	}
 	if len(f.rules) > 0 {

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -29,6 +30,9 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 		return nil, fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", target)
 	}
 	if err := CheckCPUs(o.CPUs); err != nil {
+		return nil, err
+	}
+	if o.Config, err = Configure(m.Name(), o); err != nil {
 		return nil, err
 	}
 	release, err := lock()
@@ -62,6 +66,9 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 	}
 	st := &State{Mode: m.Name(), Target: target, Attached: time.Now(), PID: os.Getpid(),
 		Options: optionsMap(o), Topology: topo, Knobs: knobs}
+	if o.Config != nil {
+		st.Config, _ = json.Marshal(o.Config)
+	}
 	// The record goes to disk before the first write: a crash from here on is undone by detach.
 	if err := saveState(st); err != nil {
 		return nil, err
@@ -168,17 +175,17 @@ func removePins(st *State) error {
 
 func optionsMap(o Options) map[string]string {
 	m := map[string]string{}
+	for k, v := range o.Extra { // Configure refused the framework's keys among them
+		m[k] = v
+	}
 	if o.Underlay != "" {
-		m["underlay"] = o.Underlay
+		m[OptUnderlay] = o.Underlay
 	}
 	if len(o.CPUs) > 0 {
-		m["cpus"] = cpuset.Mask(o.CPUs)
+		m[OptCPUs] = cpuset.Format(o.CPUs)
 	}
 	if o.KeepUnderlay {
-		m["keep_underlay"] = "true"
-	}
-	for k, v := range o.Extra {
-		m[k] = v
+		m[OptKeepUnderlay] = "true"
 	}
 	return m
 }

@@ -16,6 +16,9 @@ type Options struct {
 	// NIC's RSS/IRQ affinity ("hardware"), which no software mode should rewrite.
 	KeepUnderlay bool
 	Extra        map[string]string
+	// Config is the mode's typed config, parsed from the above by the framework when the mode
+	// is a Configurer (see ConfigOf); nil otherwise.
+	Config any `json:"-"`
 }
 
 // Mode is one datapath mode. The framework discovers the topology, reads and records every

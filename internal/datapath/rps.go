@@ -3,7 +3,6 @@ package datapath
 import (
 	"context"
 	"fmt"
-	"runtime"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 )
@@ -12,9 +11,16 @@ import (
 // baseline every peregrine mode is compared against. It changes only rps_cpus masks.
 type rpsMode struct{}
 
+// ModeRPS is the name of the RPS baseline mode.
+const ModeRPS = "rps"
+
 func init() { Register(rpsMode{}) }
 
-func (rpsMode) Name() string { return "rps" }
+func (rpsMode) Name() string { return ModeRPS }
+
+// OptionKeys: rps takes no options (only --cpus and the framework's own).
+func (rpsMode) OptionKeys() []string           { return nil }
+func (rpsMode) Configure(Options) (any, error) { return nil, nil }
 func (rpsMode) Summary() string {
 	return "the usual tuning: RPS across the CPUs on every stage device (underlay, VXLAN, both veth ends)"
 }
@@ -22,8 +28,9 @@ func (rpsMode) Summary() string {
 func (rpsMode) Knobs(t *Topology, o Options) ([]Knob, error) {
 	cpus := o.CPUs
 	if len(cpus) == 0 {
-		for c := 0; c < runtime.NumCPU(); c++ {
-			cpus = append(cpus, c)
+		var err error
+		if cpus, err = cpuset.Online(); err != nil {
+			return nil, err
 		}
 	}
 	mask := cpuset.Mask(cpus)

@@ -26,10 +26,12 @@ type State struct {
 	Attached time.Time         `json:"attached"`
 	PID      int               `json:"pid"`
 	Options  map[string]string `json:"options,omitempty"`
-	Topology *Topology         `json:"topology"`
-	Knobs    []Knob            `json:"knobs"`
-	Pins     []string          `json:"pins,omitempty"` // paths under PinRoot, removed on detach
-	Complete bool              `json:"complete"`       // false while attach is still applying
+	// Config is the mode's typed config as Configure returned it (Configurer modes).
+	Config   json.RawMessage `json:"config,omitempty"`
+	Topology *Topology       `json:"topology"`
+	Knobs    []Knob          `json:"knobs"`
+	Pins     []string        `json:"pins,omitempty"` // paths under PinRoot, removed on detach
+	Complete bool            `json:"complete"`       // false while attach is still applying
 	// AgentPID is the mode's node agent (a detached process that outlives the CLI), 0 if none.
 	AgentPID int `json:"agent_pid,omitempty"`
 	// ModeState is the mode's own record (e.g. which per-device pieces it attached).

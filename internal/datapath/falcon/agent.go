@@ -58,7 +58,7 @@ func runAgent(ctx context.Context, target string) error {
 	var st *datapath.State
 	var err error
 	for i := 0; i < 50; i++ {
-		if st, err = datapath.LoadState(target, "falcon"); err != nil || st != nil {
+		if st, err = datapath.LoadState(target, Name); err != nil || st != nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -66,7 +66,7 @@ func runAgent(ctx context.Context, target string) error {
 	if err != nil {
 		return err
 	}
-	if st == nil || st.Mode != "falcon" {
+	if st == nil || st.Mode != Name {
 		return fmt.Errorf("falcon is not attached to %s (no record at %s)", label(target), datapath.StateDir)
 	}
 	cfg, err := ConfigOfState(st)
@@ -232,8 +232,8 @@ func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- s
 // rescan re-discovers the node and reconciles the bridge ports falcon is attached to.
 func (a *agent) rescan() error {
 	var underlay string
-	if st, err := datapath.LoadState(a.target, "falcon"); err == nil && st != nil {
-		underlay = st.Options[OptUnderlay]
+	if st, err := datapath.LoadState(a.target, Name); err == nil && st != nil {
+		underlay = st.Options[datapath.OptUnderlay]
 	}
 	topo, err := datapath.Discover(a.target, underlay)
 	if err != nil {
@@ -244,7 +244,7 @@ func (a *agent) rescan() error {
 		return err
 	}
 	mask := cpuset.Mask(a.cfg.CPUs)
-	return datapath.UpdateState(a.target, "falcon", 2*time.Second, func(st *datapath.State) error {
+	return datapath.UpdateState(a.target, Name, 2*time.Second, func(st *datapath.State) error {
 		ms, err := readModeState(st)
 		if err != nil {
 			return err

@@ -12,12 +12,12 @@ import (
 // internal/datapath/agentproc.
 
 // AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentproc.Log("falcon", target) }
+func AgentLog(target string) string { return agentproc.Log(Name, target) }
 
-func startAgent(target string) (int, error)  { return agentproc.Start("falcon", target) }
-func isAgent(pid int, target string) bool    { return agentproc.Is(pid, "falcon", target) }
-func stopAgent(pid int, target string) error { return agentproc.Stop(pid, "falcon", target) }
-func logTail(target string) string           { return agentproc.LogTail("falcon", target) }
+func startAgent(target string) (int, error)  { return agentproc.Start(Name, target) }
+func isAgent(pid int, target string) bool    { return agentproc.Is(pid, Name, target) }
+func stopAgent(pid int, target string) error { return agentproc.Stop(pid, Name, target) }
+func logTail(target string) string           { return agentproc.LogTail(Name, target) }
 
 // waitAgentReady waits for the agent's first gate update, so attach returns with falcon live.
 func waitAgentReady(ctx context.Context, o *objects, pid int, target string) error {
@@ -40,4 +40,4 @@ func waitAgentReady(ctx context.Context, o *objects, pid int, target string) err
 
 // RunAgentIfAsked runs the agent and exits when this process was started as one. Test binaries
 // that attach falcon call it first thing in TestMain (their os.Executable is the test binary).
-func RunAgentIfAsked() { agentproc.RunIfAsked("falcon", runAgent) }
+func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }

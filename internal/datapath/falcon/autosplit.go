@@ -81,7 +81,7 @@ func (a *agent) autoSplit(s probe.CPUStat) {
 	switch a.split.observe(s, a.cfg.SplitCPUs) {
 	case +1:
 		var attachErr error
-		err := datapath.UpdateState(a.target, "falcon", 2*time.Second, func(st *datapath.State) error {
+		err := datapath.UpdateState(a.target, Name, 2*time.Second, func(st *datapath.State) error {
 			attachErr = splitAttach(st.Topology, a.cfg, st) // records what it attached, even on error
 			return nil
 		})
@@ -104,7 +104,7 @@ func (a *agent) autoSplit(s probe.CPUStat) {
 }
 
 func (a *agent) dropSplit() error {
-	return datapath.UpdateState(a.target, "falcon", 2*time.Second, func(st *datapath.State) error {
+	return datapath.UpdateState(a.target, Name, 2*time.Second, func(st *datapath.State) error {
 		err := splitDetach(st)
 		ms, rerr := readModeState(st)
 		if rerr != nil {

@@ -21,8 +21,10 @@ const (
 	OptRepick    = "repick"     // idle time after which a flow's choice may be re-picked
 	OptSplitCPUs = "split_cpus" // GRO split CPUs (grosplit), CPU list
 	OptSplit     = "split"      // auto|on|off
-	OptUnderlay  = "underlay"   // saved by the framework
 )
+
+// optionKeys are the Extra keys falcon takes.
+var optionKeys = []string{OptThreshold, OptStatic, OptInterval, OptRepick, OptSplitCPUs, OptSplit}
 
 // Defaults. The paper's prototype updates its loads every 10 jiffies (10-40 ms at HZ 1000-250)
 // and found thresholds of 80-90 % best.
@@ -34,19 +36,22 @@ const (
 	ewmaAlpha = 0.2
 )
 
-// Config is falcon's settings after validation.
+// Config is falcon's settings after validation (saved in the record as JSON).
 type Config struct {
-	CPUs      []int // the FALCON set, ascending
-	Threshold int
-	TwoChoice bool
-	Interval  time.Duration
-	Repick    time.Duration
-	SplitCPUs []int
-	Split     string // off, on, auto
+	CPUs      []int         `json:"cpus"` // the FALCON set, ascending
+	Threshold int           `json:"threshold"`
+	TwoChoice bool          `json:"two_choice"`
+	Interval  time.Duration `json:"interval"`
+	Repick    time.Duration `json:"repick"`
+	SplitCPUs []int         `json:"split_cpus,omitempty"`
+	Split     string        `json:"split"` // off, on, auto
 }
 
-// ParseConfig reads falcon's settings from attach options (or a record's saved options).
+// ParseConfig reads falcon's settings from attach options; unknown keys are refused.
 func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
+	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
+		return Config{}, err
+	}
 	c := Config{Threshold: DefaultThreshold, TwoChoice: true, Interval: DefaultInterval, Repick: DefaultRepick, Split: "off"}
 	c.CPUs = slices.Clone(cpus)
 	if len(c.CPUs) == 0 {
@@ -125,20 +130,10 @@ func duration(extra map[string]string, key string, def, lo, hi time.Duration) (t
 	return d, nil
 }
 
-// cpusOfRecord reads the CPU set back from a record: the framework saves it as a hex mask.
-func cpusOfRecord(opts map[string]string) ([]int, error) {
-	m, ok := opts["cpus"]
-	if !ok {
-		return nil, nil
-	}
-	return cpuset.FromMask(m)
+// ConfigOfState is the config saved in a recorded attachment.
+func ConfigOfState(st *datapath.State) (Config, error) {
+	var c Config
+	return c, datapath.RecordedConfig(st, &c)
 }
 
-// ConfigOfState rebuilds the settings of a recorded attachment.
-func ConfigOfState(st *datapath.State) (Config, error) {
-	cpus, err := cpusOfRecord(st.Options)
-	if err != nil {
-		return Config{}, err
-	}
-	return ParseConfig(cpus, st.Options)
-}
+func configOf(o datapath.Options) (Config, error) { return ParseConfig(o.CPUs, o.Extra) }

@@ -16,7 +16,14 @@ type Mode struct{}
 
 func init() { datapath.Register(Mode{}) }
 
-func (Mode) Name() string { return "falcon" }
+// Name is the mode's name.
+const Name = "falcon"
+
+func (Mode) Name() string { return Name }
+
+// OptionKeys and Configure make falcon a datapath.Configurer: its options are parsed once.
+func (Mode) OptionKeys() []string                      { return optionKeys }
+func (Mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
 func (Mode) Summary() string {
 	return "FALCON: each stage (VXLAN, container veth) of a flow on its own CPU, two-choice balanced, load-gated"
 }
@@ -25,7 +32,7 @@ func (Mode) Summary() string {
 // every device whose RPS carries a stage transition: the VXLAN devices and the container veths.
 // The underlay's own receive CPU is the NIC's (RSS/IRQ affinity) and is left alone.
 func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	cfg, err := ParseConfig(o.CPUs, o.Extra)
+	cfg, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +57,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 // checkNotAttached refuses when falcon's pins for the target exist or a prg_falcon program
 // already sits on one of the devices falcon would use. Nothing has been changed when it is called.
 func checkNotAttached(t *datapath.Topology) error {
-	if err := bpfobj.CheckNoPins("falcon", pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
 		return err
 	}
 	for _, d := range t.Devs {
@@ -67,7 +74,7 @@ func checkNotAttached(t *datapath.Topology) error {
 // Load loads and pins the programs, attaches them to the underlay (ingress) and every bridge
 // port (egress), and starts the node agent that runs the load monitor and follows containers.
 func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	cfg, err := ParseConfig(o.CPUs, o.Extra)
+	cfg, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 // Pin layout under datapath.PinDir(target)/falcon: the maps and programs by their kernel names
 // (what bpftool shows), and one tcx link per device in links/. Removing the directory detaches
 // everything once no process holds the objects open.
-const pinSub = "falcon"
+const pinSub = Name
 
 func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
 
@@ -25,19 +25,19 @@ func loadObjects() (*objects, error) {
 		return nil, fmt.Errorf("falcon: %w", err)
 	}
 	var o objects
-	if err := bpfobj.Load("falcon", spec, &o, nil); err != nil {
+	if err := bpfobj.Load(Name, spec, &o, nil); err != nil {
 		return nil, err
 	}
 	return &o, nil
 }
 
 // pin pins every map and program under dir.
-func (o *objects) pin(dir string) error { return bpfobj.Pin("falcon", dir, o) }
+func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps (and programs when progs is set).
 func openPinned(target string, progs bool) (*objects, error) {
 	var o objects
-	if err := bpfobj.OpenPinned("falcon", pinDir(target), &o, progs); err != nil {
+	if err := bpfobj.OpenPinned(Name, pinDir(target), &o, progs); err != nil {
 		return nil, err
 	}
 	return &o, nil

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/peregrine-net/peregrine/internal/cpuset"
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 )
 
@@ -21,8 +21,10 @@ const (
 	OptMerge       = "merge"        // true: one CPU per split flow before the transport
 	OptMice        = "mice"         // pass | affine
 	OptQueue       = "queue_size"   // cpumap ring per splitting CPU (full-path)
-	OptCPUs        = "cpus"         // splitting CPUs as a list, when not given as Options.CPUs
 )
+
+// optionKeys are the Extra keys mflow takes; the splitting CPUs are attach's --cpus.
+var optionKeys = []string{OptBatch, OptElephantPPS, OptElephantBPS, OptWindow, OptSplitAt, OptMerge, OptMice, OptQueue}
 
 // Split points.
 const (
@@ -53,16 +55,15 @@ type Config struct {
 	QueueSize   int           `json:"queue_size"`
 }
 
-// ParseConfig reads mflow's settings; cpus are Options.CPUs (nil: Extra["cpus"], else defaults).
+// ParseConfig reads mflow's settings; cpus are attach's --cpus (nil: the first online ones).
+// Unknown keys are refused.
 func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, error) {
+	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
+		return Config{}, err
+	}
 	c := Config{Batch: DefaultBatch, ElephantPPS: DefaultElephantPPS, Window: DefaultWindow, SplitAt: SplitFullPath}
 	var err error
 	c.CPUs = slices.Clone(cpus)
-	if len(c.CPUs) == 0 && extra[OptCPUs] != "" {
-		if c.CPUs, err = cpuset.Parse(extra[OptCPUs]); err != nil {
-			return c, fmt.Errorf("mflow: cpus: %w", err)
-		}
-	}
 	if len(c.CPUs) == 0 {
 		c.CPUs = slices.Clone(online[:min(DefaultSplitCPUs, len(online))])
 	}

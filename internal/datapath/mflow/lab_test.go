@@ -260,7 +260,7 @@ func TestOverlap(t *testing.T) {
 }
 
 func TestParseConfig(t *testing.T) {
-	c, err := ParseConfig(nil, map[string]string{OptCPUs: "2-3", OptElephantBPS: "1.5G", OptMice: "affine"}, []int{0, 1, 2, 3})
+	c, err := ParseConfig([]int{3, 2}, map[string]string{OptElephantBPS: "1.5G", OptMice: "affine"}, []int{0, 1, 2, 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestParseConfig(t *testing.T) {
 	if c, _ := ParseConfig(nil, nil, []int{0, 1, 2, 3}); len(c.CPUs) != DefaultSplitCPUs {
 		t.Errorf("default splitting CPUs %v, want %d", c.CPUs, DefaultSplitCPUs)
 	}
-	for _, bad := range []map[string]string{{OptElephantPPS: "-1"}, {OptWindow: "0s"}, {OptMice: "drop"}, {OptQueue: "0"}, {OptCPUs: "1,1"}} {
+	for _, bad := range []map[string]string{{OptElephantPPS: "-1"}, {OptWindow: "0s"}, {OptMice: "drop"}, {OptQueue: "0"}, {"cpus": "1"}, {"bogus": "1"}} {
 		if _, err := ParseConfig(nil, bad, []int{0, 1}); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

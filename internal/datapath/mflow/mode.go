@@ -14,6 +14,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
@@ -24,7 +25,14 @@ type Mode struct{}
 
 func init() { datapath.Register(Mode{}) }
 
-func (Mode) Name() string { return "mflow" }
+// Name is the mode's name.
+const Name = "mflow"
+
+func (Mode) Name() string { return Name }
+
+// OptionKeys and Configure make mflow a datapath.Configurer: its options are parsed once.
+func (Mode) OptionKeys() []string                      { return optionKeys }
+func (Mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
 func (Mode) Summary() string {
 	return "MFLOW: elephant flows cut into micro-flows (batches) processed on several CPUs; IRQ split (XDP) or device split"
 }
@@ -64,8 +72,8 @@ func saveModeState(st *datapath.State, ms modeState) error {
 var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "TcpExt.TCPTSReorder",
 	"TcpExt.TCPDSACKRecv", "Tcp.RetransSegs", "TcpExt.TCPSpuriousRTOs"}
 
-// config reads the settings from attach options; online CPUs fill the default split set.
-func config(o datapath.Options) (Config, error) {
+// configOf reads the settings from attach options; online CPUs fill the default split set.
+func configOf(o datapath.Options) (Config, error) {
 	online, err := cpuset.Online()
 	if err != nil {
 		return Config{}, err
@@ -82,11 +90,11 @@ func config(o datapath.Options) (Config, error) {
 
 // Knobs validates, refuses to stack, and plans the RPS masks (see the package doc).
 func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	c, err := config(o)
+	c, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return nil, err
 	}
-	if err := bpfobj.CheckNoPins("mflow", pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
 		return nil, err
 	}
 	nics := t.ByStage(datapath.StageNIC)
@@ -109,7 +117,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	// knobs to falcon; falcon's pinning already merges each flow's batches, and device scaling
 	// would fight falcon over the VXLAN device's RPS.
 	withFalcon := false
-	if fst, err := datapath.LoadState(t.Host, "falcon"); err == nil && fst != nil {
+	if fst, err := datapath.LoadState(t.Host, falcon.Name); err == nil && fst != nil {
 		withFalcon = true
 		if c.SplitAt == SplitDevice {
 			return nil, fmt.Errorf("mflow: --split-at device steers the VXLAN stage, which falcon (attached to %s) already does: use --split-at full-path together with falcon", t.Host)
@@ -195,7 +203,7 @@ func irqCPUs(nics []datapath.Dev) ([]int, error) {
 
 // Load attaches the split (XDP or tcx), the merge pieces, and records it all.
 func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	c, err := config(o)
+	c, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return err
 	}
@@ -250,7 +258,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 		if shared != nil {
 			notOurs = append(notOurs, mapFlows)
 		}
-		if err := bpfobj.Pin("mflow", dir, objs, notOurs...); err != nil {
+		if err := bpfobj.Pin(Name, dir, objs, notOurs...); err != nil {
 			return err
 		}
 		var targets []tcxTarget

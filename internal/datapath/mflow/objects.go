@@ -14,7 +14,7 @@ import (
 // Pin layout under datapath.PinDir(target)/mflow: the skb-level maps by their kernel names,
 // one tcx link per device in links/, and the XDP split of each underlay in xdp-<device>/.
 const (
-	pinSub   = "mflow"
+	pinSub   = Name
 	mapStats = "prg_mf_stats"
 	mapFlows = "prg_mf_flows"
 )
@@ -37,7 +37,7 @@ func loadObjects(flows *ebpf.Map) (*mfObjects, error) {
 		opts.MapReplacements = map[string]*ebpf.Map{mapFlows: flows}
 	}
 	var o mfObjects
-	if err := bpfobj.Load("mflow", spec, &o, opts); err != nil {
+	if err := bpfobj.Load(Name, spec, &o, opts); err != nil {
 		return nil, err
 	}
 	return &o, nil

@@ -27,7 +27,7 @@ import (
 const resyncEvery = 2 * time.Second
 
 // AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentproc.Log("prism", target) }
+func AgentLog(target string) string { return agentproc.Log(Name, target) }
 
 // RunAgent implements datapath.AgentRunner.
 func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
@@ -60,8 +60,8 @@ func runAgent(ctx context.Context, target string) error {
 	tick := time.NewTicker(resyncEvery)
 	defer tick.Stop()
 	for {
-		cur, err := datapath.LoadState(target, "prism")
-		if err != nil || cur == nil || cur.Mode != "prism" {
+		cur, err := datapath.LoadState(target, Name)
+		if err != nil || cur == nil || cur.Mode != Name {
 			lg.Printf("attachment gone, stopping")
 			return nil
 		}
@@ -144,10 +144,10 @@ func watchLinks(ctx context.Context, ns string, events chan<- struct{}) error {
 	return nil
 }
 
-func startAgent(target string) (int, error)  { return agentproc.Start("prism", target) }
-func isAgent(pid int, target string) bool    { return agentproc.Is(pid, "prism", target) }
-func stopAgent(pid int, target string) error { return agentproc.Stop(pid, "prism", target) }
+func startAgent(target string) (int, error)  { return agentproc.Start(Name, target) }
+func isAgent(pid int, target string) bool    { return agentproc.Is(pid, Name, target) }
+func stopAgent(pid int, target string) error { return agentproc.Stop(pid, Name, target) }
 
 // RunAgentIfAsked runs the agent and exits when this process was started as one. Test binaries
 // that attach prism call it first thing in TestMain (their os.Executable is the test binary).
-func RunAgentIfAsked() { agentproc.RunIfAsked("prism", runAgent) }
+func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }

@@ -22,11 +22,50 @@ const (
 	// OptHPCPUs ("hp_cpus", isolation.go): CPUs reserved for HP flows.
 )
 
+// Name is the mode's name.
+const Name = "prism"
+
+var optionKeys = []string{OptRules, OptRulesFile, OptAgent, OptHPCPUs}
+
+// Config is prism's settings after validation (saved in the record as JSON).
+type Config struct {
+	Rules     []Rule     `json:"rules"`
+	Isolation *isoConfig `json:"isolation,omitempty"` // --hp-cpus; nil without it
+	Agent     bool       `json:"agent"`
+}
+
+// ParseConfig reads prism's options; unknown keys, bad rules and bad CPU lists are refused.
+func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
+	c := Config{Agent: true}
+	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
+		return c, err
+	}
+	switch extra[OptAgent] {
+	case "", "on":
+	case "off":
+		c.Agent = false
+	default:
+		return c, fmt.Errorf("prism: --agent %q: want on or off", extra[OptAgent])
+	}
+	var err error
+	if c.Rules, err = rulesFromOptions(extra); err != nil {
+		return c, err
+	}
+	c.Isolation, err = parseIsolation(cpus, extra)
+	return c, err
+}
+
+func configOf(o datapath.Options) (Config, error) { return ParseConfig(o.CPUs, o.Extra) }
+
 type mode struct{}
 
 func init() { datapath.Register(mode{}) }
 
-func (mode) Name() string { return "prism" }
+func (mode) Name() string { return Name }
+
+// OptionKeys and Configure make prism a datapath.Configurer: its options are parsed once.
+func (mode) OptionKeys() []string                      { return optionKeys }
+func (mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
 func (mode) Summary() string {
 	return "PRISM sync mode: inner-header rules pick high-priority flows, which skip the bridge and veth backlog (bpf_redirect_peer)"
 }
@@ -76,28 +115,22 @@ func rulesFromOptions(extra map[string]string) ([]Rule, error) {
 // Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
 // RPS. Bad rules and CPU lists are refused here, before anything is changed.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	if err := bpfobj.CheckNoPins("prism", pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
 		return nil, err
 	}
-	if _, err := rulesFromOptions(o.Extra); err != nil {
+	c, err := datapath.ConfigOf(o, configOf)
+	if err != nil || c.Isolation == nil {
 		return nil, err
 	}
-	iso, err := parseIsolation(o.CPUs, o.Extra)
-	if err != nil || iso == nil {
-		return nil, err
-	}
-	return isoKnobs(t, iso)
+	return isoKnobs(t, c.Isolation)
 }
 
 func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	rules, err := rulesFromOptions(o.Extra)
+	c, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return err
 	}
-	iso, err := parseIsolation(o.CPUs, o.Extra)
-	if err != nil {
-		return err
-	}
+	rules, iso := c.Rules, c.Isolation
 	objs, err := loadObjects()
 	if err != nil {
 		return err
@@ -151,7 +184,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	}
 	ms.Notes = append(notes, unmatchedNotes(rules, eps)...)
 	datapath.WriteModeState(st, ms)
-	if o.Extra[OptAgent] != "off" {
+	if c.Agent {
 		pid, err := startAgent(st.Target)
 		if err != nil {
 			return err
@@ -347,11 +380,11 @@ func (v *View) Format() string {
 }
 
 func prismState(target string) (*datapath.State, error) {
-	st, err := datapath.LoadState(target, "prism")
+	st, err := datapath.LoadState(target, Name)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil || st.Mode != "prism" {
+	if st == nil || st.Mode != Name {
 		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
 	}
 	return st, nil
@@ -360,8 +393,8 @@ func prismState(target string) (*datapath.State, error) {
 // changeRules applies fn to the installed rules under the record's lock and installs the result.
 func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error) {
 	var out []Rule
-	err := datapath.UpdateState(target, "prism", 3*time.Second, func(st *datapath.State) error {
-		if st.Mode != "prism" {
+	err := datapath.UpdateState(target, Name, 3*time.Second, func(st *datapath.State) error {
+		if st.Mode != Name {
 			return fmt.Errorf("%s has mode %s attached, not prism", label(target), st.Mode)
 		}
 		ms, err := readModeState(st)

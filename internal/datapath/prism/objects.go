@@ -15,7 +15,7 @@ import (
 
 // Pin layout under datapath.PinDir(target)/prism: maps and programs by their kernel names
 // (what bpftool shows) and one tcx link per device in links/.
-const pinSub = "prism"
+const pinSub = Name
 
 func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
 
@@ -41,18 +41,18 @@ func loadObjects() (*objects, error) {
 		return nil, fmt.Errorf("prism: %w", err)
 	}
 	var o objects
-	if err := bpfobj.Load("prism", spec, &o, nil); err != nil {
+	if err := bpfobj.Load(Name, spec, &o, nil); err != nil {
 		return nil, err
 	}
 	return &o, nil
 }
 
-func (o *objects) pin(dir string) error { return bpfobj.Pin("prism", dir, o) }
+func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps.
 func openPinned(target string) (*objects, error) {
 	var o objects
-	if err := bpfobj.OpenPinned("prism", pinDir(target), &o, false); err != nil {
+	if err := bpfobj.OpenPinned(Name, pinDir(target), &o, false); err != nil {
 		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
 	}
 	return &o, nil
