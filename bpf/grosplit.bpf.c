@@ -195,7 +195,7 @@ int prg_grosplit(struct xdp_md *ctx)
 			goto pass;
 		__u64 seq = 0;
 		__u64 bytes = bpf_xdp_get_buff_len(ctx);
-		if (!mf_account(s, &cfg->mf, bpf_ktime_get_ns(), 1, bytes, &seq)) {
+		if (!mf_account(s, &cfg->mf, bpf_ktime_get_coarse_ns(), 1, bytes, &seq)) {
 			st->mice++;
 			if (!cfg->mice_affine)
 				goto pass;

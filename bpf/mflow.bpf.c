@@ -112,7 +112,7 @@ int prg_mflow_dev(struct __sk_buff *ctx)
 	}
 	__u64 units = ctx->gso_segs ? ctx->gso_segs : 1, seq = 0;
 	__u32 fh = prg_flow_hash(&f);
-	if (!mf_account(s, &cfg->mf, bpf_ktime_get_ns(), units, ctx->len, &seq)) {
+	if (!mf_account(s, &cfg->mf, bpf_ktime_get_coarse_ns(), units, ctx->len, &seq)) {
 		st->mice += units;
 		if (!cfg->mice_affine)
 			bpf_set_hash(ctx, 0); /* stays on this CPU, as without RPS */

@@ -18,6 +18,10 @@
  * taken with an atomic add; the window fields are updated without atomics: a lost update only
  * blurs a rate estimate, it never misroutes a packet.
  *
+ * Time is the coarse clock (bpf_ktime_get_coarse_ns, one jiffy's resolution): a fine clock read
+ * per packet cost ~35 ns of the program's budget (issue 12), and a rate window is never shorter
+ * than a tick anyway, since a window closes on the first packet after it elapsed.
+ *
  * internal/datapath/mflow/model.go mirrors mf_account and mf_slot; the tests compare them.
  */
 #ifndef PEREGRINE_MFLOW_H
