@@ -114,6 +114,13 @@ func (b *builder) torUnderlay() error {
 			if err := SetRPS(s.ns(ToRName(i)), dev, s.ToRCPUs); err != nil {
 				return err
 			}
+			// Wire-like frames on the switch ports too: a veth whose sender has TSO on hands
+			// its peer plain backlog packets (no NAPI, no GRO), unlike any NIC behind a switch.
+			if *s.WireFrames {
+				if err := ethtool(b.ctx, s.ns(ToRName(i)), dev, "tx", "off"); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
@@ -42,9 +43,25 @@ type modeState struct {
 	Notes  []string `json:"notes,omitempty"`
 }
 
-// Knobs: ezpath changes no sysfs knob (it adds programs, the relay pair and table entries).
+// OptionKeys implements datapath.Configurer.
+func (mode) OptionKeys() []string {
+	return []string{OptLab, OptPolicy, OptInterval, OptTableSize, OptClasses, OptActive, OptIdle, OptMinRate, OptDrain}
+}
+
+// Configure implements datapath.Configurer.
+func (mode) Configure(o datapath.Options) (any, error) { return ParseConfig(o.Extra) }
+
+func configOf(o datapath.Options) (Config, error) {
+	return datapath.ConfigOf(o, func(o datapath.Options) (Config, error) { return ParseConfig(o.Extra) })
+}
+
+// Knobs: RPS on every container port (the bridge-side veth). A container's segments reach its
+// port from two CPUs (the application's sends, and sends clocked by ACKs in the receive
+// softirq); on the overlay they queue behind the bridge and the VXLAN device, but tagged and
+// redirected straight to the uplink they would interleave, and TCP sees reordering. RPS keeps
+// each flow on one CPU (of --cpus, default all), in order, as a NIC's TX queue would.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	cfg, err := ParseConfig(o.Extra)
+	cfg, err := configOf(o)
 	if err != nil {
 		return nil, err
 	}
@@ -55,11 +72,27 @@ func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if _, err := r.hostIndex(t.Host); err != nil {
 		return nil, err
 	}
-	return nil, nil
+	cpus := o.CPUs
+	if len(cpus) == 0 {
+		if cpus, err = cpuset.Online(); err != nil {
+			return nil, err
+		}
+	}
+	var ks []datapath.Knob
+	for _, d := range t.ByStage(datapath.StageVethHost) {
+		paths, err := datapath.RxQueueKnobs(d, "rps_cpus")
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range paths {
+			ks = append(ks, datapath.Knob{Netns: d.Netns, Path: p, New: cpuset.Mask(cpus)})
+		}
+	}
+	return ks, nil
 }
 
 func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	cfg, err := ParseConfig(o.Extra)
+	cfg, err := configOf(o)
 	if err != nil {
 		return err
 	}
