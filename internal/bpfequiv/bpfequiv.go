@@ -23,7 +23,7 @@ type Before struct {
 
 // LoadBefore loads the old object file. Maps are created fresh (nothing is pinned); prepare,
 // when given, adjusts the spec first as the new code's loader does (map sizes, constants).
-func LoadBefore(t *testing.T, path string, prepare ...func(*ebpf.CollectionSpec)) *Before {
+func LoadBefore(t testing.TB, path string, prepare ...func(*ebpf.CollectionSpec)) *Before {
 	t.Helper()
 	testutil.RequireRoot(t)
 	spec, err := ebpf.LoadCollectionSpec(path)
@@ -47,7 +47,7 @@ func LoadBefore(t *testing.T, path string, prepare ...func(*ebpf.CollectionSpec)
 // CopyMaps makes the old object's maps of these names hold exactly what the new maps hold
 // (the settings a test wrote through the new code's own API). Entries are copied as bytes: the
 // values' layouts must not have changed, which the copy checks by size.
-func (b *Before) CopyMaps(t *testing.T, from map[string]*ebpf.Map) {
+func (b *Before) CopyMaps(t testing.TB, from map[string]*ebpf.Map) {
 	t.Helper()
 	for name, src := range from {
 		dst := b.Coll.Maps[name]

@@ -233,18 +233,10 @@ func costStack(v *view) (*chart, error) {
 		if !any {
 			continue
 		}
-		b, err := plotter.NewBarChart(vals, width)
-		if err != nil {
+		var err error
+		if below, err = ch.stackBar(vals, width, i, partLabel(m), below); err != nil {
 			return nil, fmt.Errorf("cost plot: %w", err)
 		}
-		b.Color = colorAt(i)
-		b.LineStyle.Width = 0
-		if below != nil {
-			b.StackOn(below)
-		}
-		below = b
-		ch.p.Add(b)
-		ch.legend = append(ch.legend, legendItem{partLabel(m), b})
 	}
 	slices.Reverse(ch.legend)
 	ch.p.NominalX(names...)

@@ -111,18 +111,10 @@ func stagePlacement(v *view, config string) (*chart, error) {
 				vals[slices.Index(stages, c.Stage)] = 100 * float64(c.Packets) / float64(total[c.Stage])
 			}
 		}
-		b, err := plotter.NewBarChart(vals, width)
-		if err != nil {
+		var err error
+		if below, err = ch.stackBar(vals, width, i, fmt.Sprintf("cpu%d", cpu), below); err != nil {
 			return nil, fmt.Errorf("stage plot %s: %w", config, err)
 		}
-		b.Color = colorAt(i)
-		b.LineStyle.Width = 0
-		if below != nil {
-			b.StackOn(below)
-		}
-		below = b
-		ch.p.Add(b)
-		ch.legend = append(ch.legend, legendItem{fmt.Sprintf("cpu%d", cpu), b})
 	}
 	slices.Reverse(ch.legend)
 	ch.p.NominalX(stages...)
@@ -130,4 +122,21 @@ func stagePlacement(v *view, config string) (*chart, error) {
 	ch.p.Y.Tick.Marker = plot.ConstantTicks{{Value: 0, Label: "0"}, {Value: 25, Label: "25"},
 		{Value: 50, Label: "50"}, {Value: 75, Label: "75"}, {Value: 100, Label: "100"}}
 	return ch, nil
+}
+
+// stackBar adds one segment of a stacked bar chart (colour i, on top of below) with its legend
+// entry, and returns it for the next segment to stack on.
+func (ch *chart) stackBar(vals plotter.Values, width vg.Length, i int, label string, below *plotter.BarChart) (*plotter.BarChart, error) {
+	b, err := plotter.NewBarChart(vals, width)
+	if err != nil {
+		return nil, err
+	}
+	b.Color = colorAt(i)
+	b.LineStyle.Width = 0
+	if below != nil {
+		b.StackOn(below)
+	}
+	ch.p.Add(b)
+	ch.legend = append(ch.legend, legendItem{label, b})
+	return b, nil
 }

@@ -126,25 +126,9 @@ func BenchmarkCostCut(b *testing.B) {
 	if p := os.Getenv("PRG_COSTCUT_BEFORE"); p != "" {
 		beforePath = p // a variant to compare with, while tuning
 	}
-	spec, err := ebpf.LoadCollectionSpec(beforePath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	old, err := ebpf.NewCollection(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer old.Close()
-	for _, name := range []string{"prg_falcon_cfg", "prg_falcon_gate", "prg_falcon_dev", "prg_falcon_load"} {
-		src := map[string]*ebpf.Map{"prg_falcon_cfg": o.PrgFalconCfg, "prg_falcon_gate": o.PrgFalconGate, "prg_falcon_dev": o.PrgFalconDev, "prg_falcon_load": o.PrgFalconLoad}[name]
-		var k, v []byte
-		it := src.Iterate()
-		for it.Next(&k, &v) {
-			if err := old.Maps[name].Put(k, v); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	old := bpfequiv.LoadBefore(b, beforePath)
+	old.CopyMaps(b, map[string]*ebpf.Map{"prg_falcon_cfg": o.PrgFalconCfg, "prg_falcon_gate": o.PrgFalconGate,
+		"prg_falcon_dev": o.PrgFalconDev, "prg_falcon_load": o.PrgFalconLoad})
 	f := testFlow(7)
 	cases := []struct {
 		name  string
@@ -153,7 +137,7 @@ func BenchmarkCostCut(b *testing.B) {
 	}{{"nic", vxlanFrame(innerFrame(f), testVNI, 4789), "prg_falcon_nic"}, {"port", innerFrame(f), "prg_falcon_port"}}
 	for _, c := range cases {
 		after := map[string]*ebpf.Program{"prg_falcon_nic": o.PrgFalconNic, "prg_falcon_port": o.PrgFalconPort}[c.prog]
-		b.Run(c.name, func(b *testing.B) { bpfequiv.Alternate(b, old.Programs[c.prog], after, c.frame, 100000) })
+		b.Run(c.name, func(b *testing.B) { bpfequiv.Alternate(b, old.Coll.Programs[c.prog], after, c.frame, 100000) })
 	}
 }
 

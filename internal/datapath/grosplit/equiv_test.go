@@ -90,20 +90,10 @@ func BenchmarkCostCut(b *testing.B) {
 	if err := l.objs.PrgGsCfg.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
 		b.Fatal(err)
 	}
-	spec, err := ebpf.LoadCollectionSpec(beforePath())
-	if err != nil {
-		b.Fatal(err)
-	}
-	old, err := ebpf.NewCollection(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer old.Close()
-	if err := old.Maps["prg_gs_cfg"].Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
-		b.Fatal(err)
-	}
+	old := bpfequiv.LoadBefore(b, beforePath())
+	old.CopyMaps(b, map[string]*ebpf.Map{"prg_gs_cfg": l.objs.PrgGsCfg})
 	b.Run("mflow", func(b *testing.B) {
-		bpfequiv.Alternate(b, old.Programs["prg_grosplit"], l.objs.PrgGrosplit, frame, 100000)
+		bpfequiv.Alternate(b, old.Coll.Programs["prg_grosplit"], l.objs.PrgGrosplit, frame, 100000)
 	})
 }
 
