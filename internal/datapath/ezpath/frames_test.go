@@ -2,6 +2,7 @@ package ezpath
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 )
@@ -79,4 +80,11 @@ func vxlanFrame(inner []byte, src, dst netip.Addr, vni uint32, port uint16) []by
 	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(vx)+len(inner)))
 	udp = append(append(udp, vx...), inner...)
 	return append(ethHdr(net.HardwareAddr{0x0e, 0x42, 198, 18, 0, 254}, net.HardwareAddr{0x0a, 0x42, 198, 18, 0, 1}, 0x0800), ipv4(src, dst, 17, udp)...)
+}
+
+// ipFor gives each container name of the planner tests its own address.
+func ipFor(name string) netip.Addr {
+	var i, j int
+	_, _ = fmt.Sscanf(name, "h%d-c%d", &i, &j)
+	return netip.AddrFrom4([4]byte{198, 19, byte(i), byte(j + 1)})
 }
