@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -67,8 +68,9 @@ func runAgent(ctx context.Context, target string) error {
 		return err
 	}
 	defer p.Close()
-	a := &agent{target: target, p: p, lg: lg, ov: ms.Overlay, resync: make(chan struct{}, 1), flush: make(chan string, 1),
+	a := &agent{target: target, p: p, lg: lg, resync: make(chan struct{}, 1), flush: make(chan string, 1),
 		neigh: map[string]string{}}
+	a.ov.Store(ms.Overlay)
 	nss := []string{target}
 	if ms.Overlay.VX.Dev.Netns != target {
 		nss = append(nss, ms.Overlay.VX.Dev.Netns)
@@ -111,7 +113,7 @@ type agent struct {
 	target string
 	p      *pinned
 	lg     *log.Logger
-	ov     *overlay
+	ov     atomic.Pointer[overlay] // read by the netlink watchers, replaced by sync
 	resync chan struct{}
 	flush  chan string
 	mu     sync.Mutex        // guards neigh (one watcher per namespace)
@@ -151,7 +153,7 @@ func (a *agent) sync(st *datapath.State) {
 		a.lg.Printf("overlay: %v", err)
 		return
 	}
-	if ov.cfg() != a.ov.cfg() {
+	if ov.cfg() != a.ov.Load().cfg() {
 		if err := a.p.PrgFastpathCfg.Put(uint32(0), ov.cfg()); err != nil {
 			a.lg.Printf("write config: %v", err)
 			return
@@ -159,7 +161,7 @@ func (a *agent) sync(st *datapath.State) {
 		n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
 		a.lg.Printf("overlay changed (%s mtu %d vtep %s port %d vni %d): config rewritten, forgot %d flows",
 			ov.VX.Dev, ov.MTU, ov.VTEP, ov.Port, ov.VNI, n)
-		a.ov = ov
+		a.ov.Store(ov)
 	}
 	eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
 	rep, err := endpoints.Sync(a.p.tables(), eps, time.Now())
@@ -237,7 +239,10 @@ func (a *agent) watch(ctx context.Context, ns string) error {
 					return
 				}
 				a.poke(a.resync)
-				_ = u
+				if a.watched(ns, int(u.Index)) {
+					// The underlay or the VXLAN device changed (MTU, address, state...).
+					a.flushFor("device change on " + u.Attrs().Name)
+				}
 			case u, ok := <-neighs:
 				if !ok {
 					return
@@ -282,7 +287,8 @@ func (a *agent) neighChanged(ns string, u netlink.NeighUpdate) bool {
 }
 
 func (a *agent) watched(ns string, ifindex int) bool {
-	return ns == a.target && ifindex == a.ov.Underlay.Ifindex || ns == a.ov.VX.Dev.Netns && ifindex == a.ov.VX.Dev.Ifindex
+	ov := a.ov.Load()
+	return ns == a.target && ifindex == ov.Underlay.Ifindex || ns == ov.VX.Dev.Netns && ifindex == ov.VX.Dev.Ifindex
 }
 
 func neighKey(ns string, n netlink.Neigh) (key, val string) {

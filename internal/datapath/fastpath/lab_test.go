@@ -300,3 +300,52 @@ func TestHandBuiltOverlay(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidation changes what a cached flow depends on, one thing at a time, and checks the
+// agent forgets the flow within a second (and that traffic still flows after).
+func TestInvalidation(t *testing.T) {
+	spec := lab.Spec{Name: "fpi", Style: lab.StyleFlannel, Containers: 1}
+	l := labForTest(t, spec)
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	h1, c1 := hosts[0], l.Containers[0]
+	dst := strings.Split(l.Containers[1].Addr, "/")[0]
+	attachAll(t, hosts)
+	gw := l.Spec.FlannelAddr(2).Addr().String()
+	vtep2 := l.Spec.VTEPMAC(2).String()
+	learned := func() int {
+		v, err := Inspect(h1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Both
+	}
+	for _, c := range []struct {
+		name   string
+		change [][]string
+	}{
+		{"neighbour", [][]string{{"ip", "neigh", "replace", gw, "lladdr", "06:00:00:00:00:99", "dev", "flannel.1", "nud", "permanent"},
+			{"ip", "neigh", "replace", gw, "lladdr", vtep2, "dev", "flannel.1", "nud", "permanent"}}},
+		{"fdb", [][]string{{"bridge", "fdb", "replace", vtep2, "dev", "flannel.1", "dst", "198.18.0.9", "self", "permanent"},
+			{"bridge", "fdb", "replace", vtep2, "dev", "flannel.1", "dst", l.Spec.HostAddr(2).Addr().String(), "self", "permanent"}}},
+		{"route", [][]string{{"ip", "route", "add", "203.0.113.0/24", "dev", "cni0"}}},
+		{"mtu", [][]string{{"ip", "link", "set", "eth0", "mtu", "1400"}, {"ip", "link", "set", "eth0", "mtu", fmt.Sprint(l.Spec.MTU)}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-W", "1", dst)
+			if learned() == 0 {
+				t.Fatalf("no flow learned before the change")
+			}
+			for _, cmd := range c.change {
+				run(t, h1, cmd...)
+			}
+			deadline := time.Now().Add(time.Second)
+			for learned() > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("flows still cached 1 s after the %s change", c.name)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-W", "1", dst)
+		})
+	}
+}
