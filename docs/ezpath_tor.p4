@@ -1,6 +1,6 @@
 /* EZPath's top-of-rack switch as a P4_16 (v1model) program: the switch contract.
  *
- * This file is NOT the tested data plane. No P4 compiler or software switch exists on the
+ * This file is NOT the tested data plane, and it has not been compiled here (no p4c). No P4 compiler or software switch exists on the
  * machines peregrine is built on, so the data plane that runs (and that the tests exercise) is
  * bpf/ezpath_tor.bpf.c: tc programs on the ToR namespace's ports whose maps carry the same
  * table names, keys and actions as below, with max_entries standing in for SRAM. A P4 target
