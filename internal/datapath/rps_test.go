@@ -5,59 +5,21 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
-	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
-
-func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
-	t.Helper()
-	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	t.Cleanup(func() {
-		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
-			t.Errorf("down: %v", err)
-		}
-		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
-	})
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// allRPSMasks reads every rps_cpus file of every lab namespace, keyed ns:path.
-func allRPSMasks(t *testing.T, l *lab.Lab) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	nodes := append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...)
-	for _, n := range nodes {
-		for _, d := range n.Devices {
-			p := "/sys/class/net/" + d.Name + "/queues/rx-0/rps_cpus"
-			v, err := netnsutil.ReadFileIn(n.Netns, p)
-			if err != nil {
-				t.Fatalf("read %s:%s: %v", n.Netns, p, err)
-			}
-			out[n.Netns+":"+p] = v
-		}
-	}
-	return out
-}
 
 func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 	for _, style := range []string{lab.StyleDocker, lab.StyleFlannel} {
 		t.Run(style, func(t *testing.T) {
-			l := labForTest(t, lab.Spec{Name: "trps" + style[:2], Style: style, Containers: 2})
+			l := labtest.Up(t, lab.Spec{Name: "trps" + style[:2], Style: style, Containers: 2})
 			// A non-default starting value proves detach restores, not resets.
 			if err := lab.SetRPS(l.Containers[0].Netns, "eth0", []int{0}); err != nil {
 				t.Fatal(err)
 			}
-			before := allRPSMasks(t, l)
+			before := labtest.RxKnobs(t, l, "rps_cpus")
 			host := l.Hosts[0].Netns
 			st, err := Attach(context.Background(), host, "rps", Options{})
 			if err != nil {
@@ -67,7 +29,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			if len(st.Topology.Devs) != 6 {
 				t.Fatalf("discovered %d devices, want 6: %+v", len(st.Topology.Devs), st.Topology.Devs)
 			}
-			during := allRPSMasks(t, l)
+			during := labtest.RxKnobs(t, l, "rps_cpus")
 			changed := 0
 			for k, v := range during {
 				if v != before[k] {
@@ -86,7 +48,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			if _, err := Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
-			after := allRPSMasks(t, l)
+			after := labtest.RxKnobs(t, l, "rps_cpus")
 			for k, v := range before {
 				if after[k] != v {
 					t.Errorf("%s: before %q, after detach %q", k, v, after[k])
@@ -100,7 +62,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 }
 
 func TestAttachRefusesNamespaceWithoutOverlay(t *testing.T) {
-	l := labForTest(t, lab.Spec{Name: "tnoov", Style: lab.StyleNative})
+	l := labtest.Up(t, lab.Spec{Name: "tnoov", Style: lab.StyleNative})
 	_, err := Attach(context.Background(), l.Hosts[0].Netns, "rps", Options{})
 	if !errors.Is(err, ErrNoOverlay) {
 		t.Fatalf("want ErrNoOverlay, got %v", err)
@@ -111,8 +73,8 @@ func TestAttachRefusesNamespaceWithoutOverlay(t *testing.T) {
 }
 
 func TestAttachBadInputChangesNothing(t *testing.T) {
-	l := labForTest(t, lab.Spec{Name: "tbad", Style: lab.StyleDocker})
-	before := allRPSMasks(t, l)
+	l := labtest.Up(t, lab.Spec{Name: "tbad", Style: lab.StyleDocker})
+	before := labtest.RxKnobs(t, l, "rps_cpus")
 	host := l.Hosts[0].Netns
 	for _, tc := range []struct {
 		mode string
@@ -130,7 +92,7 @@ func TestAttachBadInputChangesNothing(t *testing.T) {
 	if _, err := Attach(context.Background(), "prg-nosuch-ns", "rps", Options{}); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("missing namespace: %v", err)
 	}
-	after := allRPSMasks(t, l)
+	after := labtest.RxKnobs(t, l, "rps_cpus")
 	for k, v := range before {
 		if after[k] != v {
 			t.Errorf("%s changed by a refused attach: %q -> %q", k, v, after[k])
@@ -139,7 +101,7 @@ func TestAttachBadInputChangesNothing(t *testing.T) {
 }
 
 func TestDiscoveryDockerFindsOverlayNamespace(t *testing.T) {
-	l := labForTest(t, lab.Spec{Name: "tdisc", Style: lab.StyleDocker, Containers: 1})
+	l := labtest.Up(t, lab.Spec{Name: "tdisc", Style: lab.StyleDocker, Containers: 1})
 	topo, err := Discover(l.Hosts[1].Netns, "")
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -58,5 +59,25 @@ func AssertClean(t testing.TB, prefix string) {
 	t.Helper()
 	if left := Leftovers(prefix); len(left) > 0 {
 		t.Errorf("left behind after teardown: %s", strings.Join(left, ", "))
+	}
+}
+
+// RequireBPF is RequireRoot plus what loading BPF objects needs (no memlock limit); a kernel
+// that cannot load them makes the test fail where it loads them, never skip.
+func RequireBPF(t testing.TB) {
+	t.Helper()
+	RequireRoot(t)
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatalf("remove the memlock limit for BPF: %v", err)
+	}
+}
+
+// RequireCheck fails the test when a kernel capability it needs is missing (check's error says
+// which): a missing capability is a broken test machine, not a reason to pass.
+func RequireCheck(t testing.TB, what string, check func() error) {
+	t.Helper()
+	RequireRoot(t)
+	if err := check(); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }

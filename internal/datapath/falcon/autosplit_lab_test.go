@@ -9,6 +9,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 	"github.com/peregrine-net/peregrine/internal/workload/inject"
 )
 
@@ -20,7 +21,7 @@ func TestAutoSplitFollowsLoad(t *testing.T) {
 		t.Skip("needs 2 CPUs")
 	}
 	l := labUp(t, lab.Spec{Name: "tfas", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}})
-	host := nsOf(l, "h2")
+	host := labtest.NS(l, "h2")
 	o := falconOpts()
 	o.Extra["split"] = "auto"
 	o.Extra["split_cpus"] = "1"
@@ -38,7 +39,7 @@ func TestAutoSplitFollowsLoad(t *testing.T) {
 	spec := l.Spec
 	cpu := 1
 	flood := inject.Config{
-		Netns: nsOf(l, "h1"), Device: "eth0", DstMAC: inject.MAC(spec.UnderlayMAC(2)),
+		Netns: labtest.NS(l, "h1"), Device: "eth0", DstMAC: inject.MAC(spec.UnderlayMAC(2)),
 		SrcIP: spec.HostAddr(1).Addr(), DstIP: spec.HostAddr(2).Addr(), DstPort: uint16(spec.VXLANPort), VNI: uint32(spec.VNI),
 		InnerSrcMAC: inject.MAC(spec.ContainerMAC(1, 1)), InnerDstMAC: inject.MAC(spec.ContainerMAC(2, 1)),
 		InnerSrcIP: netip.MustParseAddr(spec.ContainerAddr(1, 1).Addr().String()), InnerDstIP: spec.ContainerAddr(2, 1).Addr(),

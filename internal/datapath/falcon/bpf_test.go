@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -33,9 +34,7 @@ type harness struct {
 
 func newHarness(t *testing.T, cpus []int, twoChoice bool, gateOpen bool) *harness {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (loads BPF programs)")
-	}
+	testutil.RequireBPF(t)
 	o, err := loadObjects()
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 	"github.com/peregrine-net/peregrine/internal/workload/inject"
 	"github.com/peregrine-net/peregrine/internal/workload/udpsink"
 )
@@ -18,9 +19,9 @@ import (
 func TestUDPLossAcrossAttachDetach(t *testing.T) {
 	l := labUp(t, lab.Spec{Name: "tfalsw", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}})
 	spec := l.Spec
-	host := nsOf(l, "h2")
+	host := labtest.NS(l, "h2")
 	rcv := spec.ContainerAddr(2, 1).Addr()
-	sink, err := udpsink.Listen(udpsink.Config{Netns: nsOf(l, "h2-c1"), Addr: rcv, Port: 9100, Duration: 6 * time.Second, IdleTimeout: 500 * time.Millisecond})
+	sink, err := udpsink.Listen(udpsink.Config{Netns: labtest.NS(l, "h2-c1"), Addr: rcv, Port: 9100, Duration: 6 * time.Second, IdleTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func TestUDPLossAcrossAttachDetach(t *testing.T) {
 	sc := make(chan out, 1)
 	go func() { st, err := sink.Run(context.Background()); sc <- out{st, err} }()
 	cfg := inject.Config{
-		Netns: nsOf(l, "h1"), Device: "eth0", DstMAC: inject.MAC(spec.UnderlayMAC(2)),
+		Netns: labtest.NS(l, "h1"), Device: "eth0", DstMAC: inject.MAC(spec.UnderlayMAC(2)),
 		SrcIP: spec.HostAddr(1).Addr(), DstIP: spec.HostAddr(2).Addr(), DstPort: uint16(spec.VXLANPort), VNI: uint32(spec.VNI),
 		InnerSrcMAC: inject.MAC(spec.ContainerMAC(1, 1)), InnerDstMAC: inject.MAC(spec.ContainerMAC(2, 1)),
 		InnerSrcIP: netip.MustParseAddr(spec.ContainerAddr(1, 1).Addr().String()), InnerDstIP: rcv,

@@ -3,11 +3,11 @@ package grosplit
 import (
 	"fmt"
 	"math/rand"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 const (
@@ -21,20 +21,9 @@ type loaded struct {
 	n    int // CPUs in the current config
 }
 
-// needBPF skips when the test cannot load BPF programs.
-func needBPF(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (loads BPF programs)")
-	}
-	if err := rlimit.RemoveMemlock(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func load(t *testing.T) *loaded {
 	t.Helper()
-	needBPF(t)
+	testutil.RequireBPF(t)
 	spec, err := loadGs()
 	if err != nil {
 		t.Fatal(err)

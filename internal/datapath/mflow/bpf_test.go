@@ -2,12 +2,13 @@ package mflow
 
 import (
 	"encoding/binary"
-	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"math/bits"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 
 	"github.com/cilium/ebpf"
 )
@@ -18,9 +19,7 @@ import (
 
 func loadTest(t *testing.T) *mfObjects {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (loads BPF programs)")
-	}
+	testutil.RequireBPF(t)
 	o, err := loadObjects(nil)
 	if err != nil {
 		t.Fatal(err)

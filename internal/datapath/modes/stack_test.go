@@ -6,14 +6,12 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/prism"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
-	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 func TestMain(m *testing.M) {
@@ -24,44 +22,13 @@ func TestMain(m *testing.M) {
 }
 
 // rpsMasks reads every receive knob (rps_cpus, rps_flow_cnt) of the lab's receive-side devices.
-func rpsMasks(t *testing.T, l *lab.Lab) map[string]string {
-	out := map[string]string{}
-	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers} {
-		for _, n := range set {
-			for _, d := range n.Devices {
-				for _, f := range []string{"rps_cpus", "rps_flow_cnt"} {
-					p := "/sys/class/net/" + d.Name + "/queues/rx-0/" + f
-					v, err := netnsutil.ReadFileIn(n.Netns, p)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out[n.Netns+":"+p] = v
-				}
-			}
-		}
-	}
-	return out
-}
-
 // falcon and prism touch different hooks and knobs, so they stack; rps shares falcon's knobs,
 // so it is refused; detach --mode takes one off and leaves the other working.
 func TestFalconAndPrismStack(t *testing.T) {
-	testutil.RequireRoot(t)
 	spec := lab.Spec{Name: "tstack", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
-	t.Cleanup(func() {
-		for _, h := range []string{"prg-tstack-h1", "prg-tstack-h2"} {
-			datapath.Detach(context.Background(), h, "")
-		}
-		lab.Down(spec.Name, nil)
-		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := rpsMasks(t, l)
+	l := labtest.Up(t, spec)
+	ctx := context.Background()
+	before := labtest.RxKnobs(t, l)
 	host := l.Hosts[1].Netns
 	keep := datapath.Options{KeepUnderlay: true}
 	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
@@ -98,7 +65,7 @@ func TestFalconAndPrismStack(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err == nil || errors.Is(err, nil) {
 		t.Fatal("nothing left to detach should be an error")
 	}
-	after := rpsMasks(t, l)
+	after := labtest.RxKnobs(t, l)
 	for k, v := range before {
 		if after[k] != v {
 			t.Errorf("%s: %q before, %q after detaching both", k, v, after[k])
@@ -109,22 +76,10 @@ func TestFalconAndPrismStack(t *testing.T) {
 // mflow attached after falcon splits only the NIC stage and leaves the later stages to falcon;
 // device scaling, which would steer the VXLAN stage too, is refused.
 func TestMflowStacksOnFalcon(t *testing.T) {
-	testutil.RequireRoot(t)
 	spec := lab.Spec{Name: "tstkm", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
-	t.Cleanup(func() {
-		for _, h := range []string{"prg-tstkm-h1", "prg-tstkm-h2"} {
-			datapath.Detach(context.Background(), h, "")
-		}
-		lab.Down(spec.Name, nil)
-		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := rpsMasks(t, l)
+	l := labtest.Up(t, spec)
+	ctx := context.Background()
+	before := labtest.RxKnobs(t, l)
 	host := l.Hosts[1].Netns
 	keep := datapath.Options{KeepUnderlay: true, CPUs: []int{0, 1}}
 	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
@@ -150,7 +105,7 @@ func TestMflowStacksOnFalcon(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err != nil {
 		t.Fatal(err)
 	}
-	after := rpsMasks(t, l)
+	after := labtest.RxKnobs(t, l)
 	for k, v := range before {
 		if after[k] != v {
 			t.Errorf("%s: %q before, %q after", k, v, after[k])

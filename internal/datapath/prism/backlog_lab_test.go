@@ -10,18 +10,24 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The point of the sync path: HP packets never enter the container veth's backlog. The stage
 // probe counts netif_rx enqueues per device; vanilla puts every datagram of the flow there,
 // prism none.
 func TestHPSkipsTheVethBacklog(t *testing.T) {
-	if err := stage.Check(); err != nil {
-		t.Fatalf("stage probe: %v", err)
+	testutil.RequireCheck(t, "stage probe", stage.Check)
+	l := labtest.Up(t, lab.Spec{Name: "tprbl", Style: lab.StyleDocker, Containers: 1})
+	src, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	l := labForTest(t, lab.Spec{Name: "tprbl", Style: lab.StyleDocker, Containers: 1})
-	src, _ := l.Node("h1-c1")
-	dst, _ := l.Node("h2-c1")
+	dst, err := l.Node("h2-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	udpEcho(t, dst.Netns, dst.AddrOnly(), hpPort)
 	ino, err := netnsutil.Inode(netnsutil.Path(dst.Netns))
 	if err != nil {
@@ -42,18 +48,24 @@ func TestHPSkipsTheVethBacklog(t *testing.T) {
 	}
 	defer p.Close()
 	const n = 300
+	snapshot := func() stage.Snapshot {
+		s, err := p.Snapshot()
+		if err != nil {
+			t.Fatalf("stage probe snapshot: %v", err)
+		}
+		return s
+	}
 	backlog := func() uint64 {
-		before, _ := p.Snapshot()
+		before := snapshot()
 		pingPong(t, src.Netns, dst.AddrOnly(), hpPort, n)
-		after, _ := p.Snapshot()
-		return after.Sub(before).Device(key).RxPackets
+		return snapshot().Sub(before).Device(key).RxPackets
 	}
 	if got := backlog(); got < n {
 		t.Fatalf("vanilla: container eth0's backlog saw %d of %d datagrams; the probe or the path is off", got, n)
 	}
 	o := datapath.Options{Extra: map[string]string{"rules": hpRules, "agent": "off"}}
 	host := l.Hosts[1].Netns
-	if _, err := datapath.Attach(context.Background(), host, "prism", o); err != nil {
+	if _, err := datapath.Attach(context.Background(), host, Name, o); err != nil {
 		t.Fatal(err)
 	}
 	if got := backlog(); got > n/100 {

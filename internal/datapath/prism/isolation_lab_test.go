@@ -14,6 +14,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The lab test of HP isolation: with the underlay's receive on CPU 0 (the lab's IRQ core) and
@@ -41,21 +43,28 @@ func rxStageCounts(t *testing.T, nic, vx datapath.Dev, send func()) (nicCPU, vxC
 		t.Fatal(err)
 	}
 	send()
-	time.Sleep(100 * time.Millisecond)
-	after, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nicCPU, vxCPU = map[int]uint64{}, map[int]uint64{}
 	nk, vk := key(nic), key(vx)
-	for _, dc := range after.Sub(before).Devices {
-		switch dc.DevKey {
-		case nk:
-			nicCPU[dc.CPU] += dc.Packets
-		case vk:
-			vxCPU[dc.CPU] += dc.Packets
+	count := func() (nicCPU, vxCPU map[int]uint64, total uint64) {
+		after, err := p.Snapshot()
+		if err != nil {
+			t.Fatal(err)
 		}
+		nicCPU, vxCPU = map[int]uint64{}, map[int]uint64{}
+		for _, dc := range after.Sub(before).Devices {
+			switch dc.DevKey {
+			case nk:
+				nicCPU[dc.CPU] += dc.Packets
+			case vk:
+				vxCPU[dc.CPU] += dc.Packets
+			}
+			if dc.DevKey == nk || dc.DevKey == vk {
+				total += dc.Packets
+			}
+		}
+		return nicCPU, vxCPU, total
 	}
+	labtest.Settled(2*time.Second, func() uint64 { _, _, n := count(); return n })
+	nicCPU, vxCPU, _ = count()
 	return nicCPU, vxCPU
 }
 
@@ -97,12 +106,10 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 	if cpus, _ := cpuset.Online(); len(cpus) < 2 || cpus[0] != 0 || cpus[1] != 1 {
 		t.Skipf("needs CPUs 0 and 1 online, have %v", cpus)
 	}
-	if err := stage.Check(); err != nil {
-		t.Skipf("no stage probe: %v", err)
-	}
+	testutil.RequireCheck(t, "stage probe", stage.Check)
 	for _, style := range []string{lab.StyleDocker, lab.StyleFlannel} {
 		t.Run(style, func(t *testing.T) {
-			l := labForTest(t, lab.Spec{Name: "tpiso" + style[:2], Style: style, Containers: 1, RxCPUs: []int{0}})
+			l := labtest.Up(t, lab.Spec{Name: "tpiso" + style[:2], Style: style, Containers: 1, RxCPUs: []int{0}})
 			h1, h2 := l.Hosts[0].Netns, l.Hosts[1].Netns
 			c11, _ := l.Node("h1-c1")
 			c21, _ := l.Node("h2-c1")
@@ -177,7 +184,7 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 }
 
 func TestAttachRefusesBadHPCPUs(t *testing.T) {
-	l := labForTest(t, lab.Spec{Name: "tpisobad", Style: lab.StyleDocker})
+	l := labtest.Up(t, lab.Spec{Name: "tpisobad", Style: lab.StyleDocker})
 	h := l.Hosts[1].Netns
 	online, _ := cpuset.Online()
 	for _, bad := range []string{"x", "4096", cpuset.Format(online)} {

@@ -19,7 +19,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
-	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 func TestMain(m *testing.M) {
@@ -34,29 +34,6 @@ const (
 
 // hpRules make the ping-pong port and ICMP high priority in both directions.
 const hpRules = "proto=tcp dport=11111; proto=tcp sport=11111; proto=udp dport=11111; proto=udp sport=11111; proto=icmp"
-
-func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
-	t.Helper()
-	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	t.Cleanup(func() {
-		for _, h := range []string{lab.NsPrefix(spec.Name) + "h1", lab.NsPrefix(spec.Name) + "h2"} {
-			if st, _ := datapath.LoadState(h, "prism"); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
-			t.Errorf("down: %v", err)
-		}
-		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
-	})
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
 
 // udpEcho serves UDP echo in ns on port, replying with the TTL the datagram arrived with.
 func udpEcho(t *testing.T, ns, addr string, port int) {
@@ -189,7 +166,7 @@ func inspect(t *testing.T, host string) *View {
 func TestLabEndToEnd(t *testing.T) {
 	for _, style := range []string{lab.StyleDocker, lab.StyleFlannel} {
 		t.Run(style, func(t *testing.T) {
-			l := labForTest(t, lab.Spec{Name: "tpr" + style[:2], Style: style, Containers: 2})
+			l := labtest.Up(t, lab.Spec{Name: "tpr" + style[:2], Style: style, Containers: 2})
 			h1, h2 := l.Hosts[0].Netns, l.Hosts[1].Netns
 			c11, _ := l.Node("h1-c1")
 			c21, _ := l.Node("h2-c1")
@@ -247,8 +224,7 @@ func TestLabEndToEnd(t *testing.T) {
 			waitGone(t, l, "veth2") // the kernel destroys a namespace's devices asynchronously
 			b := inspect(t, h2).Stats
 			sendUDP(t, c11.Netns, vanishedIP, hpPort, 20)
-			time.Sleep(200 * time.Millisecond)
-			a := inspect(t, h2).Stats
+			a := labtest.Settled(2*time.Second, func() Stats { return inspect(t, h2).Stats })
 			if dropped := (a.Gone + a.Stale) - (b.Gone + b.Stale); dropped == 0 {
 				t.Errorf("HP packets to a vanished container were not dropped and counted: %+v", a)
 			}
@@ -342,7 +318,7 @@ func sendUDP(t *testing.T, ns, addr string, port, n int) {
 }
 
 func TestAttachRefusesBadRules(t *testing.T) {
-	l := labForTest(t, lab.Spec{Name: "tprbad", Style: lab.StyleDocker})
+	l := labtest.Up(t, lab.Spec{Name: "tprbad", Style: lab.StyleDocker})
 	for _, bad := range []string{"dst=198.19.0.0/33", "dport=70000", "proto=foo", "proto=icmp dport=1", "src=10.0.0.0/8 dst=fd00::/8"} {
 		_, err := datapath.Attach(context.Background(), l.Hosts[1].Netns, "prism", datapath.Options{Extra: map[string]string{OptRules: bad}})
 		if err == nil {

@@ -3,12 +3,12 @@ package stage
 import (
 	"fmt"
 	"net"
-	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // Names and addresses of the test topology: two namespaces joined by one veth pair, in the
@@ -28,15 +28,10 @@ type pair struct {
 	devA, devB DevKey
 }
 
-// needRoot skips tests that create namespaces or load BPF when they cannot.
+// needRoot fails tests that create namespaces or load BPF when they cannot (never a skip).
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (creates network namespaces and loads BPF programs)")
-	}
-	if err := Check(); err != nil {
-		t.Skipf("kernel cannot run the stage probe: %v", err)
-	}
+	testutil.RequireCheck(t, "stage probe", Check)
 }
 
 // buildPair creates a <-veth-> b and registers its teardown, which also runs when the test fails.
