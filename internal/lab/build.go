@@ -142,30 +142,14 @@ func (b *builder) underlay() error {
 			return err
 		}
 	case s.Underlay == UnderlaySwitch:
-		sw, err := b.newNs("sw")
-		if err != nil {
-			return err
-		}
-		if err := sw.bridge("br0", s.MTU); err != nil {
-			return err
-		}
-		for i := 1; i <= s.Hosts; i++ {
+		err := b.switchNs(func(i int, sw *nsLinks, port string) error {
 			h, err := b.at(hostName(i))
 			if err != nil {
 				return err
 			}
-			port := fmt.Sprintf("p%d", i)
-			if err := h.veth("eth0", s.UnderlayMAC(i), sw, port, nil, s.MTU); err != nil {
-				return err
-			}
-			if err := sw.master(port, "br0"); err != nil {
-				return err
-			}
-			if err := sw.up(port); err != nil {
-				return err
-			}
-		}
-		if err := sw.up("br0"); err != nil {
+			return h.veth("eth0", s.UnderlayMAC(i), sw, port, nil, s.MTU)
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -252,4 +236,29 @@ func CPUMask(cpus []int) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// switchNs builds the switch namespace: a bridge whose port p<i> plug(i) joins to host i's
+// side (a host's eth0, or with --tor its ToR's uplink).
+func (b *builder) switchNs(plug func(i int, sw *nsLinks, port string) error) error {
+	sw, err := b.newNs("sw")
+	if err != nil {
+		return err
+	}
+	if err := sw.bridge("br0", b.s.MTU); err != nil {
+		return err
+	}
+	for i := 1; i <= b.s.Hosts; i++ {
+		port := fmt.Sprintf("p%d", i)
+		if err := plug(i, sw, port); err != nil {
+			return err
+		}
+		if err := sw.master(port, "br0"); err != nil {
+			return err
+		}
+		if err := sw.up(port); err != nil {
+			return err
+		}
+	}
+	return sw.up("br0")
 }

@@ -80,26 +80,10 @@ func (b *builder) torUnderlay() error {
 			return err
 		}
 	} else {
-		sw, err := b.newNs("sw")
+		err := b.switchNs(func(i int, sw *nsLinks, port string) error {
+			return tors[i].veth(ToRUp, s.ToRUpMAC(i), sw, port, nil, s.MTU)
+		})
 		if err != nil {
-			return err
-		}
-		if err := sw.bridge("br0", s.MTU); err != nil {
-			return err
-		}
-		for i := 1; i <= s.Hosts; i++ {
-			port := fmt.Sprintf("p%d", i)
-			if err := tors[i].veth(ToRUp, s.ToRUpMAC(i), sw, port, nil, s.MTU); err != nil {
-				return err
-			}
-			if err := sw.master(port, "br0"); err != nil {
-				return err
-			}
-			if err := sw.up(port); err != nil {
-				return err
-			}
-		}
-		if err := sw.up("br0"); err != nil {
 			return err
 		}
 	}

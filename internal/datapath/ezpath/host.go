@@ -83,13 +83,5 @@ func deleteRelay(hostNs string) error {
 
 // hostStats reads a host's counters by name.
 func hostStats(ht *hostTables) (map[string]uint64, error) {
-	s, err := sumPerCPU(ht.PrgEzpHstat, hostStatN)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]uint64{}
-	for i, n := range hostStatNames {
-		out[n] = s[i]
-	}
-	return out, nil
+	return namedCounters(ht.PrgEzpHstat, hostStatNames[:])
 }

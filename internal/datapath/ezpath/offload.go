@@ -194,16 +194,7 @@ func (r *rack) remove(a, b endpoint, keep []Pair, drain time.Duration) error {
 		}
 	}
 	time.Sleep(drain) // frames already tagged cross the switches with their entries still there
-	needed := map[torEntry]bool{}
-	for _, p := range keep {
-		pa, err1 := r.endpoint(p.A)
-		pb, err2 := r.endpoint(p.B)
-		if err1 == nil && err2 == nil {
-			for _, e := range r.entries(pa, pb) {
-				needed[e] = true
-			}
-		}
-	}
+	needed := r.entriesInUse(keep)
 	for _, e := range r.entries(a, b) {
 		if needed[e] || !r.attached(e.ToR) {
 			continue
@@ -229,7 +220,7 @@ func dropPair(ps []Pair, a, b string) []Pair {
 	return out
 }
 
-// entriesInUse counts the distinct entries of each switch table the pairs need.
+// entriesInUse is the set of switch entries the pairs need.
 func (r *rack) entriesInUse(pairs []Pair) map[torEntry]bool {
 	used := map[torEntry]bool{}
 	for _, p := range pairs {

@@ -136,12 +136,17 @@ func tableName(e torEntry) string {
 
 // torStats reads a switch's counters by name.
 func torStats(tt *torTables) (map[string]uint64, error) {
-	s, err := sumPerCPU(tt.PrgEzpTstat, torStatN)
+	return namedCounters(tt.PrgEzpTstat, torStatNames[:])
+}
+
+// namedCounters reads a per-CPU counter array whose indexes have these names.
+func namedCounters(m *ebpf.Map, names []string) (map[string]uint64, error) {
+	s, err := sumPerCPU(m, len(names))
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]uint64{}
-	for i, n := range torStatNames {
+	for i, n := range names {
 		out[n] = s[i]
 	}
 	return out, nil
