@@ -68,6 +68,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define FP_C_DOCKER 2  /* docker layout (dtx/drx); else flannel layout (tx/rx) */
 #define FP_C_ROUTED 4  /* the VXLAN device has no bridge: decapsulated frames are IP-forwarded */
 #define FP_C_UNSUP 8   /* the device does something the fast path does not reproduce (TOS/DF inherit, ...) */
+#define FP_C_ONEWAY 16 /* opt-in: ingress needs only the ingress direction learned (see begin_in) */
 
 /* flow.flags */
 #define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
@@ -303,14 +304,14 @@ static __always_inline int handover_in(struct fp_flow *f, struct fp_key *k, cons
 
 /* lookup_fresh finds the flow of key k; *reason is MISS (not learned both ways) or STALE (this
  * direction is due for re-learning) when it cannot take the fast path. */
-static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 *reason)
+static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 *reason)
 {
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 	if (!f) {
 		*reason = FP_R_MISS;
 		return NULL;
 	}
-	if ((f->flags & (FP_F_OUT | FP_F_IN)) != (FP_F_OUT | FP_F_IN)) {
+	if ((f->flags & need) != need) {
 		*reason = FP_R_MISS;
 		return f;
 	}
@@ -333,7 +334,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct f
 		return NULL;
 	}
 	key_out(k, p);
-	struct fp_flow *f = lookup(k, 1, &r);
+	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, &r);
 	if (r != FP_R_HIT) {
 		handover_out(f, k, p, ctx, r);
 		return NULL;
@@ -343,15 +344,17 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct f
 
 /* begin_in is the same for the ingress programs, the inner frame at off. */
 static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p, struct fp_key *k,
-						__u32 vtep)
+						__u32 vtep, const struct fp_cfg *cfg)
 {
+	/* One-way (opt-in): a flow the normal path delivered to the pod needs no reply first. */
+	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
 	__u32 r = parse(ctx, off, p);
 	if (r) {
 		count(FP_DIR_RX, r);
 		return NULL;
 	}
 	key_in(k, p);
-	struct fp_flow *f = lookup(k, 0, &r);
+	struct fp_flow *f = lookup(k, 0, need, &r);
 	if (r != FP_R_HIT) {
 		handover_in(f, k, p, vtep, r);
 		return NULL;
@@ -547,7 +550,7 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, o.reason);
 		return TCX_NEXT;
 	}
-	struct fp_flow *f = begin_in(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p, &k, o.saddr);
+	struct fp_flow *f = begin_in(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p, &k, o.saddr, cfg);
 	if (!f)
 		return TCX_NEXT;
 	/* flannel.1 takes only frames to its own MAC (anything else is PACKET_OTHERHOST there). */
@@ -726,7 +729,7 @@ int prg_fastpath_drx(struct __sk_buff *ctx)
 
 	if (!cfg || !(cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	struct fp_flow *f = begin_in(ctx, 0, &p, &k, 0);
+	struct fp_flow *f = begin_in(ctx, 0, &p, &k, 0, cfg);
 	if (!f)
 		return TCX_NEXT;
 	struct prg_pod *pod = NULL;

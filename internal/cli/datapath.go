@@ -12,7 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/falcon" // registers mode "falcon"
+	"github.com/peregrine-net/peregrine/internal/datapath/falcon"   // registers mode "falcon"
+	"github.com/peregrine-net/peregrine/internal/datapath/fastpath" // registers mode "fastpath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
@@ -55,6 +56,7 @@ func newAttachCmd() *cobra.Command {
 	var pf prismFlags
 	var mf mflowFlags
 	var ef ezpathFlags
+	var oneWay bool
 	c := &cobra.Command{
 		Use:   "attach MODE",
 		Short: "Attach a datapath mode to this node's overlay (or to lab hosts)",
@@ -105,6 +107,12 @@ affinity and is left alone.`,
 			if err := ef.extra(cmd, args[0], &tf, o.Extra); err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("one-way") {
+				if args[0] != fastpath.Name {
+					return fmt.Errorf("--one-way is a fastpath flag; mode %s does not take it", args[0])
+				}
+				o.Extra[fastpath.OptOneWay] = fmt.Sprint(oneWay)
+			}
 			targets, l, err := tf.resolve()
 			if err != nil {
 				return err
@@ -145,6 +153,7 @@ affinity and is left alone.`,
 	c.Flags().BoolVar(&asJSON, "json", false, "print the attachment records as JSON")
 	ff.add(c)
 	pf.add(c)
+	c.Flags().BoolVar(&oneWay, "one-way", false, "fastpath: a flow the normal path delivered to a pod takes the ingress fast path without waiting for a reply (one-way streams); default: only flows carried both ways")
 	mf.add(c)
 	ef.add(c)
 	return c

@@ -153,6 +153,7 @@ func (a *agent) sync(st *datapath.State) {
 		a.lg.Printf("overlay: %v", err)
 		return
 	}
+	ov.OneWay = a.ov.Load().OneWay // an option, not a device setting
 	if ov.cfg() != a.ov.Load().cfg() {
 		if err := a.p.PrgFastpathCfg.Put(uint32(0), ov.cfg()); err != nil {
 			a.lg.Printf("write config: %v", err)

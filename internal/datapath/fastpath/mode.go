@@ -22,9 +22,41 @@ import (
 // Name is the mode's name.
 const Name = "fastpath"
 
-// OptAgent ("agent"): "off" runs no node agent (pods and devices are frozen at attach; flows
-// still re-learn every few seconds).
-const OptAgent = "agent"
+// Options (datapath.Options.Extra; the CLI's flags fill them).
+const (
+	// OptAgent ("agent"): "off" runs no node agent (pods and devices are frozen at attach; flows
+	// still re-learn every few seconds).
+	OptAgent = "agent"
+	// OptOneWay ("one_way"): "true" lets a flow the normal path delivered to a pod take the
+	// ingress fast path without waiting for the pod's reply (one-way streams such as UDP
+	// telemetry). Off by default: a flow is fast only once the normal path carried it both ways.
+	OptOneWay = "one_way"
+)
+
+// Config is fastpath's typed configuration (datapath.Configurer), saved in the record.
+type Config struct {
+	Agent  bool `json:"agent"`
+	OneWay bool `json:"one_way"`
+}
+
+func parseConfig(o datapath.Options) (Config, error) {
+	c := Config{Agent: true}
+	for k, v := range o.Extra {
+		switch {
+		case k == OptAgent && (v == "on" || v == "off"):
+			c.Agent = v == "on"
+		case k == OptOneWay && (v == "true" || v == "false"):
+			c.OneWay = v == "true"
+		default:
+			return c, fmt.Errorf("fastpath: bad option %s=%s (fastpath takes agent=on|off and one_way=true|false)", k, v)
+		}
+	}
+	return c, nil
+}
+
+// OptionKeys and Configure make fastpath a datapath.Configurer.
+func (mode) OptionKeys() []string                      { return []string{OptAgent, OptOneWay} }
+func (mode) Configure(o datapath.Options) (any, error) { return parseConfig(o) }
 
 type mode struct{}
 
@@ -55,19 +87,20 @@ func readModeState(st *datapath.State) (modeState, error) {
 // Knobs: the fast path changes no sysfs knob. Unknown options are refused here, before anything
 // changes.
 func (mode) Knobs(_ *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	for k, v := range o.Extra {
-		if k != OptAgent || (v != "off" && v != "on") {
-			return nil, fmt.Errorf("fastpath: unknown option %s=%s (fastpath takes only agent=on|off)", k, v)
-		}
-	}
-	return nil, nil
+	_, err := datapath.ConfigOf(o, parseConfig)
+	return nil, err
 }
 
 func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+	c, err := datapath.ConfigOf(o, parseConfig)
+	if err != nil {
+		return err
+	}
 	ov, notes, err := readOverlay(t)
 	if err != nil {
 		return err
 	}
+	ov.OneWay = c.OneWay
 	if _, err := os.Stat(pinDir(st.Target)); err == nil {
 		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", pinDir(st.Target), label(st.Target))
 	}
@@ -111,7 +144,7 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		return err
 	}
 	st.ModeState, _ = json.Marshal(ms)
-	if o.Extra[OptAgent] != "off" {
+	if c.Agent {
 		pid, err := startAgent(st.Target)
 		if err != nil {
 			return err

@@ -28,6 +28,7 @@ const (
 	cDocker = 2
 	cRouted = 4
 	cUnsup  = 8
+	cOneWay = 16
 
 	fOut  = 1
 	fIn   = 2

@@ -38,6 +38,9 @@ type overlay struct {
 	MTU      int             `json:"underlay_mtu"`
 	UDPCsum  bool            `json:"udpcsum"`               // the device sets outer UDP checksums (the fast path sends 0)
 	Unsup    []string        `json:"unsupported,omitempty"` // device settings the fast path does not reproduce
+	// OneWay (option one_way) lets ingress take the fast path once the normal path delivered a
+	// flow to the pod, without waiting for a reply (one-way UDP streams).
+	OneWay bool `json:"one_way,omitempty"`
 }
 
 // readOverlay reads the live settings of the topology's (first) VXLAN overlay.
@@ -147,6 +150,9 @@ func (ov *overlay) cfg() fpFpCfg {
 	}
 	if len(ov.Unsup) > 0 {
 		c.Flags |= cUnsup
+	}
+	if ov.OneWay {
+		c.Flags |= cOneWay
 	}
 	return c
 }

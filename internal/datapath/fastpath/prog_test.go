@@ -270,3 +270,36 @@ func TestRxFallbacks(t *testing.T) {
 		})
 	}
 }
+
+// TestRxOneWay: a flow learned only inbound stays on the normal path by default and takes the
+// ingress fast path with one_way (here it gets as far as the pod table, which is empty).
+func TestRxOneWay(t *testing.T) {
+	e := newProgEnv(t)
+	k := keyOf(podA, podB, 40000, 5201, 17)
+	f := fpFpFlow{Vtep: binary.LittleEndian.Uint32(vtepB.AsSlice()), InIfindex: 1, InNs: monoNs(), Flags: fIn}
+	if err := e.o.PrgFastpathFlow.Put(k, f); err != nil {
+		t.Fatal(err)
+	}
+	inner := frame{dst: macVxA, src: macVxB, saddr: podB, daddr: podA, proto: 17, sport: 5201, dport: 40000, payload: make([]byte, 64)}
+	pkt := frame{dst: net.HardwareAddr{0, 0, 0, 0, 0, 0}, src: macNicB, saddr: vtepB, daddr: vtepA, proto: 17, sport: 40001, dport: 8472,
+		payload: append([]byte{8, 0, 0, 0, 0, 0, 1, 0}, inner.bytes()...)}.bytes()
+	for _, oneWay := range []bool{false, true} {
+		c := e.cfg
+		if oneWay {
+			c.Flags |= cOneWay
+		}
+		if err := e.o.PrgFastpathCfg.Put(uint32(0), c); err != nil {
+			t.Fatal(err)
+		}
+		_, before := e.counters(t)
+		e.run(t, e.o.PrgFastpathRx, pkt, 0)
+		_, after := e.counters(t)
+		want := "miss"
+		if oneWay {
+			want = "no-pod"
+		}
+		if after[want] != before[want]+1 {
+			t.Fatalf("one_way=%v: want %s counted, got %v", oneWay, want, after)
+		}
+	}
+}

@@ -54,6 +54,9 @@ func Inspect(target string) (*View, error) {
 	if ov := ms.Overlay; ov != nil {
 		v.Layout, v.VXLAN, v.Underlay = ov.Layout, ov.VX.Dev.String(), ov.Underlay.String()
 		v.SkipsOut, v.SkipsIn = Skipped(ov.Layout)
+		if ov.OneWay {
+			v.Notes = append(v.Notes, "one_way: ingress flows take the fast path once delivered, without waiting for a reply")
+		}
 	}
 	if v.Egress, v.Ingress, err = p.counters(); err != nil {
 		return nil, err
