@@ -78,6 +78,7 @@ affinity and is left alone.`,
   sudo peregrine attach rps --underlay ens5     # when discovery cannot tell the NIC
   sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
   sudo peregrine attach falcon --static         # first choice only (no two-choice balancing)
+  sudo peregrine attach falcon --lab --split-cpus 1 --split auto   # GRO split only while the NIC core saturates
   sudo peregrine attach mflow --lab --cpus 0-1 --batch 256 --elephant-pps 10000
   sudo peregrine attach mflow --split-at device --merge
   sudo peregrine attach ezpath --lab --policy auto --table-size 64   # a lab built with --tor`,
@@ -175,7 +176,7 @@ func (f *falconFlags) add(c *cobra.Command) {
 	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period; ezpath: controller polling period (default 1s)")
 	c.Flags().DurationVar(&f.repick, "repick", falcon.DefaultRepick, "falcon: idle time after which a flow's CPU choice may be re-picked")
 	c.Flags().StringVar(&f.splitCPUs, "split-cpus", "", "falcon: GRO split CPUs (XDP+cpumap on the underlay), e.g. 1")
-	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split auto|on|off (default: on when --split-cpus is given; auto acts as on for now)")
+	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split on|off|auto (default: on when --split-cpus is given); auto: the node agent attaches the split while the NIC core saturates and detaches it once it cools, with hysteresis")
 }
 
 // extra turns the flags given into the mode's options; falcon's flags on another mode are an error.

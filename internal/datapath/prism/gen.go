@@ -33,7 +33,7 @@
 // # Why no batch-priority mode
 //
 // PRISM-batch gives each device H and L queues, serves H first and puts a device with H work at
-// the head of the CPU's poll list (research/prism.md §2.1, §5). A stock kernel has neither: the
+// the head of the CPU's poll list (the PRISM paper, §II and §IV). A stock kernel has neither: the
 // per-CPU backlog (input_pkt_queue/process_queue), the gro_cell queue, the veth ptr_ring and the
 // driver rings are single FIFOs; net_rx_action's poll_list order, napi_poll's budget and
 // process_backlog are not programmable (BPF qdiscs are egress only, sched_ext schedules tasks, not
