@@ -139,7 +139,9 @@ func TestLabFastPath(t *testing.T) {
 				}
 			}
 
-			if style == lab.StyleFlannel {
+			{
+				// flannel: a new MAC (routed: only the node sees it); docker derives the MAC from
+				// the address, so a re-created container has the same MAC on a new veth.
 				recreatePod(t, l, spec)
 				// The agent has a second to notice; the next packets must reach the new pod.
 				before, _ := hitsIn(t, hosts[1])
@@ -210,19 +212,26 @@ func hitsIn(t *testing.T, host string) (uint64, uint64) {
 	return in, eg
 }
 
-// recreatePod deletes h2-c1's veth (the pod's network goes) and makes a new one with a new MAC
-// and the same address, as a CNI re-creating the pod would.
+// recreatePod deletes h2-c1's veth (the pod's network goes) and makes a new one with the same
+// address, as a CNI re-creating the pod would: a new MAC in the flannel style, Docker's
+// address-derived MAC in the docker style.
 func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
 	t.Helper()
 	h2, c := l.Hosts[1].Netns, l.Containers[2]
-	run(t, h2, "ip", "link", "del", "veth1")
-	run(t, h2, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "eth0", "netns", c.Netns)
-	run(t, c.Netns, "ip", "link", "set", "eth0", "address", "02:42:c6:13:02:99", "mtu", fmt.Sprint(l.Spec.MTU-50))
-	run(t, h2, "ip", "link", "set", "veth1", "master", "cni0", "mtu", fmt.Sprint(l.Spec.MTU-50), "up")
+	brNs, br, mac := h2, "cni0", "02:42:c6:13:02:99"
+	if spec.Style == lab.StyleDocker {
+		brNs, br, mac = h2+"-ov", "br0", l.Spec.ContainerMAC(2, 1).String()
+	}
+	mtu := fmt.Sprint(l.Spec.MTU - 50)
+	run(t, brNs, "ip", "link", "del", "veth1")
+	run(t, brNs, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "eth0", "netns", c.Netns)
+	run(t, c.Netns, "ip", "link", "set", "eth0", "address", mac, "mtu", mtu)
+	run(t, brNs, "ip", "link", "set", "veth1", "master", br, "mtu", mtu, "up")
 	run(t, c.Netns, "ip", "addr", "add", c.Addr, "dev", "eth0")
 	run(t, c.Netns, "ip", "link", "set", "eth0", "up")
-	s := l.Spec
-	run(t, c.Netns, "ip", "route", "add", "default", "via", s.GatewayAddr(2).Addr().String())
+	if spec.Style == lab.StyleFlannel {
+		run(t, c.Netns, "ip", "route", "add", "default", "via", l.Spec.GatewayAddr(2).Addr().String())
+	}
 	time.Sleep(1500 * time.Millisecond) // the agent's bound is 1 s
 }
 
