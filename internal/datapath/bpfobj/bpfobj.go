@@ -39,6 +39,28 @@ func Load(who string, spec *ebpf.CollectionSpec, objs any, opts *ebpf.Collection
 	return nil
 }
 
+// New loads a bpf2go objects struct T from bpf2go's spec loader (loadXxx): Load into a new T.
+func New[T any](who string, loadSpec func() (*ebpf.CollectionSpec, error), opts *ebpf.CollectionOptions) (*T, error) {
+	spec, err := loadSpec()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", who, err)
+	}
+	var o T
+	if err := Load(who, spec, &o, opts); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// Open is OpenPinned into a new T.
+func Open[T any](who, dir string, progs bool) (*T, error) {
+	var o T
+	if err := OpenPinned(who, dir, &o, progs); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
 // field is one *ebpf.Map or *ebpf.Program of a bpf2go struct with its kernel name.
 type field struct {
 	name string

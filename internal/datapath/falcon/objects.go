@@ -19,28 +19,14 @@ func pinDir(target string) string { return filepath.Join(datapath.PinDir(target)
 type objects = falObjects
 
 // loadObjects loads the programs and maps fresh (unpinned).
-func loadObjects() (*objects, error) {
-	spec, err := loadFal()
-	if err != nil {
-		return nil, fmt.Errorf("falcon: %w", err)
-	}
-	var o objects
-	if err := bpfobj.Load(Name, spec, &o, nil); err != nil {
-		return nil, err
-	}
-	return &o, nil
-}
+func loadObjects() (*objects, error) { return bpfobj.New[objects](Name, loadFal, nil) }
 
 // pin pins every map and program under dir.
 func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps (and programs when progs is set).
 func openPinned(target string, progs bool) (*objects, error) {
-	var o objects
-	if err := bpfobj.OpenPinned(Name, pinDir(target), &o, progs); err != nil {
-		return nil, err
-	}
-	return &o, nil
+	return bpfobj.Open[objects](Name, pinDir(target), progs)
 }
 
 // writeConfig fills the static settings.

@@ -28,19 +28,11 @@ func splitDir(target, dev string) string {
 // loadObjects loads prg_mflow_dev/port and their maps. flows, if not nil, is the flow map to use
 // instead of a new one (the XDP split's, so the merge program sees its elephants).
 func loadObjects(flows *ebpf.Map) (*mfObjects, error) {
-	spec, err := loadMf()
-	if err != nil {
-		return nil, fmt.Errorf("mflow: %w", err)
-	}
 	opts := &ebpf.CollectionOptions{}
 	if flows != nil {
 		opts.MapReplacements = map[string]*ebpf.Map{mapFlows: flows}
 	}
-	var o mfObjects
-	if err := bpfobj.Load(Name, spec, &o, opts); err != nil {
-		return nil, err
-	}
-	return &o, nil
+	return bpfobj.New[mfObjects](Name, loadMf, opts)
 }
 
 // writeConfig fills prg_mf_cfg.

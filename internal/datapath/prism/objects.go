@@ -35,27 +35,17 @@ const epGone = 1
 type objects = prsObjects
 
 // loadObjects loads the programs and maps fresh (unpinned).
-func loadObjects() (*objects, error) {
-	spec, err := loadPrs()
-	if err != nil {
-		return nil, fmt.Errorf("prism: %w", err)
-	}
-	var o objects
-	if err := bpfobj.Load(Name, spec, &o, nil); err != nil {
-		return nil, err
-	}
-	return &o, nil
-}
+func loadObjects() (*objects, error) { return bpfobj.New[objects](Name, loadPrs, nil) }
 
 func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps.
 func openPinned(target string) (*objects, error) {
-	var o objects
-	if err := bpfobj.OpenPinned(Name, pinDir(target), &o, false); err != nil {
+	o, err := bpfobj.Open[objects](Name, pinDir(target), false)
+	if err != nil {
 		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
 	}
-	return &o, nil
+	return o, nil
 }
 
 // addrWords puts an address in the program's layout: the raw bytes, IPv4 in word 0.
