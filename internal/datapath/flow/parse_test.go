@@ -1,43 +1,24 @@
 package flow
 
 import (
-	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
 
-func ethFrame(proto uint16, payload []byte) []byte {
-	b := binary.BigEndian.AppendUint16(make([]byte, 12), proto)
-	return append(b, payload...)
-}
+func ethFrame(proto uint16, payload []byte) []byte { return frames.Eth(proto, payload) }
 
 func ipv6(next byte, payload []byte) []byte {
-	b := make([]byte, 40)
-	b[0], b[6], b[7] = 0x60, next, 64
-	binary.BigEndian.PutUint16(b[4:], uint16(len(payload)))
-	s, d := netip.MustParseAddr("fd00::1").As16(), netip.MustParseAddr("fd00::2").As16()
-	copy(b[8:], s[:])
-	copy(b[24:], d[:])
-	return append(b, payload...)
+	return frames.IPv6{Src: frames.Addr("fd00::1"), Dst: frames.Addr("fd00::2"), Next: next}.Wrap(payload)
 }
 
-// ext is an 8-byte extension header (or fragment header with frag set).
-func ext(next byte) []byte { return []byte{next, 0, 0, 0, 0, 0, 0, 0} }
-
-func udp(sport, dport uint16) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint16(b, sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	return b
-}
-
-func cat(parts ...[]byte) []byte {
-	var out []byte
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
+var (
+	ext = frames.Ext
+	udp = func(sport, dport uint16) []byte { return frames.UDP(sport, dport, nil) }
+	cat = slices.Concat[[]byte]
+)
 
 func TestIPv6ExtensionHeaders(t *testing.T) {
 	cases := map[string]struct {
@@ -49,7 +30,7 @@ func TestIPv6ExtensionHeaders(t *testing.T) {
 	}{
 		"plain":          {ethFrame(0x86dd, ipv6(17, udp(1000, 53))), OK, 17, false, 1000},
 		"hbh+dstopts":    {ethFrame(0x86dd, ipv6(0, cat(ext(60), ext(17), udp(1000, 53)))), OK, 17, false, 1000},
-		"routing":        {ethFrame(0x86dd, ipv6(43, cat(ext(6), udp(7, 8), make([]byte, 12)))), OK, 6, false, 7},
+		"routing":        {ethFrame(0x86dd, ipv6(43, cat(ext(6), frames.TCP(7, 8, nil)))), OK, 6, false, 7},
 		"fragment":       {ethFrame(0x86dd, ipv6(44, cat(ext(17), udp(1000, 53)))), OK, 17, true, 0},
 		"five in chain":  {ethFrame(0x86dd, ipv6(0, cat(ext(60), ext(60), ext(60), ext(60), ext(17), udp(1, 2)))), No, 0, false, 0},
 		"truncated ext":  {ethFrame(0x86dd, ipv6(0, []byte{17})), Short, 0, false, 0},

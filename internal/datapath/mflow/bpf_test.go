@@ -9,6 +9,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 
 	"github.com/cilium/ebpf"
 )
@@ -28,40 +29,18 @@ func loadTest(t *testing.T) *mfObjects {
 	return o
 }
 
-// Frame builders (checksums zero: the programs do not look at them).
-func eth(proto uint16) []byte {
-	return binary.BigEndian.AppendUint16([]byte{2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1}, proto)
-}
+// Frame builders (internal/testutil/frames).
+func eth(proto uint16) []byte { return frames.Eth(proto, nil) }
 
 func ip4(src, dst string, proto byte, payload []byte) []byte {
-	b := make([]byte, 20)
-	b[0], b[8], b[9] = 0x45, 64, proto
-	binary.BigEndian.PutUint16(b[2:], uint16(20+len(payload)))
-	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
-	copy(b[12:], s[:])
-	copy(b[16:], d[:])
-	return append(b, payload...)
-}
-
-func ports(sport, dport uint16, n int) []byte {
-	b := make([]byte, n)
-	binary.BigEndian.PutUint16(b, sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	return b
+	return frames.IPv4{Src: frames.Addr(src), Dst: frames.Addr(dst), Proto: proto}.Wrap(payload)
 }
 
 func innerTCP(sport uint16) []byte {
-	tcp := ports(sport, 5201, 20+64)
-	tcp[12] = 5 << 4
-	return append(eth(0x0800), ip4("198.19.0.2", "198.19.0.3", 6, tcp)...)
+	return append(eth(0x0800), ip4("198.19.0.2", "198.19.0.3", 6, frames.TCP(sport, 5201, make([]byte, 64)))...)
 }
 
-func vxlanFrame(inner []byte) []byte {
-	udp := ports(51000, 4789, 8)
-	binary.BigEndian.PutUint16(udp[4:], uint16(16+len(inner)))
-	payload := append(append(udp, 0x08, 0, 0, 0, 0, 0, 42, 0), inner...)
-	return append(eth(0x0800), ip4("198.18.0.1", "198.18.0.2", 17, payload)...)
-}
+func vxlanFrame(inner []byte) []byte { return frames.Encap(51000, 4789, 42, inner) }
 
 // keyOf is the flow key the programs build for innerTCP(sport).
 func keyOf(sport uint16) mfPrgFlow {
@@ -167,7 +146,7 @@ func TestDeviceSplitCountsSegments(t *testing.T) {
 		}
 	}
 	// Not VXLAN: untouched.
-	plain := append(eth(0x0800), ip4("198.18.0.1", "198.18.0.2", 17, ports(1, 2, 8))...)
+	plain := append(eth(0x0800), ip4("198.18.0.1", "198.18.0.2", 17, frames.UDP(1, 2, nil))...)
 	if r := run(t, o, o.PrgMflowDev, plain, 1); r.split != 0 || r.mice != 0 || r.hashedSlot {
 		t.Errorf("a non-VXLAN frame was touched: %+v", r)
 	}

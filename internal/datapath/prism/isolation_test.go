@@ -2,9 +2,7 @@ package prism
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -14,31 +12,13 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
 
 const tcxNext = 0xffffffff // TCX_NEXT (-1) as the run's return value
 
 // encap wraps an inner frame as the underlay receives it: outer Ethernet/IPv4/UDP to port/VXLAN.
-func encap(inner []byte, port uint16) []byte {
-	vx := make([]byte, 8)
-	vx[0] = 0x08
-	binary.BigEndian.PutUint32(vx[4:], 4096<<8)
-	payload := append(vx, inner...)
-	udp := make([]byte, 8, 8+len(payload))
-	binary.BigEndian.PutUint16(udp[0:], 49152)
-	binary.BigEndian.PutUint16(udp[2:], port)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
-	udp = append(udp, payload...)
-	ip := make([]byte, 20, 20+len(udp))
-	ip[0], ip[8], ip[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
-	s, d := netip.MustParseAddr("198.18.0.2").As4(), netip.MustParseAddr("198.18.0.1").As4()
-	copy(ip[12:], s[:])
-	copy(ip[16:], d[:])
-	binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip))
-	eth := append(append(append([]byte{}, remoteMAC...), vtepMAC...), 0x08, 0x00)
-	return append(append(eth, ip...), udp...)
-}
+func encap(inner []byte, port uint16) []byte { return frames.Encap(49152, port, 4096, inner) }
 
 // isoEnv is the program set with the rules of the ping-pong and an isolation plan.
 func isoEnv(t *testing.T, c *isoConfig) *progEnv {
