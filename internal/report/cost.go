@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/peregrine-net/peregrine/internal/results"
 )
@@ -219,7 +221,7 @@ func costStack(v *view) (*chart, error) {
 	sc := scaleFor(results.MetricCostCPU, maxY)
 	ch := &chart{p: newPlot("where each config's CPU time per delivered packet goes", "config", "CPU time per delivered packet ("+sc.Name+")")}
 	ch.p.Add(hGrid())
-	width := min(ch.dataWidth()/vg.Length(len(cols)+1)*0.6, vg.Points(80))
+	width := min(ch.dataWidth()/vg.Length(len(cols)+1)*0.45, vg.Points(60))
 	var below *plotter.BarChart
 	for i, m := range parts {
 		vals := make(plotter.Values, len(cols))
@@ -240,6 +242,11 @@ func costStack(v *view) (*chart, error) {
 	}
 	slices.Reverse(ch.legend)
 	ch.p.NominalX(names...)
+	if len(names) > 4 { // long config names side by side would overlap
+		ch.p.X.Tick.Label.Rotation = math.Pi / 6
+		ch.p.X.Tick.Label.XAlign = draw.XRight
+		ch.p.X.Tick.Label.YAlign = draw.YCenter
+	}
 	ch.p.Y.Min = 0
 	return ch, nil
 }

@@ -330,7 +330,7 @@ func drawFigures(outDir, prefix string, v *view) ([]figure, error) {
 	}
 	{
 		c, err := costStack(v)
-		cap := "Where each config's CPU time per delivered packet goes (medians): receive stages (NET_RX time the stage probe charged to each), NET_RX time charged to no stage, and everything outside NET_RX (the sender, the application, syscalls). The bar's height is cost_cpu_ns."
+		cap := "Where each config's CPU time per delivered packet goes (medians): receive stages (NET_RX time the stage probe charged to each), NET_RX time charged to no stage, and everything outside NET_RX (the sender, the application, syscalls, and on a shared machine anyone else's work). The bar's height is cost_cpu_ns."
 		if err := emit(c, err, fileName(prefix, "cost-stack"), cap); err != nil {
 			return nil, err
 		}
