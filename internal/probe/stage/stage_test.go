@@ -81,6 +81,10 @@ func TestProbeAttributesFlowToReceivingVeth(t *testing.T) {
 		if b.SoftirqNs == 0 {
 			t.Errorf("%s in %s: no NET_RX softirq time attributed", vethB, nsB)
 		}
+		// Unsegmented datagrams: gso_segs (read through skb_shared_info) is 0, counted as 1.
+		if b.Segs != b.Packets {
+			t.Errorf("%s in %s: %d segments for %d packets, want equal", vethB, nsB, b.Segs, b.Packets)
+		}
 		assertFlowNotElsewhere(t, d, p)
 		for _, dev := range d.Devices {
 			if dev.DevKey != (DevKey{}) && dev.Netns != p.inoA && dev.Netns != p.inoB {
