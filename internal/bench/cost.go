@@ -11,6 +11,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/workload/inject"
 )
 
 // costProbe measures what every eBPF program peregrine loaded costs during a run: the kernel's
@@ -168,7 +169,7 @@ func takeSender(rep *results.Rep) {
 	delete(rep.Metrics, senderRunsKey)
 	delete(rep.Metrics, senderRunNsKey)
 	if ok1 && ok2 && runs > 0 {
-		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: injectProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
+		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: inject.ProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
 	}
 }
 
