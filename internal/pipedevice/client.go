@@ -1,0 +1,649 @@
+package pipedevice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Client is the Go counterpart of libpd (same protocol, same shared-memory layout), for Go
+// programs such as `peregrine pd perf` and the tests. One Client per process is the norm; it is
+// safe for concurrent use (a mutex guards the library-side tables).
+type Client struct {
+	mu       sync.Mutex
+	conn     *net.UnixConn
+	Direct   bool
+	CID      uint16
+	lay      CtlLayout
+	ctl      []byte
+	pool     []byte // mirrored: 2*poolSize
+	poolSize uint64
+	engPage  []byte
+	doorbell int
+	notify   int
+	sqs, cqs []*Queue
+	socks    map[int]*csock
+	Ring     uint64
+	PoolHuge bool
+
+	// send block table (SBT) of the pool
+	sbt            []sbtEntry
+	sbtHead, sbtTl uint64 // next index to allocate, oldest live index
+	ta, tf         uint64 // allocation and free stream positions in the pool
+}
+
+type sbtEntry struct {
+	off, size uint64
+	inflight  int
+	freed     bool
+	live      bool
+}
+
+type csock struct {
+	sid      int
+	hdr      []byte
+	rx       []byte // mirrored
+	R        uint64
+	q        int
+	head     uint64
+	unposted uint64
+	queued   uint64
+	peerRing []byte // direct mode: the peer's receive ring (mirrored)
+	dalloc   uint64
+	dpub     uint64
+	Huge     bool
+}
+
+const sbtSize = 4096
+
+// Errno errors are returned as unix.Errno so callers can compare with unix.EAGAIN etc.
+
+// Dial connects to the daemon (pd_init). ring and pool 0 take the daemon's defaults.
+func Dial(socket string, ring, pool int) (*Client, error) {
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("pd daemon at %s: %w", socket, err)
+	}
+	c := &Client{conn: conn, socks: map[int]*csock{}, sbt: make([]sbtEntry, sbtSize)}
+	rep, err := c.call(Request{Op: OpHello, A0: uint32(ring), A1: uint32(pool)})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if len(rep.FDs) != 5 {
+		closeFDs(rep.FDs)
+		conn.Close()
+		return nil, fmt.Errorf("hello: %d fds", len(rep.FDs))
+	}
+	c.CID = uint16(rep.SID)
+	c.Direct = rep.V[0] == 1
+	c.lay = CtlLayout{NQ: int(rep.V[1]), QDepth: int(rep.V[2]), MaxSock: int(rep.V[3])}
+	c.PoolHuge = rep.V[4] == 1
+	c.Ring, c.poolSize = rep.W[0], rep.W[1]
+	ctlFD, poolFD, engFD := rep.FDs[0], rep.FDs[1], rep.FDs[4]
+	c.doorbell, c.notify = rep.FDs[2], rep.FDs[3]
+	defer unix.Close(ctlFD)
+	defer unix.Close(poolFD)
+	defer unix.Close(engFD)
+	if c.ctl, err = unix.Mmap(ctlFD, 0, c.lay.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if c.pool, err = MapMirror(poolFD, 0, int(c.poolSize)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if c.engPage, err = unix.Mmap(engFD, 0, 4096, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		c.Close()
+		return nil, err
+	}
+	for q := 0; q < c.lay.NQ; q++ {
+		c.sqs = append(c.sqs, NewQueue(c.ctl[c.lay.SQOff(q):c.lay.CQOff(q)], c.lay.QDepth))
+		c.cqs = append(c.cqs, NewQueue(c.ctl[c.lay.CQOff(q):c.lay.CQOff(q)+QueueHdr+c.lay.QDepth*EntrySize], c.lay.QDepth))
+	}
+	return c, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// Close is pd_release: the daemon reclaims every socket of this client.
+func (c *Client) Close() {
+	c.conn.Close()
+	for _, m := range [][]byte{c.ctl, c.pool, c.engPage} {
+		if m != nil {
+			unix.Munmap(m)
+		}
+	}
+	for _, s := range c.socks {
+		unix.Munmap(s.rx)
+		if s.peerRing != nil {
+			unix.Munmap(s.peerRing)
+		}
+	}
+	unix.Close(c.doorbell)
+	unix.Close(c.notify)
+}
+
+func (c *Client) call(r Request) (Reply, error) {
+	if _, _, err := c.conn.WriteMsgUnix(r.marshal(), nil, nil); err != nil {
+		return Reply{}, err
+	}
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	n, oobn, _, _, err := c.conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return Reply{}, err
+	}
+	rep, err := parseReply(buf[:n])
+	if err != nil {
+		return rep, err
+	}
+	if oobn > 0 {
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			if f, err := unix.ParseUnixRights(&m); err == nil {
+				rep.FDs = append(rep.FDs, f...)
+			}
+		}
+	}
+	if rep.Err != 0 {
+		closeFDs(rep.FDs)
+		return rep, unix.Errno(rep.Err)
+	}
+	return rep, nil
+}
+
+// DaemonStatus asks a daemon for its status without becoming a client.
+func DaemonStatus(socket string) ([]byte, error) {
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("pd daemon at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	c := &Client{conn: conn}
+	rep, err := c.call(Request{Op: OpStatus})
+	return rep.Body, err
+}
+
+func (c *Client) addSock(sid int, rxFD int, peerFD int) (*csock, error) {
+	s := &csock{sid: sid, R: c.Ring, hdr: c.ctl[c.lay.SockOff(sid) : c.lay.SockOff(sid)+SockHdrSize]}
+	var err error
+	s.rx, err = MapMirror(rxFD, 0, int(c.Ring))
+	unix.Close(rxFD)
+	if err != nil {
+		if peerFD >= 0 {
+			unix.Close(peerFD)
+		}
+		return nil, err
+	}
+	if peerFD >= 0 {
+		s.peerRing, err = MapMirror(peerFD, 0, int(c.Ring))
+		unix.Close(peerFD)
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.q = int(currentCPU()) % c.lay.NQ
+	c.socks[sid] = s
+	return s, nil
+}
+
+// Socket is pd_socket.
+func (c *Client) Socket() (int, error) {
+	rep, err := c.call(Request{Op: OpSocket})
+	if err != nil {
+		return -1, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.addSock(int(rep.SID), rep.FDs[0], -1)
+	if err != nil {
+		return -1, err
+	}
+	s.Huge = rep.V[0] == 1
+	return s.sid, nil
+}
+
+// Bind is pd_bind; port 0 picks one, returned.
+func (c *Client) Bind(sid int, ap netip.AddrPort) (uint16, error) {
+	rep, err := c.call(Request{Op: OpBind, SID: uint32(sid), Addr: ap.Addr().As4(), Port: ap.Port()})
+	return rep.Port, err
+}
+
+// Listen is pd_listen.
+func (c *Client) Listen(sid, backlog int) error {
+	_, err := c.call(Request{Op: OpListen, SID: uint32(sid), A0: uint32(backlog)})
+	return err
+}
+
+// Accept is pd_accept: unix.EAGAIN when no connection waits.
+func (c *Client) Accept(sid int) (int, netip.AddrPort, error) {
+	rep, err := c.call(Request{Op: OpAccept, SID: uint32(sid)})
+	if err != nil {
+		return -1, netip.AddrPort{}, err
+	}
+	peerFD := -1
+	if len(rep.FDs) > 1 {
+		peerFD = rep.FDs[1]
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := c.addSock(int(rep.SID), rep.FDs[0], peerFD); err != nil {
+		return -1, netip.AddrPort{}, err
+	}
+	return int(rep.SID), addrPort(rep.Addr, rep.Port), nil
+}
+
+// Connect is pd_connect.
+func (c *Client) Connect(sid int, ap netip.AddrPort) error {
+	rep, err := c.call(Request{Op: OpConnect, SID: uint32(sid), Addr: ap.Addr().As4(), Port: ap.Port()})
+	if err != nil {
+		return err
+	}
+	if len(rep.FDs) > 0 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		s := c.socks[sid]
+		if s == nil {
+			closeFDs(rep.FDs)
+			return unix.EBADF
+		}
+		s.peerRing, err = MapMirror(rep.FDs[0], 0, int(c.Ring))
+		unix.Close(rep.FDs[0])
+		return err
+	}
+	return nil
+}
+
+// CloseSock is pd_close.
+func (c *Client) CloseSock(sid int) error {
+	c.mu.Lock()
+	s := c.socks[sid]
+	if s == nil {
+		c.mu.Unlock()
+		return unix.EBADF
+	}
+	c.flushRelease(s)
+	delete(c.socks, sid)
+	q := s.q
+	c.mu.Unlock()
+	_, err := c.call(Request{Op: OpClose, SID: uint32(sid), A0: uint32(q)})
+	unix.Munmap(s.rx)
+	if s.peerRing != nil {
+		unix.Munmap(s.peerRing)
+	}
+	return err
+}
+
+// Malloc is pd_malloc from the process's send ring (engine mode) or, in direct mode with sid >= 0,
+// from the connected peer's receive ring. nil with unix.ENOMEM/EAGAIN when there is no room now.
+func (c *Client) Malloc(sid int, size int) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if size <= 0 {
+		return nil, unix.EINVAL
+	}
+	if c.Direct && sid >= 0 {
+		s := c.socks[sid]
+		if s == nil || s.peerRing == nil {
+			return nil, unix.ENOTCONN
+		}
+		limit := load64(s.hdr, ShTxLimit)
+		if s.dalloc+uint64(size) > limit || uint64(size) > s.R {
+			return nil, unix.EAGAIN
+		}
+		off := s.dalloc & (s.R - 1)
+		s.dalloc += uint64(size)
+		return s.peerRing[off : off+uint64(size)], nil
+	}
+	c.drainCQ()
+	sz := (uint64(size) + 63) &^ 63
+	if c.ta+sz-c.tf > c.poolSize {
+		return nil, unix.ENOMEM
+	}
+	e := &c.sbt[c.sbtHead%sbtSize]
+	if e.live {
+		return nil, unix.ENOMEM
+	}
+	*e = sbtEntry{off: c.ta, size: sz, live: true}
+	c.sbtHead++
+	c.ta += sz
+	off := e.off & (c.poolSize - 1)
+	return c.pool[off : off+uint64(size)], nil
+}
+
+func (c *Client) poolOff(b []byte) (uint64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	base := uintptr(unsafe.Pointer(&c.pool[0]))
+	p := uintptr(unsafe.Pointer(&b[0]))
+	if p < base || p+uintptr(len(b)) > base+uintptr(len(c.pool)) {
+		return 0, false
+	}
+	return uint64(p-base) & (c.poolSize - 1), true
+}
+
+// block finds the live SBT entry holding pool offset off (ring position modulo the pool size).
+func (c *Client) block(off uint64) (uint16, *sbtEntry) {
+	for i := c.sbtTl; i < c.sbtHead; i++ {
+		e := &c.sbt[i%sbtSize]
+		if !e.live || e.freed {
+			continue
+		}
+		start := e.off & (c.poolSize - 1)
+		if (off-start)&(c.poolSize-1) < e.size {
+			return uint16(i % sbtSize), e
+		}
+	}
+	return 0, nil
+}
+
+// Free is pd_free.
+func (c *Client) Free(b []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	off, ok := c.poolOff(b)
+	if !ok {
+		// direct-mode reservation: unsent reservations are dropped
+		for _, s := range c.socks {
+			if s.peerRing != nil && inside(s.peerRing, b) {
+				s.dalloc = s.dpub
+				return nil
+			}
+		}
+		return unix.EINVAL
+	}
+	_, e := c.block(off)
+	if e == nil {
+		return unix.EINVAL
+	}
+	e.freed = true
+	c.reclaim()
+	return nil
+}
+
+func inside(m, b []byte) bool {
+	if len(b) == 0 || len(m) == 0 {
+		return false
+	}
+	base := uintptr(unsafe.Pointer(&m[0]))
+	p := uintptr(unsafe.Pointer(&b[0]))
+	return p >= base && p+uintptr(len(b)) <= base+uintptr(len(m))
+}
+
+func (c *Client) reclaim() {
+	for c.sbtTl < c.sbtHead {
+		e := &c.sbt[c.sbtTl%sbtSize]
+		if e.live && (!e.freed || e.inflight > 0) {
+			break
+		}
+		if e.live {
+			c.tf = e.off + e.size
+		}
+		e.live = false
+		c.sbtTl++
+	}
+}
+
+func (c *Client) drainCQ() {
+	var e Entry
+	for _, cq := range c.cqs {
+		for cq.Pop(&e) {
+			b := &c.sbt[int(e.EntrySeq)%sbtSize]
+			if b.live && b.inflight > 0 {
+				b.inflight--
+			}
+		}
+	}
+	c.reclaim()
+}
+
+func (c *Client) ring() {
+	if load32(c.engPage, 0) > 0 {
+		var one [8]byte
+		one[0] = 1
+		unix.Write(c.doorbell, one[:])
+	}
+}
+
+func (c *Client) sockErr(s *csock) error {
+	switch load32(s.hdr, ShState) {
+	case SockConnected:
+	case SockPeerClosed, SockClosed:
+		return unix.EPIPE
+	default:
+		return unix.ENOTCONN
+	}
+	if e := load32(s.hdr, ShError); e != 0 {
+		return unix.Errno(e)
+	}
+	return nil
+}
+
+// Send is pd_send: it queues up to len(b) bytes (stream semantics: fewer when the peer's ring or
+// the submission queue has less room) and returns how many; unix.EAGAIN when none fit.
+func (c *Client) Send(sid int, b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.socks[sid]
+	if s == nil {
+		return -1, unix.EBADF
+	}
+	if err := c.sockErr(s); err != nil {
+		return -1, err
+	}
+	n := uint64(len(b))
+	if n == 0 {
+		return 0, nil
+	}
+	limit := load64(s.hdr, ShTxLimit)
+	if s.queued+n > limit {
+		n = limit - s.queued
+	}
+	sq := c.sqs[s.q]
+	if max := uint64(sq.Free()) * MaxChunk; n > max {
+		c.drainCQ()
+		n = max
+	}
+	if n == 0 {
+		c.drainCQ()
+		return -1, unix.EAGAIN
+	}
+	var es [64]Entry
+	ents := es[:0]
+	if s.peerRing != nil && inside(s.peerRing, b) {
+		off := uint64(uintptr(unsafe.Pointer(&b[0])) - uintptr(unsafe.Pointer(&s.peerRing[0])))
+		if off&(s.R-1) != s.dpub&(s.R-1) || s.dpub+n > s.dalloc {
+			return -1, unix.EINVAL // direct: send reserved buffers in the order Malloc gave them
+		}
+		for sent := uint64(0); sent < n; {
+			k := min(n-sent, MaxChunk)
+			ents = append(ents, Entry{Type: ReqSendDirect, DataLen: uint16(k), Dst: s.dpub + sent, CID: c.CID, ConnID: uint16(sid)})
+			sent += k
+		}
+		if !sq.Push(ents...) {
+			return -1, unix.EAGAIN
+		}
+		s.dpub += n
+	} else {
+		off, ok := c.poolOff(b)
+		if !ok {
+			return -1, unix.EFAULT // not a pd_malloc buffer
+		}
+		idx, e := c.block(off)
+		if e == nil {
+			return -1, unix.EFAULT
+		}
+		for sent := uint64(0); sent < n; {
+			k := min(n-sent, MaxChunk)
+			ents = append(ents, Entry{Type: ReqSend, DataLen: uint16(k), Src: off + sent, CID: c.CID, ConnID: uint16(sid), EntrySeq: idx})
+			sent += k
+			if len(ents) == cap(es) {
+				n = sent
+				break
+			}
+		}
+		if !sq.Push(ents...) {
+			return -1, unix.EAGAIN
+		}
+		e.inflight += len(ents)
+	}
+	s.queued += n
+	store64(s.hdr, ShTxQueued, s.queued)
+	c.ring()
+	return int(n), nil
+}
+
+// Reusable is pd_buf_refresh for one buffer: no send of it is still in flight.
+func (c *Client) Reusable(b []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drainCQ()
+	off, ok := c.poolOff(b)
+	if !ok {
+		return false
+	}
+	_, e := c.block(off)
+	return e != nil && e.inflight == 0
+}
+
+// Recv is pd_recv: a view of up to max received bytes (valid until RecvDone); (nil, nil) at the
+// end of the stream; unix.EAGAIN when nothing is there yet.
+func (c *Client) Recv(sid int, max int) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.socks[sid]
+	if s == nil {
+		return nil, unix.EBADF
+	}
+	avail := load64(s.hdr, ShRxTail) - s.head
+	if avail == 0 {
+		switch load32(s.hdr, ShState) {
+		case SockPeerClosed:
+			return nil, nil
+		case SockConnected:
+			return nil, unix.EAGAIN
+		default:
+			return nil, unix.ENOTCONN
+		}
+	}
+	n := min(avail, uint64(max))
+	off := s.head & (s.R - 1)
+	return s.rx[off : off+n], nil
+}
+
+// RecvDone is pd_recv_done.
+func (c *Client) RecvDone(sid int, n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.socks[sid]
+	if s == nil {
+		return unix.EBADF
+	}
+	tail := load64(s.hdr, ShRxTail)
+	if n < 0 || uint64(n) > tail-s.head {
+		return unix.EINVAL
+	}
+	s.head += uint64(n)
+	s.unposted += uint64(n)
+	store64(s.hdr, ShRxHead, s.head)
+	// Tell the engine in batches, but always when the ring is drained, so a sender waiting for
+	// room always hears of it.
+	if s.unposted >= s.R/4 || s.head == tail {
+		c.flushRelease(s)
+	}
+	return nil
+}
+
+func (c *Client) flushRelease(s *csock) {
+	if s.unposted == 0 {
+		return
+	}
+	e := Entry{Type: ReqRelease, Dst: s.unposted, CID: c.CID, ConnID: uint16(s.sid)}
+	for !c.sqs[s.q].Push(e) {
+		c.drainCQ()
+		c.ring()
+		time.Sleep(20 * time.Microsecond)
+	}
+	s.unposted = 0
+	c.ring()
+}
+
+// Readable / Writable / Pending say what pd_epoll_wait would report.
+func (c *Client) Readable(sid int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.socks[sid]
+	if s == nil {
+		return false
+	}
+	st := load32(s.hdr, ShState)
+	return load64(s.hdr, ShRxTail) != s.head || st == SockPeerClosed || load32(s.hdr, ShPending) > 0
+}
+
+// Room is how many bytes Send could queue now.
+func (c *Client) Room(sid int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.socks[sid]
+	if s == nil {
+		return 0
+	}
+	return int(load64(s.hdr, ShTxLimit) - s.queued)
+}
+
+// Wait blocks until ready() holds or timeout passes (the engine wakes sleepers through the
+// notify eventfd). ready is evaluated after announcing the sleep, so no wake-up is lost.
+func (c *Client) Wait(ready func() bool, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if ready() {
+			return true
+		}
+		atomic.AddUint32(u32At(c.ctl, PhSleeping), 1)
+		if ready() {
+			atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
+			return true
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
+			return false
+		}
+		ms := int(left / time.Millisecond)
+		if ms == 0 {
+			ms = 1
+		}
+		unix.Poll([]unix.PollFd{{Fd: int32(c.notify), Events: unix.POLLIN}}, ms)
+		var b [8]byte
+		unix.Read(c.notify, b[:])
+		atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
+	}
+}
+
+// IsAgain says whether err is EAGAIN.
+func IsAgain(err error) bool { return errors.Is(err, unix.EAGAIN) }
+
+func currentCPU() int {
+	var cpu, node uint32
+	_, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), uintptr(unsafe.Pointer(&node)), 0)
+	if e != 0 {
+		return 0
+	}
+	return int(cpu)
+}
