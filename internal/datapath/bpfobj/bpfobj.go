@@ -166,6 +166,9 @@ func Sanitize(s string) string { return strings.NewReplacer("/", "_", ".", "_", 
 // AttachTCX attaches prog to device ifindex of namespace netns (ingress, or egress) and pins the
 // link at pin, so it outlives this process. Programs already there stay (tcx appends).
 func AttachTCX(prog *ebpf.Program, netns string, ifindex int, egress bool, pin string) error {
+	if prog == nil {
+		return errors.New("attach tcx: no program (objects opened without their programs)")
+	}
 	at := ebpf.AttachTCXIngress
 	if egress {
 		at = ebpf.AttachTCXEgress

@@ -30,14 +30,16 @@ import (
 //     (load = 0.8 load + 0.2 busy, the prototype's (4 load + busy)/5), writes it to
 //     prg_falcon_load and opens the gate while the average over the FALCON CPUs is below the
 //     threshold; each re-opening bumps the epoch, so flows re-pick with fresh loads;
-//   - it listens to netlink link events in the namespaces of the overlay bridges and re-runs
-//     discovery (debounced) to attach bridge ports that appeared and forget those that left;
+//   - it listens to netlink link events in the host namespace and those of the overlay bridges,
+//     and re-runs discovery (debounced, and every second as a backstop for namespaces created
+//     after attach) to attach bridge ports that appeared, forget those that left, and steer VXLAN
+//     devices created after attach (their RPS knobs, their UDP port in the programs' port set);
 //     every knob it changes is recorded in the attachment record before it is written;
 //   - it exits when the attachment's pins disappear (detach, lab down) or on SIGTERM.
 
 const (
 	rescanDebounce = 100 * time.Millisecond
-	rescanBackstop = 5 * time.Second // catches namespaces created after attach, missed events
+	rescanBackstop = time.Second // catches namespaces created after attach, missed events
 	pinCheck       = time.Second
 )
 
@@ -268,6 +270,7 @@ func (a *agent) rescan() error {
 			a.log.Printf("port %s gone: detached", p.Dev)
 		}
 		ms.Pieces = keep
+		errs = append(errs, a.followVXLAN(st, topo, mask)...)
 		for _, p := range want {
 			if p.Stage != StageIDVeth || have[p.key()] {
 				continue
@@ -300,11 +303,48 @@ func (a *agent) rescan() error {
 	})
 }
 
-// dropKnobs removes the knobs of a device from the record, first restoring them if the device
-// is still there (the port left the bridge but the veth lives on).
-func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
+// followVXLAN steers VXLAN devices that appeared after attach (RPS knobs recorded, then
+// written) and puts new UDP ports in the programs' port set. The config entry is rewritten
+// whole with only the ports changed: a packet that reads it mid-update sees old or new ports,
+// both valid.
+func (a *agent) followVXLAN(st *datapath.State, topo *datapath.Topology, mask string) []error {
+	var errs []error
+	for _, d := range topo.ByStage(datapath.StageVXLAN) {
+		if mine, _ := knobsOf(st.Knobs, d); len(mine) > 0 {
+			continue
+		}
+		ks, err := stageKnobs(d, mask)
+		if err == nil {
+			err = datapath.PlanKnobs(ks)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", d, err))
+			continue
+		}
+		st.Knobs = append(st.Knobs, ks...)
+		if err := datapath.SaveState(st); err != nil {
+			return append(errs, err)
+		}
+		errs = append(errs, datapath.ApplyKnobs(ks, false))
+		a.log.Printf("VXLAN device %s appeared: steered", d)
+	}
+	if !slices.Equal(topo.VXLANPorts, st.Topology.VXLANPorts) {
+		ports, err := topo.VXLANPortSet()
+		if err == nil {
+			err = a.objs.writeConfig(a.cfg, ports)
+		}
+		if err != nil {
+			return append(errs, err)
+		}
+		a.log.Printf("VXLAN ports now %v", ports)
+	}
+	st.Topology = topo
+	return errs
+}
+
+// knobsOf splits ks into the knobs of device d and the others.
+func knobsOf(ks []datapath.Knob, d datapath.Dev) (mine, rest []datapath.Knob) {
 	prefix := "/sys/class/net/" + d.Name + "/"
-	var mine, rest []datapath.Knob
 	for _, k := range ks {
 		if k.Netns == d.Netns && strings.HasPrefix(k.Path, prefix) {
 			mine = append(mine, k)
@@ -312,6 +352,13 @@ func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
 			rest = append(rest, k)
 		}
 	}
+	return mine, rest
+}
+
+// dropKnobs removes the knobs of a device from the record, first restoring them if the device
+// is still there (the port left the bridge but the veth lives on).
+func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
+	mine, rest := knobsOf(ks, d)
 	if err := datapath.ApplyKnobs(mine, true); err != nil {
 		a.log.Printf("restore knobs of %s: %v", d, err)
 	}

@@ -2,12 +2,16 @@ package falcon
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 	"github.com/peregrine-net/peregrine/internal/workload/inject"
 	"github.com/peregrine-net/peregrine/internal/workload/udpsink"
@@ -62,5 +66,46 @@ func TestUDPLossAcrossAttachDetach(t *testing.T) {
 		ist.Sent, res.st.Received, lost, 100*float64(lost)/float64(ist.Sent), res.st.Reordered)
 	if ist.Sent == 0 || float64(lost) > 0.02*float64(ist.Sent) {
 		t.Fatalf("lost %d of %d datagrams across attach/detach", lost, ist.Sent)
+	}
+}
+
+// A VXLAN device created after attach is steered within a second (its RPS knobs recorded and
+// set, its UDP port in the programs' port set); detach restores it like the others.
+func TestAgentFollowsNewVXLANDevice(t *testing.T) {
+	l := labUp(t, lab.Spec{Name: "tfalvx", Style: lab.StyleFlannel, Containers: 1})
+	host := l.Hosts[0].Netns
+	before := labtest.RxKnobs(t, l, "rps_cpus")
+	if _, err := datapath.Attach(context.Background(), host, Name, falconOpts()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
+	knob := "/sys/class/net/prgvx2/queues/rx-0/rps_cpus"
+	labtest.Eventually(t, time.Second, "new VXLAN device steered", func() (bool, string) {
+		v, err := netnsutil.ReadFileIn(host, knob)
+		if err != nil || !cpuset.SameMask(v, cpuset.Mask(falconOpts().CPUs)) {
+			return false, fmt.Sprintf("rps_cpus %q (%v)", v, err)
+		}
+		o, err := openPinned(host, false)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer o.Close()
+		var c falFalconCfg
+		if err := o.PrgFalconCfg.Lookup(uint32(0), &c); err != nil || !slices.Contains(c.VxlanPorts[:], 4790) {
+			return false, fmt.Sprintf("port set %v (%v)", c.VxlanPorts, err)
+		}
+		return true, ""
+	})
+	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := netnsutil.ReadFileIn(host, knob); !cpuset.SameMask(v, "0") {
+		t.Errorf("detach left %s = %q, want 0 (as before)", knob, v)
+	}
+	for k, v := range labtest.RxKnobs(t, l, "rps_cpus") {
+		if w, ok := before[k]; ok && w != v {
+			t.Errorf("%s = %q after detach, was %q", k, v, w)
+		}
 	}
 }

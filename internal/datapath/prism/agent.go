@@ -2,13 +2,17 @@ package prism
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 
 	"github.com/vishvananda/netlink"
 
@@ -16,15 +20,17 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// The node agent keeps the endpoint map current as containers come and go: it re-reads the
-// topology on every link change in the VXLAN devices' namespaces (and every resyncEvery as a
-// backstop) and syncs the maps. Correctness does not depend on it: the kernel drops a vanished
-// veth's devmap slot by itself, so a stale entry can only drop, never misdeliver.
+// The node agent keeps the endpoint map current as containers come and go, and puts prg_prism_vx
+// on VXLAN devices created after attach (and forgets those that left): it re-reads the topology
+// on every link change in the host's and the VXLAN devices' namespaces (and every resyncEvery
+// as a backstop for namespaces created later) and syncs the maps. Endpoint correctness does not
+// depend on it: the kernel drops a vanished veth's devmap slot by itself, so a stale entry can
+// only drop, never misdeliver.
 //
 // It is this same binary run as `peregrine agent prism --target=NS`, detached (see
 // internal/datapath/agentproc).
 
-const resyncEvery = 2 * time.Second
+const resyncEvery = time.Second
 
 // AgentLog is the log file of the agent for a target.
 func AgentLog(target string) string { return agentproc.Log(Name, target) }
@@ -47,13 +53,13 @@ func runAgent(ctx context.Context, target string) error {
 	defer objs.Close()
 	events := make(chan struct{}, 1)
 	watched := map[string]bool{}
-	for _, d := range st.Topology.ByStage(datapath.StageVXLAN) {
-		if watched[d.Netns] {
+	for _, ns := range append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...) {
+		if watched[ns] {
 			continue
 		}
-		watched[d.Netns] = true
-		if err := watchLinks(ctx, d.Netns, events); err != nil {
-			lg.Printf("no link events from %s (resyncing every %s instead): %v", label(d.Netns), resyncEvery, err)
+		watched[ns] = true
+		if err := watchLinks(ctx, ns, events); err != nil {
+			lg.Printf("no link events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
 		}
 	}
 	lg.Printf("started")
@@ -65,10 +71,17 @@ func runAgent(ctx context.Context, target string) error {
 			lg.Printf("attachment gone, stopping")
 			return nil
 		}
-		if rep, err := resync(cur, objs); err != nil {
-			lg.Printf("sync: %v", err)
-		} else if rep.Added+rep.Updated+rep.Gone+rep.Expired > 0 {
-			lg.Printf("endpoints: %d live, %d added, %d updated, %d gone, %d expired", rep.Live, rep.Added, rep.Updated, rep.Gone, rep.Expired)
+		if t, err := datapath.Discover(cur.Target, cur.Options[datapath.OptUnderlay]); err != nil {
+			lg.Printf("discover: %v", err)
+		} else {
+			if err := followVXLAN(cur, t, objs, lg); err != nil {
+				lg.Printf("VXLAN devices: %v", err)
+			}
+			if rep, err := resync(t, objs); err != nil {
+				lg.Printf("sync: %v", err)
+			} else if rep.Added+rep.Updated+rep.Gone+rep.Expired > 0 {
+				lg.Printf("endpoints: %d live, %d added, %d updated, %d gone, %d expired", rep.Live, rep.Added, rep.Updated, rep.Gone, rep.Expired)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -82,12 +95,95 @@ func runAgent(ctx context.Context, target string) error {
 	}
 }
 
-// resync re-discovers the endpoints behind the recorded VXLAN devices and syncs the maps.
-func resync(st *datapath.State, objs *objects) (syncReport, error) {
-	t, err := datapath.Discover(st.Target, st.Options["underlay"])
-	if err != nil {
-		return syncReport{}, err
+func nsOf(ds []datapath.Dev) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.Netns)
 	}
+	return out
+}
+
+// followVXLAN attaches prg_prism_vx to VXLAN devices that appeared since attach, forgets those
+// that left (the kernel detached their links), and with --hp-cpus puts new UDP ports in the
+// underlay program's port set. Each change is recorded.
+func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *log.Logger) error {
+	vxs, err := discoverVXLAN(t)
+	if err != nil {
+		return err
+	}
+	if ms, err := readModeState(cur); err == nil && !vxlanChanged(ms, vxs, cur.Topology, t) {
+		return nil // the usual case: nothing to record
+	}
+	return datapath.UpdateState(cur.Target, Name, time.Second, func(st *datapath.State) error {
+		ms, err := readModeState(st)
+		if err != nil {
+			return err
+		}
+		live, have := map[string]bool{}, map[string]bool{}
+		for _, vx := range vxs {
+			live[pieceKey(vx.Inode, vx.Dev)] = true
+		}
+		var keep []piece
+		var errs []error
+		for _, p := range ms.Pieces {
+			if p.NIC || live[pieceKey(p.Inode, p.Dev)] {
+				keep, have[pieceKey(p.Inode, p.Dev)] = append(keep, p), true
+				continue
+			}
+			_ = objs.PrgPrismDev.Delete(prsPrgDevKey{Netns: p.Inode, Ifindex: uint32(p.Dev.Ifindex)})
+			errs = append(errs, bpfobj.DetachPin(p.LinkPin))
+			lg.Printf("VXLAN device %s gone: forgotten", p.Dev)
+		}
+		ms.Pieces = keep
+		for _, vx := range vxs {
+			if have[pieceKey(vx.Inode, vx.Dev)] {
+				continue
+			}
+			p, err := attachPiece(objs, st.Target, vx)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			ms.Pieces = append(ms.Pieces, p)
+			lg.Printf("VXLAN device %s appeared: attached", vx.Dev)
+		}
+		if ms.Isolation != nil && !slices.Equal(t.VXLANPorts, st.Topology.VXLANPorts) {
+			ports, err := t.VXLANPortSet()
+			if err == nil {
+				err = objs.writeIso(ms.Isolation, ports)
+			}
+			errs = append(errs, err)
+		}
+		st.Topology = t
+		datapath.WriteModeState(st, ms)
+		return errors.Join(errs...)
+	})
+}
+
+// vxlanChanged says whether the VXLAN devices or their ports differ from the record's.
+func vxlanChanged(ms modeState, vxs []vxlanDev, recorded, now *datapath.Topology) bool {
+	have := map[string]bool{}
+	for _, p := range ms.Pieces {
+		if !p.NIC {
+			have[pieceKey(p.Inode, p.Dev)] = true
+		}
+	}
+	for _, vx := range vxs {
+		if !have[pieceKey(vx.Inode, vx.Dev)] {
+			return true
+		}
+		delete(have, pieceKey(vx.Inode, vx.Dev))
+	}
+	return len(have) > 0 || (ms.Isolation != nil && !slices.Equal(recorded.VXLANPorts, now.VXLANPorts))
+}
+
+// pieceKey identifies a device across rescans: namespace inode, ifindex, name.
+func pieceKey(inode uint32, d datapath.Dev) string {
+	return fmt.Sprintf("%d/%d/%s", inode, d.Ifindex, d.Name)
+}
+
+// resync re-discovers the endpoints behind the VXLAN devices of t and syncs the maps.
+func resync(t *datapath.Topology, objs *objects) (syncReport, error) {
 	vxs, err := discoverVXLAN(t)
 	if err != nil {
 		return syncReport{}, err
@@ -107,7 +203,11 @@ func Sync(target string) (added, updated, gone int, err error) {
 		return 0, 0, 0, err
 	}
 	defer objs.Close()
-	rep, err := resync(st, objs)
+	t, err := datapath.Discover(st.Target, st.Options[datapath.OptUnderlay])
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	rep, err := resync(t, objs)
 	return rep.Added, rep.Updated, rep.Gone, err
 }
 

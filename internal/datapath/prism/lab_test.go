@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
@@ -328,4 +329,44 @@ func TestAttachRefusesBadRules(t *testing.T) {
 			t.Fatalf("refused attach left a record")
 		}
 	}
+}
+
+// The agent puts prg_prism_vx on a VXLAN device created after attach within a second, and
+// forgets it (link pin and record) once the device is deleted.
+func TestAgentFollowsNewVXLANDevice(t *testing.T) {
+	l := labtest.Up(t, lab.Spec{Name: "tprvx", Style: lab.StyleFlannel, Containers: 1})
+	host := l.Hosts[0].Netns
+	if _, err := datapath.Attach(context.Background(), host, Name, datapath.Options{Extra: map[string]string{OptRules: hpRules}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	idx := labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
+	recorded := func() (piece, bool) {
+		st, err := prismState(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := readModeState(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ms.Pieces {
+			if p.Dev.Name == "prgvx2" {
+				return p, true
+			}
+		}
+		return piece{}, false
+	}
+	labtest.Eventually(t, time.Second, "prg_prism_vx on the new VXLAN device", func() (bool, string) {
+		progs := bpfobj.ProgramsOn(host, idx, false, "prg_prism_vx")
+		_, ok := recorded()
+		return len(progs) == 1 && ok, fmt.Sprintf("programs %v, recorded %v", progs, ok)
+	})
+	p, _ := recorded()
+	labtest.DelLink(host, "prgvx2")
+	labtest.Eventually(t, 2*time.Second, "the deleted device forgotten", func() (bool, string) {
+		_, ok := recorded()
+		_, err := os.Stat(p.LinkPin)
+		return !ok && os.IsNotExist(err), fmt.Sprintf("recorded %v, link pin %v", ok, err)
+	})
 }

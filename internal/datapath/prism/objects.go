@@ -39,9 +39,9 @@ func loadObjects() (*objects, error) { return bpfobj.New[objects](Name, loadPrs,
 
 func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
-// openPinned re-opens an attachment's pinned maps.
+// openPinned re-opens an attachment's pinned maps and programs.
 func openPinned(target string) (*objects, error) {
-	o, err := bpfobj.Open[objects](Name, pinDir(target), false)
+	o, err := bpfobj.Open[objects](Name, pinDir(target), true)
 	if err != nil {
 		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
 	}

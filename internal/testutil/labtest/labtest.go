@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
@@ -92,4 +94,43 @@ func Settled[T comparable](timeout time.Duration, read func() T) T {
 		last = cur
 	}
 	return last
+}
+
+// AddVXLAN creates an extra VXLAN device (up) on the underlay device dev of namespace ns, as an
+// overlay created after attach would; the test's cleanup deletes it. It returns its ifindex.
+func AddVXLAN(t testing.TB, ns, name string, vni, port int, dev string) int {
+	t.Helper()
+	idx := 0
+	err := netnsutil.Do(ns, func() error {
+		u, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, Port: port, VtepDevIndex: u.Attrs().Index}
+		if err := netlink.LinkAdd(vx); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		idx = l.Attrs().Index
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatalf("add VXLAN device %s in %s: %v", name, ns, err)
+	}
+	t.Cleanup(func() { DelLink(ns, name) })
+	return idx
+}
+
+// DelLink deletes a device (a missing one is fine).
+func DelLink(ns, name string) {
+	_ = netnsutil.Do(ns, func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return nil
+		}
+		return netlink.LinkDel(l)
+	})
 }
