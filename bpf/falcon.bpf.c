@@ -157,6 +157,21 @@ struct {
 	__type(value, struct falcon_set);
 } prg_falcon_flow SEC(".maps");
 
+/* Per-CPU cache of prg_falcon_dev (see this_dev). */
+#define FALCON_DEVC 8
+struct falcon_devc {
+	struct prg_dev_key key;
+	struct falcon_dev dev;
+	__u32 valid;
+	__u32 pad;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FALCON_DEVC);
+	__type(key, __u32);
+	__type(value, struct falcon_devc);
+} prg_falcon_devc SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, FALCON_STAGES * FALCON_SLOTS);
@@ -204,6 +219,10 @@ static __always_inline void record(struct __sk_buff *ctx, __u32 kind, __u32 stag
 	l->salt = salt;
 }
 
+/* this_dev is the device's entry in prg_falcon_dev, through a small per-CPU cache (direct-mapped
+ * by ifindex) that saves the hash lookup on almost every packet. An entry only changes when
+ * userspace attaches or detaches the device's piece, which also attaches or detaches the program
+ * there, so a cached copy never decides for a device the program no longer runs on. */
 static __always_inline struct falcon_dev *this_dev(struct __sk_buff *ctx)
 {
 	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
@@ -212,7 +231,17 @@ static __always_inline struct falcon_dev *this_dev(struct __sk_buff *ctx)
 	if (!dev)
 		return 0;
 	prg_dev_key_of(dev, &key);
-	return bpf_map_lookup_elem(&prg_falcon_dev, &key);
+	__u32 ci = key.ifindex & (FALCON_DEVC - 1);
+	struct falcon_devc *c = bpf_map_lookup_elem(&prg_falcon_devc, &ci);
+	if (c && c->valid && c->key.ifindex == key.ifindex && c->key.netns == key.netns)
+		return &c->dev;
+	struct falcon_dev *d = bpf_map_lookup_elem(&prg_falcon_dev, &key);
+	if (d && c) {
+		c->key = key;
+		c->dev = *d;
+		c->valid = 1;
+	}
+	return d;
 }
 
 /* steer is Algorithm 1 for one stage transition. */

@@ -30,6 +30,14 @@ type falFalconDev struct {
 	Stage uint32
 }
 
+type falFalconDevc struct {
+	_     structs.HostLayout
+	Key   falPrgDevKey
+	Dev   falFalconDev
+	Valid uint32
+	Pad   uint32
+}
+
 type falFalconGate struct {
 	_         structs.HostLayout
 	Open      uint32
@@ -77,6 +85,7 @@ type falPrgDevKey struct {
 const (
 	falMapPrgFalconCfg   = "prg_falcon_cfg"
 	falMapPrgFalconDev   = "prg_falcon_dev"
+	falMapPrgFalconDevc  = "prg_falcon_devc"
 	falMapPrgFalconFlow  = "prg_falcon_flow"
 	falMapPrgFalconGate  = "prg_falcon_gate"
 	falMapPrgFalconLast  = "prg_falcon_last"
@@ -138,6 +147,7 @@ type falProgramSpecs struct {
 type falMapSpecs struct {
 	PrgFalconCfg  *ebpf.MapSpec `ebpf:"prg_falcon_cfg"`
 	PrgFalconDev  *ebpf.MapSpec `ebpf:"prg_falcon_dev"`
+	PrgFalconDevc *ebpf.MapSpec `ebpf:"prg_falcon_devc"`
 	PrgFalconFlow *ebpf.MapSpec `ebpf:"prg_falcon_flow"`
 	PrgFalconGate *ebpf.MapSpec `ebpf:"prg_falcon_gate"`
 	PrgFalconLast *ebpf.MapSpec `ebpf:"prg_falcon_last"`
@@ -173,6 +183,7 @@ func (o *falObjects) Close() error {
 type falMaps struct {
 	PrgFalconCfg  *ebpf.Map `ebpf:"prg_falcon_cfg"`
 	PrgFalconDev  *ebpf.Map `ebpf:"prg_falcon_dev"`
+	PrgFalconDevc *ebpf.Map `ebpf:"prg_falcon_devc"`
 	PrgFalconFlow *ebpf.Map `ebpf:"prg_falcon_flow"`
 	PrgFalconGate *ebpf.Map `ebpf:"prg_falcon_gate"`
 	PrgFalconLast *ebpf.Map `ebpf:"prg_falcon_last"`
@@ -184,6 +195,7 @@ func (m *falMaps) Close() error {
 	return _FalClose(
 		m.PrgFalconCfg,
 		m.PrgFalconDev,
+		m.PrgFalconDevc,
 		m.PrgFalconFlow,
 		m.PrgFalconGate,
 		m.PrgFalconLast,
