@@ -100,15 +100,18 @@ func runAgent(ctx context.Context, target string) error {
 	defer tick.Stop()
 	pins := time.NewTicker(pinCheck)
 	defer pins.Stop()
-	backstop := time.NewTicker(rescanBackstop)
-	defer backstop.Stop()
-	var debounce <-chan time.Time
+	// Rescans (discovery walks every namespace) run beside the load sampling, never in its way.
+	detached := make(chan struct{})
+	go a.rescanLoop(ctx, events, detached)
 	for {
 		select {
 		case <-ctx.Done():
 			lg.Printf("stopping: %v", context.Cause(ctx))
 			// Leave the stages where vanilla runs them while nobody watches the load.
 			_ = objs.writeGate(Gate{Open: false, Epoch: a.epoch, UpdatedNs: monoNow()})
+			return nil
+		case <-detached:
+			lg.Printf("record is gone (detached): exiting")
 			return nil
 		case <-tick.C:
 			if err := a.sample(mon); err != nil {
@@ -119,6 +122,20 @@ func runAgent(ctx context.Context, target string) error {
 				lg.Printf("pins are gone (detached): exiting")
 				return nil
 			}
+		}
+	}
+}
+
+// rescanLoop re-runs discovery shortly after link events (debounced) and every rescanBackstop;
+// it closes detached when the record is gone.
+func (a *agent) rescanLoop(ctx context.Context, events <-chan struct{}, detached chan<- struct{}) {
+	backstop := time.NewTicker(rescanBackstop)
+	defer backstop.Stop()
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
 		case <-events:
 			if debounce == nil {
 				debounce = time.After(rescanDebounce)
@@ -131,10 +148,10 @@ func runAgent(ctx context.Context, target string) error {
 			debounce = nil
 			if err := a.rescan(); err != nil {
 				if errors.Is(err, datapath.ErrNotAttached) {
-					lg.Printf("record is gone (detached): exiting")
-					return nil
+					close(detached)
+					return
 				}
-				lg.Printf("rescan: %v", err)
+				a.log.Printf("rescan: %v", err)
 			}
 		}
 	}

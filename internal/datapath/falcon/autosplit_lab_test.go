@@ -48,10 +48,10 @@ func TestAutoSplitFollowsLoad(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := inject.Run(ctx, flood); done <- err }()
-	waitFor(t, 5*time.Second, "auto split to attach under a flood", splitOn)
+	labtest.Eventually(t, 5*time.Second, "auto split to attach under a flood", func() (bool, string) { return splitOn(), "split off" })
 	cancel()
 	<-done
-	waitFor(t, 8*time.Second, "auto split to detach once quiet", func() bool { return !splitOn() })
+	labtest.Eventually(t, 8*time.Second, "auto split to detach once quiet", func() (bool, string) { return !splitOn(), "split on" })
 	if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 		t.Fatal(err)
 	}
