@@ -5,8 +5,20 @@ GO ?= go
 .PHONY: build generate vmlinux
 
 # A static binary: CGO off, so it runs on any node without matching libc.
-build:
+build: libpd
 	CGO_ENABLED=0 $(GO) build -o bin/peregrine ./cmd/peregrine
+
+# libpd (PipeDevice's C API, libpd/pd.h): bin/libpd.so and bin/libpd.a, and its examples.
+CC ?= cc
+PD_CFLAGS = -O2 -g -Wall -Wextra -fPIC -pthread
+.PHONY: libpd
+libpd:
+	@mkdir -p bin
+	$(CC) $(PD_CFLAGS) -c libpd/pd.c -o bin/pd.o
+	$(CC) -shared -pthread -o bin/libpd.so bin/pd.o
+	ar rcs bin/libpd.a bin/pd.o
+	$(CC) -O2 -Wall -Ilibpd -o bin/pd-example-server libpd/examples/server.c bin/libpd.a -pthread
+	$(CC) -O2 -Wall -Ilibpd -o bin/pd-example-client libpd/examples/client.c bin/libpd.a -pthread
 
 # Recompile bpf/*.bpf.c through the //go:generate (bpf2go) lines of the packages that load them.
 generate:

@@ -73,7 +73,6 @@ char LICENSE[] SEC("license") = "GPL";
 /* flow.flags */
 #define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
 #define FP_F_IN 2   /* the normal path delivered the flow to the pod */
-#define FP_F_CSUM 4 /* the device set an outer UDP checksum (the fast path sends 0, see prg_fastpath_tx) */
 
 /* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with stats.go. */
@@ -478,7 +477,6 @@ drop:
 /* What the fast path needs of a frame's outer headers. */
 struct fp_outer {
 	__u32 saddr, daddr;
-	__u16 udp_check;
 	__u8 vxlan;  /* a VXLAN frame of our overlay: our port and VNI, flags exactly I */
 	__u8 reason; /* otherwise FP_R_OPTS/FP_R_FRAG for IPv4 UDP with options or fragmented, else FP_R_OTHER */
 };
@@ -508,14 +506,12 @@ static __always_inline int outer_at(const struct prg_pkt *pk, const struct fp_cf
 	r = prg_vxlan_of(pk, &h, cfg->vxlan_ports, &vx);
 	if (r != PRG_OK)
 		return r == PRG_SHORT ? r : PRG_OK;
-	struct udphdr *udp = prg_hdr(pk, h.l4_off, struct udphdr);
 	__u32 *hdr = prg_at(pk, h.l4_off + sizeof(struct udphdr), PRG_VXLAN_HLEN);
-	if (!udp || !hdr)
+	if (!hdr)
 		return PRG_SHORT;
 	/* Exactly the I flag (no GBP/GPE bits) and our VNI: what the device itself accepts. */
 	if (hdr[0] != bpf_htonl(0x08000000) || vx.vni != cfg->vni || hdr[1] & bpf_htonl(0xff))
 		return PRG_OK;
-	o->udp_check = udp->check;
 	o->vxlan = 1;
 	return PRG_OK;
 }
@@ -577,9 +573,9 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, FP_R_ERR);
 		return TCX_NEXT;
 	}
-	/* A verified non-zero outer UDP checksum counted as one CHECKSUM_UNNECESSARY level; it is
-	 * gone now. A zero checksum was never counted. */
-	if (o.udp_check && bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
+	/* The outer UDP header was one CHECKSUM_UNNECESSARY level, zero checksum or not (skbuff.h:
+	 * "UDP (possibly zero)"); the kernel's UDP receive consumes it, and so does the fast path. */
+	if (bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
 		bpf_csum_level(ctx, BPF_CSUM_LEVEL_DEC);
 	if (f->in_ttl_dec) {
 		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
@@ -632,10 +628,6 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	f->vtep = o.daddr;
 	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
 	f->out_ttl_seen = 0;
-	if (o.udp_check)
-		f->flags |= FP_F_CSUM;
-	else
-		f->flags &= ~FP_F_CSUM;
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory"); /* the template before the flag */
 	f->flags |= FP_F_OUT;

@@ -27,6 +27,7 @@ Its parts:
   bench    measure styles and modes side by side (ratios in one run), with probes
   report   turn result files into tables and an HTML report with plots
   metrics  serve Prometheus metrics of the node's receive path and attachments
+  pd       PipeDevice: shared-memory rings between containers on one host (daemon, perf)
 
 Everything peregrine creates is named with the prefix "prg-" (namespaces, links, pinned
 objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always clean up.`,
@@ -46,7 +47,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd(), newEzpathCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd(), newEzpathCmd(), newPdCmd())
 	return root
 }
 

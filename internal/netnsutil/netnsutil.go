@@ -193,6 +193,16 @@ func WithSysfs(name string, fn func() error) error {
 			return
 		}
 		defer origMnt.Close()
+		// Unsharing the mount namespace gives this thread its own cwd, and setns back into the
+		// original one resets that cwd to "/": remember it, or the thread would later serve other
+		// goroutines with relative paths resolved from the root.
+		origCwd, err := os.Open(".")
+		if err != nil {
+			errc <- err
+			runtime.UnlockOSThread()
+			return
+		}
+		defer origCwd.Close()
 		ferr := func() error {
 			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 				return fmt.Errorf("unshare mount namespace: %w", err)
@@ -215,6 +225,10 @@ func WithSysfs(name string, fn func() error) error {
 		}
 		if err := netns.Set(origNet); err != nil {
 			errc <- errors.Join(ferr, fmt.Errorf("return to original network namespace: %w", err))
+			return
+		}
+		if err := unix.Fchdir(int(origCwd.Fd())); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return to original working directory: %w", err))
 			return
 		}
 		runtime.UnlockOSThread()

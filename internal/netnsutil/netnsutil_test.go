@@ -53,9 +53,18 @@ func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for tid, ino := range threadNamespaces(t) {
 		if ino[0] != rootNet || ino[1] != rootMnt {
 			t.Errorf("thread %s left in net %d mnt %d (want %d, %d)", tid, ino[0], ino[1], rootNet, rootMnt)
+		}
+		// Leaving a mount namespace resets a thread's cwd to "/"; WithSysfs must restore it, or
+		// relative paths (testdata/...) fail on whichever goroutine lands on that thread.
+		if dir, err := os.Readlink("/proc/self/task/" + tid + "/cwd"); err == nil && dir != cwd {
+			t.Errorf("thread %s left in directory %s (want %s)", tid, dir, cwd)
 		}
 	}
 	if ino, _ := Inode(fmt.Sprintf("/proc/%d/ns/net", os.Getpid())); ino != rootNet {

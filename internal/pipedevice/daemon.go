@@ -278,7 +278,12 @@ func (d *Daemon) hello(c *net.UnixConn, r Request) (*proc, Reply) {
 	if r.A1 != 0 {
 		pool = int(r.A1)
 	}
-	if ring&(ring-1) != 0 || ring < 4096 || ring > 1<<30 || pool&(pool-1) != 0 || pool < 4096 || pool > 1<<30 {
+	depth := d.cfg.QDepth
+	if r.A2 != 0 {
+		depth = int(r.A2)
+	}
+	if ring&(ring-1) != 0 || ring < 4096 || ring > 1<<30 || pool&(pool-1) != 0 || pool < 4096 || pool > 1<<30 ||
+		depth&(depth-1) != 0 || depth < 64 || depth > 65536 {
 		return nil, errReply(unix.EINVAL)
 	}
 	d.mu.Lock()
@@ -288,7 +293,7 @@ func (d *Daemon) hello(c *net.UnixConn, r Request) (*proc, Reply) {
 		d.nextCID = 1
 	}
 	d.mu.Unlock()
-	p, err := newProc(d, c, cid, pid, ns, ring, pool)
+	p, err := newProc(d, c, cid, pid, ns, ring, pool, depth)
 	if err != nil {
 		return nil, errReply(unix.ENOMEM)
 	}

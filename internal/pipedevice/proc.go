@@ -33,9 +33,9 @@ type proc struct {
 	unmapped bool // d.mu
 }
 
-func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, pool int) (*proc, error) {
+func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, pool, depth int) (*proc, error) {
 	nq := len(onlineCPUs())
-	lay := CtlLayout{NQ: nq, QDepth: d.cfg.QDepth, MaxSock: d.cfg.MaxSock}
+	lay := CtlLayout{NQ: nq, QDepth: depth, MaxSock: d.cfg.MaxSock}
 	ctl, err := NewMemfd(fmt.Sprintf("prg-pd-ctl-%d", cid), lay.Size(), false)
 	if err != nil {
 		return nil, err

@@ -32,7 +32,6 @@ const (
 
 	fOut  = 1
 	fIn   = 2
-	fCsum = 4
 )
 
 // markFast is FP_MARK: frames the fast path redirected carry it until its learner clears it.
