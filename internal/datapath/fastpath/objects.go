@@ -30,8 +30,8 @@ const (
 	cUnsup  = 8
 	cOneWay = 16
 
-	fOut  = 1
-	fIn   = 2
+	fOut = 1
+	fIn  = 2
 )
 
 // markFast is FP_MARK: frames the fast path redirected carry it until its learner clears it.

@@ -83,7 +83,7 @@ func (e *progEnv) run(t *testing.T, p *ebpf.Program, pkt []byte, gsoSize uint32)
 	out := make([]byte, len(pkt)+128)
 	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
 	if gsoSize > 0 {
-		ctx := make([]byte, 192) // struct __sk_buff; gso_segs at 164, gso_size at 176
+		ctx := make([]byte, 192)                                   // struct __sk_buff; gso_segs at 164, gso_size at 176
 		binary.LittleEndian.PutUint32(ctx[160:], uint32(len(pkt))) // wire_len
 		binary.LittleEndian.PutUint32(ctx[164:], 3)
 		binary.LittleEndian.PutUint32(ctx[176:], gsoSize)
@@ -252,7 +252,11 @@ func TestRxFallbacks(t *testing.T) {
 	}{
 		{"not vxlan", "other", plain.bytes()}, {"other vni", "other", vx(reply.bytes(), otherVNI)},
 		{"other port", "other", vx(reply.bytes(), otherPort)},
-		{"outer fragment", "fragment", vx(reply.bytes(), func(b []byte) { b[20] = 0x20; binary.BigEndian.PutUint16(b[24:], 0); binary.BigEndian.PutUint16(b[24:], csum(b[14:34], 0)) })},
+		{"outer fragment", "fragment", vx(reply.bytes(), func(b []byte) {
+			b[20] = 0x20
+			binary.BigEndian.PutUint16(b[24:], 0)
+			binary.BigEndian.PutUint16(b[24:], csum(b[14:34], 0))
+		})},
 		{"inner not for the vxlan device", "l2", vx(otherMAC.bytes(), nil)},
 		{"to the node itself", "miss", vx(notPod.bytes(), nil)},
 		{"no pod (learned flow, pod table empty)", "no-pod", vx(reply.bytes(), nil)},

@@ -20,7 +20,9 @@ func ipv6Hdr(src, dst string, next byte, payloadLen int) []byte {
 }
 
 // l4 is a TCP (20 bytes) or UDP (8 bytes) header followed by payload.
-func l4(proto byte, sport, dport uint16, payload int) []byte { return frames.L4(proto, sport, dport, payload) }
+func l4(proto byte, sport, dport uint16, payload int) []byte {
+	return frames.L4(proto, sport, dport, payload)
+}
 
 func cat(parts ...[]byte) []byte { return slices.Concat(parts...) }
 
