@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -126,9 +127,7 @@ var nsSeq atomic.Int32
 // testNS creates a fresh namespace with loopback up and deletes it when the test ends.
 func testNS(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
+	testutil.RequireRoot(t)
 	name := fmt.Sprintf("prg-tprobe-%d-%d", os.Getpid(), nsSeq.Add(1))
 	if err := netnsutil.Create(name); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -31,11 +32,9 @@ const (
 // first removes leftovers of a crashed earlier run.
 func setupPair(t *testing.T, tools ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
+	testutil.RequireRoot(t)
 	if err := Require(tools...); err != nil {
-		t.Skip(err)
+		t.Fatal(err) // scripts/setup.sh installs every workload tool
 	}
 	for _, ns := range []string{nsA, nsB} {
 		netnsutil.Delete(ns)
