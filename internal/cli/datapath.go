@@ -173,7 +173,7 @@ type falconFlags struct {
 func (f *falconFlags) add(c *cobra.Command) {
 	c.Flags().IntVar(&f.threshold, "threshold", falcon.DefaultThreshold, "falcon: load threshold in percent (0-100): at or above it on average the gate closes, per CPU it rejects a first choice")
 	c.Flags().BoolVar(&f.static, "static", false, "falcon: first choice only (the paper's \"static\"); default is two-choice (\"dynamic\")")
-	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period; ezpath: controller polling period (default 1s)")
+	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period; ezpath: controller polling period (when not given: 1s for ezpath, the default below for falcon)")
 	c.Flags().DurationVar(&f.repick, "repick", falcon.DefaultRepick, "falcon: idle time after which a flow's CPU choice may be re-picked")
 	c.Flags().StringVar(&f.splitCPUs, "split-cpus", "", "falcon: GRO split CPUs (XDP+cpumap on the underlay), e.g. 1")
 	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split on|off|auto (default: on when --split-cpus is given); auto: the node agent attaches the split while the NIC core saturates and detaches it once it cools, with hysteresis")

@@ -24,7 +24,7 @@ type ezpathFlags struct {
 
 func (f *ezpathFlags) add(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVar(&f.policy, "policy", "auto", "ezpath: auto (the controller offloads hot pairs) or manual (only `peregrine ezpath offload`)")
+	fl.StringVar(&f.policy, "policy", "auto", "ezpath: auto (the controller offloads hot pairs) or manual (only \"peregrine ezpath offload\")")
 	fl.IntVar(&f.tableSize, "table-size", ezpath.DefaultTableSize, "ezpath: entries of each ToR tunnel table (ezp_encap, ezp_decap): the switch SRAM")
 	fl.StringVar(&f.classes, "classes", "", "ezpath: priority class file, lines \"<container or IP> critical|high|normal|low|never\"")
 	fl.IntVar(&f.active, "active", ezpath.DefaultActive, "ezpath: intervals a pair must be active before it is offloaded (hysteresis k)")
