@@ -279,7 +279,13 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 {
 	if (f) {
 		f->out_ttl_seen = p->ttl;
-		f->out_ifindex = ctx->ifindex;
+		/* The flow now leaves a pod through another veth (a replaced pod with the same
+		 * address): the egress direction was learned on the old one, so it is no longer
+		 * learned until the normal path carries the flow from this veth. */
+		if (f->out_ifindex != ctx->ifindex) {
+			f->out_ifindex = ctx->ifindex;
+			__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
+		}
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
