@@ -413,6 +413,9 @@ func (g fzGen) tx() []byte {
 		src, dst = dst, src
 	}
 	f := g.inner(dmac, src, dst, true)
+	if rng.IntN(20) == 0 {
+		f = frames.IPv4Options(f, 14, []byte{1, 1, 1, 0})
+	}
 	if rng.IntN(3) == 0 {
 		f = frames.Mutate(rng, f, 14+20+20)
 	}
@@ -460,6 +463,9 @@ func (g fzGen) encap(srcVTEP, dstVTEP netip.Addr, in bool) []byte {
 		vx[rng.IntN(8)] |= byte(1 << rng.IntN(8)) // other VXLAN flags, reserved bits
 	}
 	f := frames.EthMAC(omac, macNicB, 0x0800, h.Wrap(frames.UDP(uint16(32768+rng.IntN(20000)), port, vx)))
+	if rng.IntN(20) == 0 { // outer or inner IPv4 options
+		f = frames.IPv4Options(f, []int{14, 64}[rng.IntN(2)], []byte{1, 1, 1, 0})
+	}
 	if rng.IntN(3) == 0 {
 		f = frames.Mutate(rng, f, 50+14+20+20)
 	}

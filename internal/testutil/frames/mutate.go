@@ -54,3 +54,16 @@ func Pad(f []byte) []byte {
 	}
 	return f
 }
+
+// IPv4Options inserts options (a multiple of 4 bytes) into the IPv4 header at offset l3 of f:
+// header length, total length and header checksum follow; a UDP length after it is left alone
+// (it counts from the UDP header). f must hold a 20-byte header there.
+func IPv4Options(f []byte, l3 int, opts []byte) []byte {
+	out := append(append(append([]byte{}, f[:l3+20]...), opts...), f[l3+20:]...)
+	ip := out[l3:]
+	ip[0] = 0x40 | byte((20+len(opts))/4)
+	binary.BigEndian.PutUint16(ip[2:], binary.BigEndian.Uint16(ip[2:])+uint16(len(opts)))
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], Checksum(ip[:20+len(opts)]))
+	return out
+}
