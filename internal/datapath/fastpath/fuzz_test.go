@@ -76,7 +76,11 @@ func podMAC(i int) net.HardwareAddr { return net.HardwareAddr{0x02, 0xcc, 0, 0, 
 // MACs, most learned both ways and consistent, some learned one way, on another veth, from
 // another VTEP, with another MAC or veth than the pod's, or stale. learner: the flows also
 // carry the TTLs the fast path saw on handover (what the learners look for).
-func newFzEnv(t *testing.T, learner bool) *fzEnv {
+func newFzEnv(t *testing.T, learner bool) *fzEnv { return newFzEnvLayout(t, learner, false) }
+
+// newFzEnvLayout is newFzEnv for the flannel layout or (docker) the docker one: the VXLAN device
+// on "lo", the flows' templates the bridge's Ethernet header.
+func newFzEnvLayout(t *testing.T, learner, docker bool) *fzEnv {
 	t.Helper()
 	testutil.RequireRoot(t)
 	o, err := loadObjects()
@@ -86,7 +90,12 @@ func newFzEnv(t *testing.T, learner bool) *fzEnv {
 	t.Cleanup(func() { o.Close() })
 	ov := &overlay{Layout: LayoutRouted, VNI: fzVNI, Port: fzPort, VTEP: net.IP(vtepA.AsSlice()), PortMin: 32768, PortMax: 60999, MTU: fzMTU,
 		Underlay: devOf(1), VX: endpoints.VXLAN{Dev: devOf(1), MAC: macVxA, Inode: fzNetns, Routed: true}}
-	e := &fzEnv{t: t, o: o, cfg: ov.cfg(), flows: map[fpFpKey]fpFpFlow{}, stale: map[fpFpKey]bool{}, pods: map[uint32]fzPod{},
+	cfg := ov.cfg()
+	if docker {
+		cfg.Flags |= cDocker
+		cfg.VxIfindex = 1
+	}
+	e := &fzEnv{t: t, o: o, cfg: cfg, flows: map[fpFpKey]fpFpFlow{}, stale: map[fpFpKey]bool{}, pods: map[uint32]fzPod{},
 		rng: rand.New(rand.NewPCG(7, 11))}
 	if err := o.PrgFastpathCfg.Put(uint32(0), e.cfg); err != nil {
 		t.Fatal(err)
@@ -148,6 +157,13 @@ func newFzEnv(t *testing.T, learner bool) *fzEnv {
 					f.InIfindex = fzOtherIf
 				case 7:
 					e.stale[k] = true
+				}
+				if docker { // the Ethernet header the bridge sent the flow to the VXLAN device with
+					copy(f.Tmpl[0:], macBridge)
+					copy(f.Tmpl[6:], macPod)
+					if rng.IntN(10) == 0 {
+						f.Tmpl[11] ^= 0x40
+					}
 				}
 				if learner {
 					seen := []uint8{0, 1, 2, 63, 64, 65, 255}
@@ -477,27 +493,20 @@ func (g fzGen) encap(srcVTEP, dstVTEP netip.Addr, in bool) []byte {
 func (e *fzEnv) fzRun(p *ebpf.Program, pkt []byte, gso, mark uint32) (uint32, []byte, uint32) {
 	out := make([]byte, len(pkt)+128)
 	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
-	var ctxOut []byte
-	if gso > 0 || mark != 0 {
-		ctx := make([]byte, 192) // struct __sk_buff: mark at 8, wire_len 160, gso_segs 164, gso_size 176
-		binary.LittleEndian.PutUint32(ctx[8:], mark)
-		if gso > 0 {
-			binary.LittleEndian.PutUint32(ctx[160:], uint32(len(pkt)))
-			binary.LittleEndian.PutUint32(ctx[164:], 2)
-			binary.LittleEndian.PutUint32(ctx[176:], gso)
-		}
-		ctxOut = make([]byte, 192)
-		opts.Context, opts.ContextOut = ctx, ctxOut
+	ctx := make([]byte, 192) // struct __sk_buff: mark at 8, wire_len 160, gso_segs 164, gso_size 176
+	binary.LittleEndian.PutUint32(ctx[8:], mark)
+	if gso > 0 {
+		binary.LittleEndian.PutUint32(ctx[160:], uint32(len(pkt)))
+		binary.LittleEndian.PutUint32(ctx[164:], 2)
+		binary.LittleEndian.PutUint32(ctx[176:], gso)
 	}
+	ctxOut := make([]byte, 192)
+	opts.Context, opts.ContextOut = ctx, ctxOut
 	ret, err := p.Run(opts)
 	if err != nil {
 		e.t.Fatalf("test run: %v (gso %d, % x)", err, gso, pkt)
 	}
-	var m uint32
-	if ctxOut != nil {
-		m = binary.LittleEndian.Uint32(ctxOut[8:])
-	}
-	return ret, opts.DataOut, m
+	return ret, opts.DataOut, binary.LittleEndian.Uint32(ctxOut[8:])
 }
 
 // fzEach runs n frames from gen through check, every 4096th frame also truncated at every
@@ -737,4 +746,97 @@ func TestFuzzLearnRx(t *testing.T) {
 
 func (e *fzEnv) counters(t *testing.T) (Direction, Direction) {
 	return (&progEnv{o: e.o}).counters(t)
+}
+
+// Docker layout: prg_fastpath_dtx redirects a cached flow to the VXLAN device unchanged (marked
+// for its learner), prg_fastpath_drx hands an inner frame straight to the pod, and
+// prg_fastpath_dlrn_tx learns the bridge's Ethernet header; every other frame goes on unchanged.
+
+func TestFuzzDockerTx(t *testing.T) {
+	e := newFzEnvLayout(t, false, true)
+	g := fzGen{e.rng}
+	hits := 0
+	runs := e.fzEach(frames.FuzzCount(20000), g.tx, func(b []byte) {
+		in := append([]byte{}, b...)
+		hit := false
+		if p, r := fzParse(in, 0); r == fzParsed {
+			f, ok := e.learned(p.keyOut(), fOut|fIn)
+			hit = ok && f.OutIfindex == 1 && bytes.Equal(in[:12], f.Tmpl[:12]) && f.OutTtlDec == 0
+		}
+		ret, out, mark := e.fzRun(e.o.PrgFastpathDtx, b, 0, 0)
+		want, wmark := tcxNext, uint32(0)
+		if hit {
+			want, wmark = tcActRedirect, markFast
+			hits++
+		}
+		if ret != uint32(want) || mark != wmark || !bytes.Equal(out, in) {
+			t.Errorf("dtx: verdict %d mark %#x, model %d %#x; frame changed %v: % x", int32(ret), mark, int32(want), wmark, !bytes.Equal(out, in), in)
+		}
+	})
+	t.Logf("%d frames, %d redirected", runs, hits)
+	if hits == 0 || hits == runs {
+		t.Fatalf("%d of %d frames redirected: the generator misses a path", hits, runs)
+	}
+}
+
+func TestFuzzDockerRx(t *testing.T) {
+	e := newFzEnvLayout(t, false, true)
+	g := fzGen{e.rng}
+	gen := func() []byte {
+		if e.rng.IntN(8) == 0 {
+			return frames.Random(e.rng, []uint16{fzPort})
+		}
+		li := e.rng.IntN(len(fzLocal))
+		f := g.inner(podMAC(li), g.pick(fzRemote), fzLocal[e.rng.IntN(len(fzLocal))], false)
+		if e.rng.IntN(3) == 0 {
+			f = frames.Mutate(e.rng, f, 14+20+20)
+		}
+		return f
+	}
+	hits := 0
+	runs := e.fzEach(frames.FuzzCount(20000), gen, func(b []byte) {
+		in := append([]byte{}, b...)
+		want := []byte(nil)
+		if p, r := fzParse(in, 0); r == fzParsed {
+			f, ok := e.learned(p.keyIn(), fOut|fIn)
+			pod, live := e.pods[p.daddr]
+			if ok && live && pod.state == podLive && pod.v.Ifindex == f.InIfindex && bytes.Equal(pod.v.CtrMac[:], f.InMac[:6]) &&
+				bytes.Equal(in[:6], f.InMac[:6]) && f.InTtlDec == 0 {
+				want = append(append([]byte{}, f.InMac[:]...), in[12:]...)
+			}
+		}
+		ret, out, _ := e.fzRun(e.o.PrgFastpathDrx, b, 0, 0)
+		switch {
+		case want == nil && (ret != tcxNext || !bytes.Equal(out, in)):
+			t.Errorf("drx: model: normal path; program: verdict %d, changed %v: % x", int32(ret), !bytes.Equal(out, in), in)
+		case want != nil && (ret != tcActRedirect || !bytes.Equal(out, want)):
+			t.Errorf("drx: model: to the pod; program: verdict %d\n in % x\nout % x\nwant % x", int32(ret), in, out, want)
+		}
+		if want != nil {
+			hits++
+		}
+	})
+	t.Logf("%d frames, %d delivered", runs, hits)
+	if hits == 0 || hits == runs {
+		t.Fatalf("%d of %d frames delivered: the generator misses a path", hits, runs)
+	}
+}
+
+func TestFuzzDockerLearnTx(t *testing.T) {
+	e := newFzEnvLayout(t, true, true)
+	g := fzGen{e.rng}
+	fzLearnCheck(t, e, e.o.PrgFastpathDlrnTx, true, g.tx, func(b []byte) (fpFpKey, fpFpFlow, bool) {
+		p, r := fzParse(b, 0)
+		if r != fzParsed {
+			return fpFpKey{}, fpFpFlow{}, false
+		}
+		k := p.keyOut()
+		f, ok := e.flows[k]
+		if !ok || f.OutTtlSeen == 0 || f.OutTtlSeen < p.ttl {
+			return k, f, false
+		}
+		copy(f.Tmpl[:14], b[:14])
+		f.OutTtlDec, f.OutTtlSeen, f.Flags = f.OutTtlSeen-p.ttl, 0, f.Flags|fOut
+		return k, f, true
+	})
 }
