@@ -34,3 +34,12 @@ demo:
 	./scripts/demo.sh
 test:
 	./scripts/test.sh
+
+# Fuzzing (root: BPF_PROG_TEST_RUN): every eBPF packet program gets FUZZ_N generated frames
+# (random, damaged, truncated at every offset, GSO metadata where a program reads it) checked
+# against its Go model; the per-program frame counts and times are in the -v output. The test
+# suite runs a slice of each (internal/testutil/frames.FuzzCount).
+FUZZ_N ?= 1000000
+.PHONY: fuzz
+fuzz:
+	PEREGRINE_FUZZ_N=$(FUZZ_N) $(GO) test -run Fuzz -count=1 -timeout 60m -v ./internal/...
