@@ -74,6 +74,7 @@ type Daemon struct {
 	closeOnce  sync.Once
 
 	ringsHuge, ringsNormal atomic.Int64
+	ringsLive              atomic.Int64
 	bytesMoved, published  atomic.Uint64
 	entries, failed        atomic.Uint64
 }
@@ -352,6 +353,7 @@ func (d *Daemon) newSock(p *proc, sid int) (*sock, error) {
 	} else {
 		d.ringsNormal.Add(1)
 	}
+	d.ringsLive.Add(1)
 	off := p.lay.SockOff(sid)
 	s := &sock{p: p, sid: uint32(sid), hdr: p.ctl.Mem[off : off+SockHdrSize], rx: rx, R: uint64(p.ring)}
 	clear(s.hdr)
@@ -613,6 +615,7 @@ func (d *Daemon) free(s *sock) {
 		}
 		d.mu.Unlock()
 		s.rx.Close()
+		d.ringsLive.Add(-1)
 	})
 }
 
@@ -690,6 +693,7 @@ type Status struct {
 	PoolBytes     int           `json:"pool_bytes"`
 	RingsHuge     int64         `json:"rings_hugepage"`
 	RingsNormal   int64         `json:"rings_normal_pages"`
+	RingsLive     int64         `json:"rings_live"`
 	Hugepages     string        `json:"hugepages"`
 	BytesCopied   uint64        `json:"bytes_copied"`
 	BytesPublish  uint64        `json:"bytes_published_in_place"`
@@ -708,7 +712,7 @@ type ClientState struct {
 // Status snapshots the daemon.
 func (d *Daemon) Status() Status {
 	st := Status{Socket: d.cfg.Socket, Mode: "engine", Engines: d.cfg.EngineCPUs, RingBytes: d.cfg.Ring, PoolBytes: d.cfg.Pool,
-		RingsHuge: d.ringsHuge.Load(), RingsNormal: d.ringsNormal.Load(), BytesCopied: d.bytesMoved.Load(),
+		RingsHuge: d.ringsHuge.Load(), RingsNormal: d.ringsNormal.Load(), RingsLive: d.ringsLive.Load(), BytesCopied: d.bytesMoved.Load(),
 		BytesPublish: d.published.Load(), Entries: d.entries.Load(), FailedEntries: d.failed.Load()}
 	if d.cfg.Direct {
 		st.Mode = "direct"

@@ -123,23 +123,23 @@ func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
 			e.fail(p, cq, ent, s, unix.EPIPE)
 			return
 		}
-		head := peer.head.Load()
-		if peer.tail+n-head > peer.R {
+		head, tail := peer.head.Load(), peer.tail.Load()
+		if tail+n-head > peer.R {
 			e.fail(p, cq, ent, s, unix.ENOBUFS) // the library ignored its credit
 			return
 		}
 		if ent.Type == ReqSend {
-			copyRing(peer.rx.Mem, peer.tail, p.pool.Mem, ent.Src, n)
+			copyRing(peer.rx.Mem, tail, p.pool.Mem, ent.Src, n)
 			e.d.bytesMoved.Add(n)
 		} else {
-			if !e.d.cfg.Direct || ent.Dst != peer.tail {
+			if !e.d.cfg.Direct || ent.Dst != tail {
 				e.fail(p, cq, ent, s, unix.EINVAL) // direct data must be published in stream order
 				return
 			}
 			e.d.published.Add(n)
 		}
-		peer.tail += n
-		store64(peer.hdr, ShRxTail, peer.tail)
+		peer.tail.Store(tail + n)
+		store64(peer.hdr, ShRxTail, tail+n)
 		store64(s.hdr, ShTxDone, load64(s.hdr, ShTxDone)+n)
 		e.markWake(peer.p)
 		if ent.Type == ReqSend {
@@ -153,8 +153,8 @@ func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
 		}
 		n := ent.Dst
 		head := s.head.Load()
-		if n > s.tail-head {
-			n = s.tail - head // never release what was not delivered
+		if t := s.tail.Load(); n > t-head {
+			n = t - head // never release what was not delivered
 		}
 		head += n
 		s.head.Store(head)

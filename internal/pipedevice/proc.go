@@ -107,8 +107,9 @@ type sock struct {
 	hdr     []byte // the 64-byte header in p's control memory
 	rx      *Memfd
 	R       uint64
-	tail    uint64        // engine (one per connection direction) writes
+	tail    atomic.Uint64 // engine handling the peer's sends writes (one per direction)
 	head    atomic.Uint64 // engine processing the owner's releases writes
+	st      atomic.Uint32 // the authoritative state; the header's copy is for the library only
 	peer    atomic.Pointer[sock]
 	closing atomic.Bool
 
@@ -123,8 +124,13 @@ type sock struct {
 	freeOnce   sync.Once
 }
 
-func (s *sock) state() uint32     { return load32(s.hdr, ShState) }
-func (s *sock) setState(v uint32) { store32(s.hdr, ShState, v) }
+// state is the daemon's own copy: the header lives in memory the client can write, so the
+// daemon never decides anything from it.
+func (s *sock) state() uint32 { return s.st.Load() }
+func (s *sock) setState(v uint32) {
+	s.st.Store(v)
+	store32(s.hdr, ShState, v)
+}
 
 // peerNetns identifies the caller of a unix socket: its pid (SO_PEERCRED) and network namespace.
 func peerNetns(c *net.UnixConn) (int, string, error) {

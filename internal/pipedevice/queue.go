@@ -32,7 +32,12 @@ func (q *Queue) Init() {
 
 func (q *Queue) slot(pos uint64) int { return QueueHdr + int(pos&q.mask)*EntrySize }
 
-// Push enqueues all of es or nothing (false: not enough free slots).
+// pushTries bounds Push's retries: the queue lives in memory a client can write, so a corrupted
+// slot sequence must not keep the daemon (or the engine) spinning forever.
+const pushTries = 1 << 16
+
+// Push enqueues all of es or nothing (false: not enough free slots, or the queue's memory is
+// corrupt).
 func (q *Queue) Push(es ...Entry) bool {
 	n := uint64(len(es))
 	if n == 0 {
@@ -41,7 +46,7 @@ func (q *Queue) Push(es ...Entry) bool {
 	if n > q.depth {
 		return false
 	}
-	for {
+	for try := 0; try < pushTries; try++ {
 		pos := load64(q.mem, 0)
 		// Slots are freed in order by the single consumer, so if the last slot we need is free
 		// for this lap, so are the ones before it.
@@ -64,6 +69,7 @@ func (q *Queue) Push(es ...Entry) bool {
 		}
 		return true
 	}
+	return false
 }
 
 // Pop dequeues one entry (single consumer per queue).
