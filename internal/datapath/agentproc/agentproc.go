@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
@@ -48,6 +50,12 @@ func Start(mode, target string) (int, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// A detached agent outlives us: it must not keep descriptors we inherited without
+	// close-on-exec (a caller's `flock LOCK peregrine attach ...` would stay locked for as long
+	// as the agent runs). Go opens its own with O_CLOEXEC; mark the rest so.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, fmt.Errorf("%s: start agent: mark inherited descriptors close-on-exec: %w", mode, err)
+	}
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("%s: start agent: %w", mode, err)
 	}
