@@ -135,6 +135,21 @@ func TestFuzzXDP(t *testing.T) {
 				return
 			}
 			runs++
+			if len(seq) > 8000 { // the flow tables are LRUs of 16384: start over before they evict
+				for _, m := range []*ebpf.Map{l.objs.PrgGsFlows, l.objs.PrgGsMflows} {
+					var keys []gsPrgFlow
+					var k gsPrgFlow
+					for err := m.NextKey(nil, &k); err == nil; err = m.NextKey(k, &k) {
+						keys = append(keys, k)
+					}
+					for _, k := range keys {
+						if err := m.Delete(k); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				clear(seq)
+			}
 			in := append([]byte{}, b...)
 			got := l.fzRun(t, b)
 			k, vx, ok := modelFlow(in, ports)
