@@ -54,9 +54,9 @@ func ParseConfig(s string) (Config, error) {
 	parts := strings.Split(s, "/")
 	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative:
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux:
 	default:
-		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel or native)", s, style)
+		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, linux or native)", s, style)
 	}
 	c := Config{Style: style, Mode: ModeVanilla}
 	var names []string
@@ -71,8 +71,8 @@ func ParseConfig(s string) (Config, error) {
 			}
 			continue
 		}
-		if style == lab.StyleNative {
-			return Config{}, fmt.Errorf("config %q: the native style has no overlay to attach %s to", s, mode)
+		if lab.HostEndpoints(style) {
+			return Config{}, fmt.Errorf("config %q: the %s style has no container overlay to attach %s to (modes run on docker or flannel)", s, style, mode)
 		}
 		if _, err := datapath.Lookup(mode); err != nil {
 			return Config{}, fmt.Errorf("config %q: %w (or vanilla)", s, err)

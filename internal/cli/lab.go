@@ -29,6 +29,10 @@ Styles:
            a veth into each container. A received packet crosses three namespaces.
   flannel  flannel's VXLAN backend: flannel.1 (port 8472) and cni0 in the host namespace,
            a /24 per host, static routes, neighbours and FDB entries.
+  linux    the dissertation's "Linux overlay": vxlan0 (port 4789) attached to eth0 in each host
+           namespace with an overlay address (198.19.<host>.2/16, MTU 1450); applications run
+           on the hosts and use it. No bridge, no veth, no containers: VXLAN's own cost.
+           Datapath modes do not support it (attach says what it could not find).
   native   no overlay: applications run in the host namespaces (the baseline).
 
 Namespaces are named prg-<lab>-h1, prg-<lab>-h1-c1, prg-<lab>-h1-ov, prg-<lab>-sw.
@@ -51,6 +55,7 @@ func newLabUpCmd() *cobra.Command {
   peregrine lab up --rx-cpus 0                      # receive of the underlay on CPU0, like a NIC IRQ
   peregrine lab up --file topo.yaml                 # flags given on the command line win over the file
   peregrine lab up --name b --style native          # a second lab beside the first
+  peregrine lab up --name l --style linux           # hosts talk over vxlan0: lab exec h1 -- ping 198.19.2.2
   peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -102,7 +107,7 @@ func newLabUpCmd() *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&spec.Name, "name", lab.DefaultName, "lab name (namespaces are prg-<name>-...)")
-	f.StringVar(&spec.Style, "style", lab.StyleDocker, "docker, flannel or native")
+	f.StringVar(&spec.Style, "style", lab.StyleDocker, "docker, flannel, linux (VXLAN in the host namespace, no containers) or native")
 	f.IntVar(&spec.Hosts, "hosts", 2, "number of hosts (at least 2)")
 	f.IntVar(&spec.Containers, "containers", 1, "containers per host")
 	f.StringVar(&spec.Underlay, "underlay", "", "direct (veth pair, 2 hosts) or switch (bridge namespace); default picks by host count")

@@ -113,6 +113,8 @@ func (b *builder) build() error {
 			err = b.dockerHost(i)
 		case StyleFlannel:
 			err = b.flannelHost(i)
+		case StyleLinux:
+			err = b.linuxHost(i)
 		}
 		if err != nil {
 			return err

@@ -31,11 +31,11 @@ func upForTest(t *testing.T, spec Spec) *Lab {
 }
 
 func TestStylesConnectAllContainers(t *testing.T) {
-	for _, style := range []string{StyleDocker, StyleFlannel, StyleNative} {
+	for _, style := range []string{StyleDocker, StyleFlannel, StyleNative, StyleLinux} {
 		t.Run(style, func(t *testing.T) {
 			l := upForTest(t, Spec{Name: "t" + style[:4], Style: style, Hosts: 2, Containers: 2})
 			want := 4
-			if style == StyleNative {
+			if HostEndpoints(style) {
 				want = 2
 			}
 			if got := len(l.Endpoints()); got != want {

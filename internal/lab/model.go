@@ -11,6 +11,9 @@
 //	flannel: host ns: eth0, flannel.1 (VXLAN, port 8472), cni0 bridge, one veth per container,
 //	         a /24 per host, L3 routes and static neighbour/FDB entries (no learning)
 //	native:  applications run in the host namespaces over the underlay (the baseline)
+//	linux:   the dissertation's "Linux overlay": applications in the host namespaces talk over
+//	         vxlan0, a VXLAN device attached to eth0 with an overlay address (one L2 subnet,
+//	         static FDB/neighbour entries); no bridge, no veth, no containers
 //
 // With ToR (--tor) every host hangs off its own top-of-rack switch namespace (tor.go).
 //
@@ -30,7 +33,18 @@ const (
 	StyleDocker  = "docker"
 	StyleFlannel = "flannel"
 	StyleNative  = "native"
+	// StyleLinux is the dissertation's "Linux overlay" (ch. 2): a VXLAN device in the host
+	// namespace, applications on the hosts using its overlay address. It isolates the cost of
+	// VXLAN itself (two receive stages: NIC, VXLAN) from the bridge and veth of container overlays.
+	StyleLinux = "linux"
 )
+
+// Styles lists every style, in the order help texts name them.
+var Styles = []string{StyleDocker, StyleFlannel, StyleLinux, StyleNative}
+
+// HostEndpoints reports whether applications of the style run in the host namespaces
+// (native, linux) rather than in containers; such labs have no containers.
+func HostEndpoints(style string) bool { return style == StyleNative || style == StyleLinux }
 
 // Underlay kinds.
 const (
@@ -94,7 +108,7 @@ type Node struct {
 	Host    string   `json:"host,omitempty"`
 	Devices []Device `json:"devices"`
 	// Addr is the address applications on this node use: the overlay address of a container,
-	// the underlay address of a host.
+	// the underlay address of a host (linux style: the host's overlay address on vxlan0).
 	Addr string `json:"addr,omitempty"`
 }
 
@@ -114,9 +128,10 @@ type Device struct {
 	Port int `json:"port,omitempty"`
 }
 
-// Endpoints returns the nodes applications run on: containers, or hosts in the native style.
+// Endpoints returns the nodes applications run on: containers, or hosts in the native and
+// linux styles.
 func (l *Lab) Endpoints() []Node {
-	if l.Spec.Style == StyleNative {
+	if HostEndpoints(l.Spec.Style) {
 		return l.Hosts
 	}
 	return l.Containers

@@ -52,6 +52,18 @@ func (s *Spec) ContainerAddr(i, j int) netip.Prefix {
 	return netip.PrefixFrom(a, 24)
 }
 
+// LinuxAddr is host i's overlay address in the linux style, on its vxlan0: the whole overlay
+// CIDR is one L2 subnet, as in the docker style, and host i takes the address the docker style
+// gives its first container (198.19.<i>.2/16), so tools that compute frames for "the first
+// endpoint of host i" (the injector) address the same thing in both styles.
+func (s *Spec) LinuxAddr(i int) netip.Prefix {
+	return netip.PrefixFrom(nth(s.HostSubnet(i), 2), netip.MustParsePrefix(s.OverlayCIDR).Bits())
+}
+
+// LinuxMAC is host i's vxlan0 MAC in the linux style: the MAC the docker style gives the
+// container with the same address (ContainerMAC(i, 1)), derived from LinuxAddr.
+func (s *Spec) LinuxMAC(i int) net.HardwareAddr { return macFromAddr(0x02, s.LinuxAddr(i).Addr()) }
+
 // GatewayAddr is cni0's address on host i (flannel).
 func (s *Spec) GatewayAddr(i int) netip.Prefix { return netip.PrefixFrom(nth(s.HostSubnet(i), 1), 24) }
 

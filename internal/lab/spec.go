@@ -26,7 +26,10 @@ func (s *Spec) Defaults() {
 	if s.Hosts == 0 {
 		s.Hosts = 2
 	}
-	if s.Containers == 0 && s.Style != StyleNative {
+	if s.Style == StyleLinux {
+		s.Containers = 0 // applications run on the hosts; --containers has nothing to build
+	}
+	if s.Containers == 0 && !HostEndpoints(s.Style) {
 		s.Containers = 1
 	}
 	if s.Underlay == "" {
@@ -75,9 +78,9 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("lab name %q is invalid: use 1-12 lowercase letters or digits", s.Name)
 	}
 	switch s.Style {
-	case StyleDocker, StyleFlannel, StyleNative:
+	case StyleDocker, StyleFlannel, StyleNative, StyleLinux:
 	default:
-		return fmt.Errorf("unknown style %q: choose docker, flannel or native", s.Style)
+		return fmt.Errorf("unknown style %q: choose docker, flannel, linux or native", s.Style)
 	}
 	if s.Hosts < 2 {
 		return fmt.Errorf("hosts must be at least 2 (got %d): an overlay needs a remote host", s.Hosts)
@@ -88,7 +91,7 @@ func (s *Spec) Validate() error {
 	if s.Containers < 0 || s.Containers > 200 {
 		return fmt.Errorf("containers per host must be between 1 and 200 (got %d)", s.Containers)
 	}
-	if s.Style != StyleNative && s.Containers < 1 {
+	if !HostEndpoints(s.Style) && s.Containers < 1 {
 		return fmt.Errorf("the %s style needs at least 1 container per host", s.Style)
 	}
 	switch s.Underlay {

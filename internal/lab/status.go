@@ -36,7 +36,11 @@ func Status(name string) (*Lab, error) {
 		return nil
 	}
 	for i := 1; i <= s.Hosts; i++ {
-		if err := add(&l.Hosts, hostName(i), "host", "", s.HostAddr(i).String()); err != nil {
+		addr := s.HostAddr(i).String()
+		if s.Style == StyleLinux {
+			addr = s.LinuxAddr(i).String() // applications use the overlay address
+		}
+		if err := add(&l.Hosts, hostName(i), "host", "", addr); err != nil {
 			return nil, err
 		}
 		if s.Style == StyleDocker {
@@ -44,7 +48,7 @@ func Status(name string) (*Lab, error) {
 				return nil, err
 			}
 		}
-		if s.Style != StyleNative {
+		if !HostEndpoints(s.Style) {
 			for j := 1; j <= s.Containers; j++ {
 				if err := add(&l.Containers, containerName(i, j), "container", hostName(i), s.ContainerAddr(i, j).String()); err != nil {
 					return nil, err

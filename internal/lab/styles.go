@@ -139,3 +139,42 @@ func (b *builder) flannelHost(i int) error {
 	}
 	return nil
 }
+
+// LinuxVXLAN is the name of the linux style's VXLAN device in each host namespace.
+const LinuxVXLAN = "vxlan0"
+
+// linuxHost builds the dissertation's "Linux overlay" on host i: one VXLAN device attached to
+// the host interface (eth0), made with iproute2's defaults plus static entries, carrying an
+// overlay address in the host namespace. No bridge, no veth, no container: applications on the
+// host talk to the other hosts' overlay addresses, so a packet meets two receive stages (NIC,
+// VXLAN) in one namespace. Remote hosts are known statically (neighbour: overlay IP -> VTEP
+// MAC; FDB: MAC -> underlay address), like the other styles, so nothing waits on learning.
+func (b *builder) linuxHost(i int) error {
+	s := b.s
+	host, err := b.at(hostName(i))
+	if err != nil {
+		return err
+	}
+	if err := host.vxlan(vxlanConf{name: LinuxVXLAN, vni: s.VNI, port: s.VXLANPort, local: s.HostAddr(i).Addr(),
+		dev: "eth0", mtu: s.OverlayMTU(), mac: s.LinuxMAC(i)}); err != nil {
+		return err
+	}
+	if err := host.addr(LinuxVXLAN, s.LinuxAddr(i)); err != nil {
+		return err
+	}
+	if err := host.up(LinuxVXLAN); err != nil {
+		return err
+	}
+	for k := 1; k <= s.Hosts; k++ {
+		if k == i {
+			continue
+		}
+		if err := host.fdb(LinuxVXLAN, s.LinuxMAC(k), s.HostAddr(k).Addr()); err != nil {
+			return err
+		}
+		if err := host.neigh(LinuxVXLAN, s.LinuxAddr(k).Addr(), s.LinuxMAC(k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
