@@ -15,10 +15,13 @@ type Snapshot struct {
 	CPU      CPUStat
 	Softirqs Softirqs
 	Softnet  Softnet
-	Nstat    map[string]Counters // by namespace name ("" = the caller's namespace)
+	// Interrupts is /proc/interrupts; Interrupts.Rows is nil where the file could not be read
+	// (the interval then has no interrupt part, and says why in its errors).
+	Interrupts Interrupts
+	Nstat      map[string]Counters // by namespace name ("" = the caller's namespace)
 }
 
-// TakeSnapshot reads /proc/stat, /proc/softirqs, /proc/net/softnet_stat and the nstat counters
+// TakeSnapshot reads /proc/stat, /proc/softirqs, /proc/interrupts, /proc/net/softnet_stat and the nstat counters
 // of each namespace. The machine-wide files are read first and back to back so that they
 // describe nearly the same instant; namespace reads (a setns each) come after.
 func TakeSnapshot(namespaces []string) (Snapshot, error) {
@@ -30,6 +33,9 @@ func TakeSnapshot(namespaces []string) (Snapshot, error) {
 	if s.Softirqs, err = ReadSoftirqs(); err != nil {
 		return s, err
 	}
+	// Interrupts are optional: a kernel or container without a readable /proc/interrupts
+	// must not cost the rest of the probes.
+	s.Interrupts, _ = ReadInterrupts()
 	if s.Softnet, err = ReadSoftnet(); err != nil {
 		return s, err
 	}
@@ -47,12 +53,14 @@ func TakeSnapshot(namespaces []string) (Snapshot, error) {
 // Interval is what happened between two snapshots. A part whose delta failed (see Report.Errors)
 // is left out rather than failing the whole interval.
 type Interval struct {
-	StartS    float64                     `json:"start_s"` // seconds since the sampler started
-	DurationS float64                     `json:"duration_s"`
-	CPU       *CPUShares                  `json:"cpu,omitempty"`
-	Softirqs  *SoftirqDelta               `json:"softirqs,omitempty"`
-	Softnet   *SoftnetDelta               `json:"softnet,omitempty"`
-	Nstat     map[string]map[string]int64 `json:"nstat,omitempty"` // namespace -> counter -> delta
+	StartS    float64       `json:"start_s"` // seconds since the sampler started
+	DurationS float64       `json:"duration_s"`
+	CPU       *CPUShares    `json:"cpu,omitempty"`
+	Softirqs  *SoftirqDelta `json:"softirqs,omitempty"`
+	Softnet   *SoftnetDelta `json:"softnet,omitempty"`
+	// Interrupts are /proc/interrupts deltas: per kind and CPU, the total, the device rows.
+	Interrupts *InterruptDelta             `json:"interrupts,omitempty"`
+	Nstat      map[string]map[string]int64 `json:"nstat,omitempty"` // namespace -> counter -> delta
 }
 
 // Diff computes the interval between two snapshots. counters names, per namespace, the nstat
@@ -69,6 +77,13 @@ func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (I
 		iv.Softirqs = &d
 	} else {
 		errs = append(errs, fmt.Errorf("softirqs: %w", err))
+	}
+	if prev.Interrupts.Rows == nil || cur.Interrupts.Rows == nil {
+		errs = append(errs, fmt.Errorf("interrupts: /proc/interrupts not read"))
+	} else if d, err := InterruptDeltas(prev.Interrupts, cur.Interrupts); err == nil {
+		iv.Interrupts = &d
+	} else {
+		errs = append(errs, fmt.Errorf("interrupts: %w", err))
 	}
 	if d, err := SoftnetDeltas(prev.Softnet, cur.Softnet); err == nil {
 		iv.Softnet = &d

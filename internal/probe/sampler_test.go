@@ -51,7 +51,7 @@ func TestSamplerSeriesAndTotals(t *testing.T) {
 	if len(r.Totals.Nstat[""]) != len(DefaultCounters) {
 		t.Errorf("root namespace: %d counters, want the %d defaults", len(r.Totals.Nstat[""]), len(DefaultCounters))
 	}
-	if r.Totals.CPU == nil || r.Totals.Softirqs == nil || r.Totals.Softnet == nil {
+	if r.Totals.CPU == nil || r.Totals.Softirqs == nil || r.Totals.Softnet == nil || r.Totals.Interrupts == nil {
 		t.Fatalf("totals incomplete: %+v", r.Totals)
 	}
 	checkShareInvariants(t, *r.Totals.CPU)
@@ -164,14 +164,14 @@ func TestSamplerBadNamespace(t *testing.T) {
 
 func TestDiffReportsPartialFailure(t *testing.T) {
 	a := Snapshot{Time: time.Unix(100, 0), CPU: mustParseStat(t, statA), Softirqs: mustParseSoftirqs(t, softirqsA),
-		Softnet: mustParseSoftnet(t, softnet15A), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
+		Softnet: mustParseSoftnet(t, softnet15A), Interrupts: mustParseInterrupts(t, interruptsA), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
 	b := Snapshot{Time: time.Unix(101, 0), CPU: mustParseStat(t, statB), Softirqs: mustParseSoftirqs(t, softirqsB),
-		Softnet: mustParseSoftnet(t, softnet13A), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
+		Softnet: mustParseSoftnet(t, softnet13A), Interrupts: mustParseInterrupts(t, interruptsB), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
 	iv, errs := Diff(a, b, map[string][]string{"x": DefaultCounters}, time.Unix(99, 0))
 	if len(errs) != 1 || iv.Softnet != nil {
 		t.Errorf("softnet layout change: errs %v, softnet %v", errs, iv.Softnet)
 	}
-	if iv.CPU == nil || iv.Softirqs == nil || iv.Nstat["x"] == nil {
+	if iv.CPU == nil || iv.Softirqs == nil || iv.Nstat["x"] == nil || iv.Interrupts == nil {
 		t.Error("a failing part took the others down")
 	}
 	if iv.StartS != 1 || iv.DurationS != 1 {
