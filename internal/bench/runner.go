@@ -320,6 +320,7 @@ func fillProbes(rep *results.Rep, r *probe.Report, recvNs string) {
 			}
 		}
 	}
+	fillInterrupts(rep, t.Interrupts)
 	if t.Softnet != nil {
 		rep.Counters["softnet.processed"] = float64(t.Softnet.Total.Processed)
 		rep.Counters["softnet.dropped"] = float64(t.Softnet.Total.Dropped)

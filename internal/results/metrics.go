@@ -24,8 +24,20 @@ const (
 	MetricLoss         = "loss_frac"      // UDP: 1 - delivered/sent
 	MetricCPUBusy      = "cpu_busy_cores" // receiver busy CPU, in cores (1.0 = one core saturated)
 	MetricNetRX        = "softirqs_net_rx_count"
-	MetricIRQs         = "irqs_count"
+	// MetricIRQs is every interrupt /proc/interrupts counted during the repetition, summed over
+	// CPUs and rows (device IRQs, IPIs, local timer, ...); IRQMetric names one kind of them.
+	MetricIRQs = "irqs_count"
 )
+
+// IRQKinds are the kinds of Rep.Interrupts, in the order reports show them: device IRQs
+// (numbered rows of /proc/interrupts), function-call IPIs (CAL: what RPS uses to kick a remote
+// CPU's backlog), rescheduling IPIs (RES: wakeups), TLB shootdowns, the local timer, the rest.
+var IRQKinds = []string{"device", "cal", "res", "tlb", "loc", "other"}
+
+// IRQMetric is the metric holding the count of one interrupt kind over a repetition
+// ("irqs_cal_count"). Summarize derives it, like irqs_count, from Rep.Interrupts when the rep
+// does not report it.
+func IRQMetric(kind string) string { return "irqs_" + kind + "_count" }
 
 // SoftirqMetric is the metric holding the total count of one softirq (NET_RX) over a repetition.
 // Summarize derives it from Rep.Softirqs when the rep does not report it.

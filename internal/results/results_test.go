@@ -260,3 +260,41 @@ func TestComputeRatiosZeroDenominator(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestInterruptsFillAndDerive(t *testing.T) {
+	var rep results.Rep
+	rep.SetInterrupts(map[string][]uint64{"device": {0, 0}, "cal": {300, 20}, "res": {5, 7}, "loc": {100, 100}})
+	want := map[string]float64{results.MetricIRQs: 532, results.IRQMetric("cal"): 320, results.IRQMetric("res"): 12,
+		results.IRQMetric("device"): 0, results.IRQMetric("loc"): 200}
+	for m, v := range want {
+		if got := rep.Metrics[m]; got != v {
+			t.Errorf("%s = %g, want %g", m, got, v)
+		}
+	}
+	// A file that has only the per-CPU vectors still summarizes irqs_count (derived).
+	p := results.Point{Config: "a"}
+	for i, cal := range []uint64{10, 30, 20} {
+		p.Reps = append(p.Reps, results.Rep{Index: i, Metrics: map[string]float64{},
+			Interrupts: map[string][]uint64{"cal": {cal, 0}, "res": {1, 1}}})
+	}
+	results.Summarize(&p)
+	if s := p.Summary[results.MetricIRQs]; s.Median != 22 || s.Min != 12 || s.Max != 32 || s.N != 3 {
+		t.Errorf("derived %s = %+v, want median 22 min 12 max 32", results.MetricIRQs, s)
+	}
+	if s := p.Summary[results.IRQMetric("cal")]; s.Median != 20 {
+		t.Errorf("derived irqs_cal_count = %+v, want median 20", s)
+	}
+	// Validate catches a total that disagrees with its vectors.
+	run := &results.Run{Schema: results.Schema, Env: results.Env{CPUs: 2}, Configs: []results.Config{{Name: "a"}},
+		Points: []results.Point{{Config: "a", X: map[string]float64{"size": 1}, Reps: []results.Rep{rep}}}}
+	run.Points[0].Reps[0].Metrics[results.MetricIRQs] = 1
+	found := false
+	for _, e := range run.Validate() {
+		if strings.Contains(e.Error(), results.MetricIRQs) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("Validate should flag irqs_count 1 against vectors summing to 532: %v", run.Validate())
+	}
+}

@@ -32,7 +32,41 @@ func (r *Rep) metricValue(name string) (float64, bool) {
 			return float64(sumU64(vec)), true
 		}
 	}
+	if len(r.Interrupts) > 0 {
+		if name == MetricIRQs {
+			var t uint64
+			for _, vec := range r.Interrupts {
+				t += sumU64(vec)
+			}
+			return float64(t), true
+		}
+		for k, vec := range r.Interrupts {
+			if name == IRQMetric(k) {
+				return float64(sumU64(vec)), true
+			}
+		}
+	}
 	return 0, false
+}
+
+// SetInterrupts records a repetition's interrupt deltas (kind -> count per CPU) and fills
+// irqs_count (all of them) and irqs_<kind>_count for every kind.
+func (r *Rep) SetInterrupts(byKind map[string][]uint64) {
+	if len(byKind) == 0 {
+		return
+	}
+	if r.Metrics == nil {
+		r.Metrics = map[string]float64{}
+	}
+	r.Interrupts = map[string][]uint64{}
+	var total uint64
+	for k, vec := range byKind {
+		r.Interrupts[k] = append([]uint64(nil), vec...)
+		n := sumU64(vec)
+		total += n
+		r.Metrics[IRQMetric(k)] = float64(n)
+	}
+	r.Metrics[MetricIRQs] = float64(total)
 }
 
 // Value is the value of a metric in this rep, including derived softirq totals.
@@ -56,6 +90,10 @@ func (p *Point) metricNames() []string {
 		}
 		for k := range r.Softirqs {
 			set[SoftirqMetric(k)] = true
+		}
+		for k := range r.Interrupts {
+			set[IRQMetric(k)] = true
+			set[MetricIRQs] = true
 		}
 	}
 	names := make([]string, 0, len(set))

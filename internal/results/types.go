@@ -153,6 +153,9 @@ type Rep struct {
 	CPU []CPUShare `json:"cpu,omitempty"`
 	// Softirqs are /proc/softirqs deltas: name (NET_RX, NET_TX, ...) -> count per CPU, indexed by CPU.
 	Softirqs map[string][]uint64 `json:"softirqs,omitempty"`
+	// Interrupts are /proc/interrupts deltas by kind (IRQKinds: device, cal, res, tlb, loc,
+	// other) -> count per CPU, indexed like Softirqs. irqs_count is their sum.
+	Interrupts map[string][]uint64 `json:"interrupts,omitempty"`
 	// Stages attribute receive-path work to CPUs, one entry per (stage, device, CPU).
 	Stages []StageCPU `json:"stages,omitempty"`
 	// Counters are other deltas: nstat (TcpExtTCPOFOQueue, UdpRcvbufErrors, ...) and softnet

@@ -149,6 +149,20 @@ func (r *Run) validateRep(v *validator, where string, rep *Rep) {
 			v.add("%s: %s %g differs from the per-CPU sum %d", where, SoftirqMetric(name), total, sumU64(vec))
 		}
 	}
+	var irqs uint64
+	for _, kind := range sortedKeys(rep.Interrupts) {
+		vec := rep.Interrupts[kind]
+		if r.Env.CPUs > 0 && len(vec) < r.Env.CPUs {
+			v.add("%s: interrupts %s has %d per-CPU counts, env has %d CPUs", where, kind, len(vec), r.Env.CPUs)
+		}
+		if total, ok := rep.Metrics[IRQMetric(kind)]; ok && total != float64(sumU64(vec)) {
+			v.add("%s: %s %g differs from the per-CPU sum %d", where, IRQMetric(kind), total, sumU64(vec))
+		}
+		irqs += sumU64(vec)
+	}
+	if total, ok := rep.Metrics[MetricIRQs]; ok && len(rep.Interrupts) > 0 && total != float64(irqs) {
+		v.add("%s: %s %g differs from the sum over kinds and CPUs %d", where, MetricIRQs, total, irqs)
+	}
 	for _, st := range rep.Stages {
 		if st.Stage == "" {
 			v.add("%s: stage entry without a stage name (device %q)", where, st.Device)
