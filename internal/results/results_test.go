@@ -298,3 +298,30 @@ func TestInterruptsFillAndDerive(t *testing.T) {
 		t.Errorf("Validate should flag irqs_count 1 against vectors summing to 532: %v", run.Validate())
 	}
 }
+
+func TestFlowSharingNote(t *testing.T) {
+	run := &results.Run{Schema: results.Schema, Env: results.Env{CPUs: 2},
+		Scenario: results.Scenario{Workload: results.WorkloadIperf3TCP}}
+	for _, f := range []float64{1, 80} {
+		run.Points = append(run.Points, results.Point{Config: "a", X: map[string]float64{"flows": f}})
+	}
+	n := results.FlowSharingNote(run)
+	if !strings.Contains(n, "1 client/server pair") || !strings.Contains(n, "iperf3 -P") || !strings.Contains(n, "2 CPUs") {
+		t.Fatalf("note %q should say the flows share 1 pair via iperf3 -P on 2 CPUs", n)
+	}
+	run.SummarizeAll()
+	run.SummarizeAll()
+	count := 0
+	for _, x := range run.Notes {
+		if x == n {
+			count++
+		}
+	}
+	if count != 1 {
+		t.Fatalf("the note should be recorded exactly once, notes %q", run.Notes)
+	}
+	single := &results.Run{Points: []results.Point{{Config: "a", X: map[string]float64{"flows": 1}}}}
+	if results.FlowSharingNote(single) != "" {
+		t.Fatal("a one-flow run needs no note")
+	}
+}

@@ -122,11 +122,13 @@ func Summarize(p *Point) {
 	}
 }
 
-// SummarizeAll summarizes every point of the run.
+// SummarizeAll summarizes every point of the run and notes how its flows share client/server
+// pairs (FlowSharingNote) when it sweeps more than one flow.
 func (r *Run) SummarizeAll() {
 	for i := range r.Points {
 		Summarize(&r.Points[i])
 	}
+	r.addFlowNote()
 }
 
 // StatOf summarizes values; the median of an even count is the mean of the two middle values.
