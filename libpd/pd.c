@@ -449,6 +449,7 @@ int pd_connect(int sid, const struct sockaddr *addr, socklen_t addrlen)
 }
 
 static void drain_cq(void);
+static int sock_err(struct psock *s);
 
 static void flush_release(int sid, struct psock *s)
 {
@@ -546,6 +547,12 @@ void *pd_malloc(size_t size)
 	}
 	struct psock *s = g.direct ? get(cur_sid) : NULL;
 	if (s && s->peer) {
+		int e = sock_err(s);
+		if (e) {
+			UNLOCK();
+			errno = e; /* the peer closed: its ring takes nothing more */
+			return NULL;
+		}
 		uint64_t limit = ld64(s->hdr, SH_TX_LIMIT);
 		if (s->dalloc + size > limit || size > g.ring) {
 			UNLOCK();

@@ -302,6 +302,9 @@ func (c *Client) Malloc(sid int, size int) ([]byte, error) {
 		if s == nil || s.peerRing == nil {
 			return nil, unix.ENOTCONN
 		}
+		if err := c.sockErr(s); err != nil {
+			return nil, err // the peer closed: its ring takes nothing more
+		}
 		limit := load64(s.hdr, ShTxLimit)
 		if s.dalloc+uint64(size) > limit || uint64(size) > s.R {
 			return nil, unix.EAGAIN

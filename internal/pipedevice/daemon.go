@@ -526,6 +526,11 @@ func (d *Daemon) accept(p *proc, l *sock) Reply {
 // close entry behind the entries it already queued, so the peer sees all data before the end.
 func (d *Daemon) closeSock(p *proc, s *sock, q int) Reply {
 	s.closing.Store(true)
+	// The address is free again at once (a restarted server must not see EADDRINUSE while the
+	// ring waits for the engines to let go).
+	if s.bound && d.bound[s.key] == s {
+		delete(d.bound, s.key)
+	}
 	if s.state() == SockListen {
 		for _, c := range s.backlog {
 			c.closing.Store(true)
