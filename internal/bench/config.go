@@ -72,7 +72,7 @@ func ParseConfig(s string) (Config, error) {
 			continue
 		}
 		if lab.HostEndpoints(style) {
-			return Config{}, fmt.Errorf("config %q: the %s style has no container overlay to attach %s to (modes run on docker or flannel)", s, style, mode)
+			return Config{}, fmt.Errorf("config %q: the %s style has no overlay of containers to attach %s to (modes run on docker or flannel)", s, style, mode)
 		}
 		if _, err := datapath.Lookup(mode); err != nil {
 			return Config{}, fmt.Errorf("config %q: %w (or vanilla)", s, err)
