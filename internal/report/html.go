@@ -63,6 +63,9 @@ type section struct {
 	Fixed      string
 	Figures    []figure
 	Table      htmlTable
+	IRQs       htmlTable // NET_RX softirqs and interrupts per point
+	IRQLegend  string
+	FlowNote   string // how the run's flows share client/server pairs (results.FlowSharingNote)
 	Ratios     []ratioRow
 	Baseline   string
 	Stages     []stageTable
@@ -133,6 +136,8 @@ func buildSection(outDir, prefix string, run *results.Run) (section, error) {
 	}
 	s.Figures = figs
 	s.Table = pointsTable(v)
+	s.IRQs, s.IRQLegend = irqTable(v), irqLegend
+	s.FlowNote = results.FlowSharingNote(run)
 	for _, r := range v.sortedRatios() {
 		change := changeWord(r)
 		s.Ratios = append(s.Ratios, ratioRow{
@@ -313,8 +318,13 @@ func drawFigures(outDir, prefix string, v *view) ([]figure, error) {
 		for _, k := range v.varying {
 			c, err := metricVsX(v, m, k)
 			cap := fmt.Sprintf("%s vs %s: median of measured reps, bars show min–max.", metricTitle(m), xTitle(k))
-			if m == results.MetricNetRX {
+			switch m {
+			case results.MetricNetRX:
 				cap = fmt.Sprintf("NET_RX softirqs raised during one repetition (all CPUs) vs %s: the overlay raises one per stage.", xTitle(k))
+			case results.MetricIRQs:
+				cap = fmt.Sprintf("Interrupts during one repetition (/proc/interrupts, all CPUs, all kinds) vs %s. The lab's veth underlay raises no device IRQ: receive steering shows as CAL and RES IPIs (table \"Interrupts and softirqs\").", xTitle(k))
+			case results.IRQMetric("cal"):
+				cap = fmt.Sprintf("Function-call IPIs (CAL) during one repetition (all CPUs) vs %s: RPS hands packets to another CPU's backlog with one.", xTitle(k))
 			}
 			if err := emit(c, err, fileName(prefix, m, "vs", k), cap); err != nil {
 				return nil, err

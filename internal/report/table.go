@@ -48,6 +48,9 @@ func table(w io.Writer, run *results.Run) error {
 	if len(v.fixed) > 0 {
 		fmt.Fprintf(&b, "fixed: %s\n", results.XKey(v.fixed))
 	}
+	if n := results.FlowSharingNote(run); n != "" {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}
@@ -94,6 +97,9 @@ func table(w io.Writer, run *results.Run) error {
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := irqTableText(w, v); err != nil {
 		return err
 	}
 	return costTable(w, v)

@@ -62,6 +62,8 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{end}}</pre>{{end}}</details>
 {{end}}
 
+{{with .FlowNote}}<p class="sub"><b>Flows:</b> {{.}}</p>{{end}}
+
 {{if .Figures}}<h3>Charts</h3>{{end}}
 {{range .Figures}}<figure><img src="{{.File}}" alt="{{.Caption}}"><figcaption>{{.Caption}}</figcaption></figure>
 {{end}}
@@ -74,6 +76,12 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{if .Table.Rows}}<h3>All points</h3>
 <table><tr>{{range .Table.Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Table.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
+</table>{{end}}
+
+{{if .IRQs.Rows}}<h3>Interrupts and softirqs</h3>
+<p class="sub">{{.IRQLegend}}</p>
+<table><tr>{{range .IRQs.Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .IRQs.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
 </table>{{end}}
 
 {{if .Cost.Rows}}<h3>Cost per delivered packet</h3>

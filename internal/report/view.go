@@ -34,7 +34,7 @@ var preferred = []string{
 }
 
 // extraPlotted are plotted against X when present but kept out of the table.
-var extraPlotted = []string{results.MetricNetRX, results.MetricIRQs}
+var extraPlotted = []string{results.MetricNetRX, results.MetricIRQs, results.IRQMetric("cal")}
 
 func newView(run *results.Run) *view {
 	v := &view{run: run, configs: run.ConfigNames(), fixed: map[string]float64{}, ratios: map[string]results.Ratio{}}
