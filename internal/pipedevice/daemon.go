@@ -77,6 +77,7 @@ type Daemon struct {
 	ringsLive              atomic.Int64
 	bytesMoved, published  atomic.Uint64
 	entries, failed        atomic.Uint64
+	internalErrors         atomic.Uint64
 }
 
 type bindKey struct {
@@ -205,8 +206,9 @@ func (d *Daemon) serveConn(c *net.UnixConn) {
 		var rep Reply
 		if err != nil {
 			rep.Err = uint32(unix.EINVAL)
-		} else {
-			rep = d.handle(c, &p, req)
+		} else if rep, err = d.safeHandle(c, &p, req); err != nil {
+			stderrf("pd daemon: dropping client (pid %d): %v", pidOf(p), err)
+			return
 		}
 		var oob []byte
 		if len(rep.FDs) > 0 {
@@ -219,6 +221,27 @@ func (d *Daemon) serveConn(c *net.UnixConn) {
 }
 
 func errReply(e unix.Errno) Reply { return Reply{Err: uint32(e)} }
+
+// safeHandle is the last line of defence: a bug that panics on some request drops that client
+// (its memory is reclaimed as after a crash) and is counted; the daemon and everyone else go on.
+func (d *Daemon) safeHandle(c *net.UnixConn, pp **proc, r Request) (rep Reply, err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			d.internalErrors.Add(1)
+			err = fmt.Errorf("internal error on op %d: %v", r.Op, x)
+		}
+	}()
+	return d.handle(c, pp, r), nil
+}
+
+func pidOf(p *proc) int {
+	if p == nil {
+		return 0
+	}
+	return p.pid
+}
+
+func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 
 // handle runs one control request; it never panics on bad input: every field is checked.
 func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
@@ -248,7 +271,8 @@ func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
 		return errReply(unix.EOPNOTSUPP)
 	}
 	s := p.sock(int(r.SID))
-	if s == nil || s.closing.Load() {
+	if s == nil || s.closing.Load() || s.pending {
+		// a connection still in a listener's backlog is not the process's until pd_accept
 		return errReply(unix.EBADF)
 	}
 	switch r.Op {
@@ -261,6 +285,9 @@ func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
 	case OpConnect:
 		return d.connect(p, s, r.Addr, r.Port)
 	case OpGetName:
+		if !s.peerAddr.IsValid() {
+			return errReply(unix.ENOTCONN)
+		}
 		return Reply{Addr: s.peerAddr.Addr().As4(), Port: s.peerAddr.Port(), SID: s.sid}
 	default: // OpClose
 		return d.closeSock(p, s, int(r.A0))
@@ -704,6 +731,7 @@ type Status struct {
 	BytesPublish  uint64        `json:"bytes_published_in_place"`
 	Entries       uint64        `json:"entries"`
 	FailedEntries uint64        `json:"failed_entries"`
+	InternalErrs  uint64        `json:"internal_errors"`
 	Clients       []ClientState `json:"clients"`
 }
 
@@ -718,7 +746,7 @@ type ClientState struct {
 func (d *Daemon) Status() Status {
 	st := Status{Socket: d.cfg.Socket, Mode: "engine", Engines: d.cfg.EngineCPUs, RingBytes: d.cfg.Ring, PoolBytes: d.cfg.Pool,
 		RingsHuge: d.ringsHuge.Load(), RingsNormal: d.ringsNormal.Load(), RingsLive: d.ringsLive.Load(), BytesCopied: d.bytesMoved.Load(),
-		BytesPublish: d.published.Load(), Entries: d.entries.Load(), FailedEntries: d.failed.Load()}
+		BytesPublish: d.published.Load(), Entries: d.entries.Load(), FailedEntries: d.failed.Load(), InternalErrs: d.internalErrors.Load()}
 	if d.cfg.Direct {
 		st.Mode = "direct"
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -32,6 +33,8 @@ func runHelper(name string) int {
 		err = helperCrash()
 	case "isolation":
 		err = helperIsolation()
+	case "listen":
+		err = helperListen()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -89,6 +92,50 @@ func helperCrash() error {
 	select {}
 }
 
+// helperListen listens on PD_LISTEN, says "ready", accepts what comes until stdin closes, then
+// says how many connections it accepted and how many bytes reached them.
+func helperListen() error {
+	c, err := Dial(os.Getenv("PD_SOCK"), 0, 0)
+	if err != nil {
+		return err
+	}
+	l, err := c.Socket()
+	if err != nil {
+		return err
+	}
+	if _, err := c.Bind(l, netip.MustParseAddrPort(os.Getenv("PD_LISTEN"))); err != nil {
+		return err
+	}
+	if err := c.Listen(l, 16); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	done := make(chan struct{})
+	go func() {
+		b := make([]byte, 1)
+		os.Stdin.Read(b)
+		close(done)
+	}()
+	var socks []int
+	for {
+		select {
+		case <-done:
+			var bytes uint64
+			for _, s := range socks {
+				bytes += load64(c.socks[s].hdr, ShRxTail)
+			}
+			fmt.Printf("accepted %d bytes %d\n", len(socks), bytes)
+			return nil
+		default:
+		}
+		if s, _, err := c.Accept(l); err == nil {
+			socks = append(socks, s)
+			continue
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // isolationReport is what helperIsolation finds out, as JSON on stdout.
 type isolationReport struct {
 	UID             int    `json:"uid"`
@@ -103,7 +150,6 @@ type isolationReport struct {
 	ForgedFailed    int    `json:"forged_failed"` // completions with ReqFailed for forged entries
 	ForgedAccepted  int    `json:"forged_accepted"`
 	ForeignSID      string `json:"foreign_sid"` // accept on a socket id that only the other process has
-	FDsReceived     int    `json:"fds_received"`
 }
 
 func errName(err error) string {
@@ -241,6 +287,11 @@ func startHelper(t *testing.T, name, ns string, env ...string) (*exec.Cmd, *bufi
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), append([]string{"PD_TEST_HELPER=" + name}, env...)...)
 	cmd.Stderr = &prefixWriter{t: t, prefix: name + ": "}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helperStdin[cmd] = in
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -254,6 +305,8 @@ func startHelper(t *testing.T, name, ns string, env ...string) (*exec.Cmd, *bufi
 	})
 	return cmd, bufio.NewReader(out)
 }
+
+var helperStdin = map[*exec.Cmd]io.WriteCloser{}
 
 type prefixWriter struct {
 	t      *testing.T

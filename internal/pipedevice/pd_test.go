@@ -14,7 +14,12 @@ import (
 // startDaemon runs a daemon on a private socket for one test.
 func startDaemon(t testing.TB, cfg Config) *Daemon {
 	t.Helper()
-	cfg.Socket = filepath.Join(t.TempDir(), "pd.sock")
+	return startDaemonAt(t, cfg, filepath.Join(t.TempDir(), "pd.sock"))
+}
+
+func startDaemonAt(t testing.TB, cfg Config, socket string) *Daemon {
+	t.Helper()
+	cfg.Socket = socket
 	if cfg.Ring == 0 {
 		cfg.Ring = 256 << 10
 	}

@@ -1,0 +1,131 @@
+package pipedevice
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
+)
+
+// twoNamespaces makes two network namespaces joined by a veth pair, with 198.19.254.1 in the
+// first and 198.19.254.2 in the second (two "containers"), and removes them at the end.
+func twoNamespaces(t *testing.T) (string, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	id := strconv.Itoa(os.Getpid())
+	a, b := "prg-pdt"+id+"-a", "prg-pdt"+id+"-b"
+	va, vb := "prgpd"+id+"a", "prgpd"+id+"b"
+	t.Cleanup(func() {
+		netnsutil.Delete(a)
+		netnsutil.Delete(b)
+	})
+	for _, ns := range []string{a, b} {
+		if err := netnsutil.Create(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(args ...string) {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("link", "add", va, "netns", a, "type", "veth", "peer", "name", vb, "netns", b)
+	run("-n", a, "addr", "add", "198.19.254.1/24", "dev", va)
+	run("-n", b, "addr", "add", "198.19.254.2/24", "dev", vb)
+	for _, x := range [][2]string{{a, va}, {b, vb}, {a, "lo"}, {b, "lo"}} {
+		run("-n", x[0], "link", "set", x[1], "up")
+	}
+	return a, b
+}
+
+// A container (another network namespace, an unprivileged user) binds only its own addresses,
+// reaches no other namespace's loopback, cannot open the daemon's ring memory, and its forged
+// queue entries reach nobody.
+func TestIsolation(t *testing.T) {
+	nsA, nsB := twoNamespaces(t)
+	dir, err := os.MkdirTemp("", "prg-pd-iso")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755) // an unprivileged client must reach the socket
+	d := startDaemonAt(t, Config{}, filepath.Join(dir, "pd.sock"))
+
+	// the victim: two clients of the root namespace with a connection carrying known data, and
+	// a listener on this namespace's loopback; a few sockets first so ids differ from the helper's
+	a, b := dial(t, d), dial(t, d)
+	for i := 0; i < 10; i++ {
+		mustSocket(t, b)
+	}
+	cs, ss := pair(t, a, b, 7800)
+	vl := listenOn(t, b, netip.MustParseAddrPort("127.0.0.1:7801"), 4)
+	transfer(t, a, b, cs, ss, 100000, 1000)
+	rx0 := load64(b.socks[ss].hdr, ShRxTail)
+	copied0 := d.Status().BytesCopied
+
+	// a listener in namespace B
+	lst, lout := startHelper(t, "listen", nsB, "PD_SOCK="+d.cfg.Socket, "PD_LISTEN=198.19.254.2:7900")
+	if l := readLine(t, lout, 20*time.Second); l != "ready" {
+		t.Fatalf("listener helper: %q", l)
+	}
+
+	cmd, out := startHelper(t, "isolation", nsA, "PD_SOCK="+d.cfg.Socket, "PD_OWN=198.19.254.1", "PD_FOREIGN=198.19.254.2",
+		"PD_FOREIGNPORT=7900", "PD_LOOPPORT=7801", fmt.Sprintf("PD_DAEMONPID=%d", os.Getpid()), fmt.Sprintf("PD_FOREIGNSID=%d", vl))
+	line := readLine(t, out, 30*time.Second)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("isolation helper: %v (%s)", err, line)
+	}
+	var rep isolationReport
+	if err := json.Unmarshal([]byte(line), &rep); err != nil {
+		t.Fatalf("helper said %q: %v", line, err)
+	}
+	t.Logf("helper: %+v", rep)
+	if rep.UID != 65534 {
+		t.Fatalf("helper runs as uid %d", rep.UID)
+	}
+	check := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %s, want %s", what, got, want)
+		}
+	}
+	check("bind another namespace's address", rep.BindForeign, "EADDRNOTAVAIL")
+	check("bind its own address", rep.BindOwn, "ok")
+	check("connect to another namespace's loopback listener", rep.ConnectLoopback, "ECONNREFUSED")
+	check("connect to a listener on another namespace's address (the point of PipeDevice)", rep.ConnectForeign, "ok")
+	check("accept on a socket id only another process has", rep.ForeignSID, "EBADF")
+	if rep.DaemonFDsOpened != 0 || rep.DaemonFDsTried == 0 {
+		t.Errorf("opened %d of the daemon's %d fds (its rings)", rep.DaemonFDsOpened, rep.DaemonFDsTried)
+	}
+	if rep.MapFilesOpened != 0 || rep.MemOpened {
+		t.Errorf("opened %d of the daemon's mappings, /proc/pid/mem %v", rep.MapFilesOpened, rep.MemOpened)
+	}
+	if rep.ForgedAccepted != 0 || rep.ForgedFailed == 0 {
+		t.Errorf("forged sends: %d accepted, %d failed", rep.ForgedAccepted, rep.ForgedFailed)
+	}
+	// nothing reached the victims
+	if got := load64(b.socks[ss].hdr, ShRxTail); got != rx0 {
+		t.Errorf("the victim's ring moved from %d to %d", rx0, got)
+	}
+	if _, _, err := b.Accept(vl); err == nil {
+		t.Error("the loopback listener got a connection from another namespace")
+	}
+	if c := d.Status().BytesCopied; c != copied0 {
+		t.Errorf("the engine copied %d bytes for the forged entries", c-copied0)
+	}
+	helperStdin[lst].Close()
+	if l := readLine(t, lout, 10*time.Second); l != "accepted 1 bytes 0" {
+		t.Errorf("namespace B's listener: %q, want one connection and no bytes", l)
+	}
+	// the daemon is fine: a transfer still checks out
+	transfer(t, a, b, cs, ss, 1<<20, 3000)
+}
