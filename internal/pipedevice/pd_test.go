@@ -1,8 +1,8 @@
 package pipedevice
 
 import (
-	"bytes"
-	"errors"
+	"fmt"
+	"sync"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -78,6 +78,14 @@ func pair(t testing.TB, a, b *Client, port uint16) (int, int) {
 // transfer sends total bytes of a pattern from a:cs to b:ss and checks every byte.
 func transfer(t *testing.T, a, b *Client, cs, ss int, total, msg int) {
 	t.Helper()
+	if err := transferErr(a, b, cs, ss, total, msg, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// transferErr is transfer for any goroutine; seed varies the pattern per connection.
+func transferErr(a, b *Client, cs, ss int, total, msg int, seed byte) error {
+	pat := func(i int) byte { return byte(i*7) ^ seed ^ byte(i>>13) }
 	done := make(chan error, 1)
 	go func() {
 		var got int
@@ -88,30 +96,40 @@ func transfer(t *testing.T, a, b *Client, cs, ss int, total, msg int) {
 				continue
 			}
 			if err != nil || v == nil {
-				done <- errors.Join(err, errors.New("early end"))
+				done <- fmt.Errorf("receiver: early end after %d of %d bytes: %v", got, total, err)
 				return
 			}
 			for i, x := range v {
-				if x != byte((got+i)*7) {
-					done <- errors.New("corrupt byte")
+				if x != pat(got+i) {
+					done <- fmt.Errorf("receiver: byte %d is %#x, want %#x", got+i, x, pat(got+i))
 					return
 				}
 			}
 			got += len(v)
-			b.RecvDone(ss, len(v))
+			if err := b.RecvDone(ss, len(v)); err != nil {
+				done <- err
+				return
+			}
 		}
 		done <- nil
 	}()
 	sent := 0
+	deadline := time.Now().Add(60 * time.Second)
 	for sent < total {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sender stuck after %d of %d bytes", sent, total)
+		}
 		n := min(msg, total-sent)
 		buf, err := a.Malloc(cs, n)
 		if err != nil {
+			if !IsAgain(err) && err != unix.ENOMEM {
+				return fmt.Errorf("malloc: %w", err)
+			}
 			a.Wait(func() bool { return a.Room(cs) > 0 }, 10*time.Millisecond)
 			continue
 		}
 		for i := range buf {
-			buf[i] = byte((sent + i) * 7)
+			buf[i] = pat(sent + i)
 		}
 		off := 0
 		for off < n {
@@ -121,7 +139,7 @@ func transfer(t *testing.T, a, b *Client, cs, ss int, total, msg int) {
 				continue
 			}
 			if err != nil {
-				t.Fatal(err)
+				return fmt.Errorf("send: %w", err)
 			}
 			off += k
 		}
@@ -130,11 +148,9 @@ func transfer(t *testing.T, a, b *Client, cs, ss int, total, msg int) {
 	}
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("transfer stuck")
+		return err
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("receiver stuck")
 	}
 }
 
@@ -151,7 +167,48 @@ func TestTransferIntegrity(t *testing.T) {
 		if !direct && d.Status().BytesCopied != 64<<20 {
 			t.Fatalf("engine copied %d bytes", d.Status().BytesCopied)
 		}
-		_ = bytes.Equal
-		_ = unix.EAGAIN
+	}
+}
+
+// Long transfers checked byte by byte, in both modes, with two engines: several connections
+// between two processes in both directions at once, message sizes from 1 byte to beyond the
+// ring (engine mode; direct mode reserves in the peer's ring, so its messages fit in one).
+func TestTransferIntegrityMany(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			d := startDaemon(t, Config{Direct: direct, EngineCPUs: []int{0, 0}})
+			a, b := dial(t, d), dial(t, d)
+			sizes := []int{1, 100, 4095, 32<<10 + 1, 200 << 10, 1 << 20}
+			var wg sync.WaitGroup
+			errs := make(chan error, 2*len(sizes))
+			for i, size := range sizes {
+				if direct && size > 256<<10 {
+					size = 256 << 10
+				}
+				total := 4 << 20
+				if size < 1000 {
+					total = size * 300 // one entry per message: keep it short
+				}
+				cs, ss := pair(t, a, b, uint16(8000+2*i))
+				bs, as := pair(t, b, a, uint16(8001+2*i))
+				wg.Add(2)
+				go func() { defer wg.Done(); errs <- transferErr(a, b, cs, ss, total, size, byte(i)) }()
+				go func() { defer wg.Done(); errs <- transferErr(b, a, bs, as, total, size, byte(i+100)) }()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Error(err)
+				}
+			}
+			st := d.Status()
+			if st.FailedEntries != 0 {
+				t.Errorf("%d entries failed", st.FailedEntries)
+			}
+			if direct && st.BytesCopied != 0 || !direct && st.BytesPublish != 0 {
+				t.Errorf("copied %d, published %d in %v mode", st.BytesCopied, st.BytesPublish, direct)
+			}
+		})
 	}
 }
