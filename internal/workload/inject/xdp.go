@@ -212,6 +212,7 @@ func (x *xdpSender) work(ctx context.Context, netns string, maxCalls int) {
 			x.cpuNs += d
 			x.mu.Unlock()
 		}()
+		busy := 0 // consecutive calls refused for lack of room
 		for calls := 0; maxCalls == 0 || calls < maxCalls; calls++ {
 			n, flow, ok := x.next(ctx)
 			if !ok {
@@ -229,7 +230,16 @@ func (x *xdpSender) work(ctx context.Context, netns string, maxCalls int) {
 			x.calls++
 			x.maxCall = max(x.maxCall, d)
 			x.mu.Unlock()
-			if err != nil && !errors.Is(err, unix.EINTR) {
+			switch {
+			case err == nil || errors.Is(err, unix.EINTR):
+				busy = 0
+			case (transient(err) || errors.Is(err, unix.ENOSPC)) && busy < maxBusyCalls:
+				// The live-frame run could not get a page or a ring slot right now (the
+				// receiver is saturated, or the CPU is contended): the claimed frames stay
+				// counted as offered (the sink reports what is missing as loss), back off.
+				busy++
+				time.Sleep(busyBackoff)
+			default:
 				return fmt.Errorf("BPF_PROG_RUN live frames on %s: %w", x.c.Device, err)
 			}
 		}
@@ -243,6 +253,13 @@ func (x *xdpSender) work(ctx context.Context, netns string, maxCalls int) {
 		x.mu.Unlock()
 	}
 }
+
+// A live-frame run refused for lack of room (ENOSPC, ENOMEM, ENOBUFS...) is retried after
+// busyBackoff; maxBusyCalls refusals in a row (about a second) end the run with the error.
+const (
+	busyBackoff  = 200 * time.Microsecond
+	maxBusyCalls = 5000
+)
 
 // next waits until frames are due and claims them: how many, of which flow. ok is false when
 // the run is over (deadline, count, cancellation or another thread's error).
