@@ -187,7 +187,7 @@ func TestFuzzDev(t *testing.T) {
 		type state struct{ seq, pkts, bytes, batches uint64 }
 		model := map[mfPrgFlow]*state{}
 		split := 0
-		runs := fzEach(t, frames.FuzzCount(10000)/2, func() []byte { return fzOuter(rng) }, func(b []byte) {
+		runs := fzEach(t, frames.FuzzCount(6000)/2, func() []byte { return fzOuter(rng) }, func(b []byte) {
 			if len(model) > 8000 { // the LRU holds 16384: start over before it evicts
 				var k mfPrgFlow
 				var v mfMfFlowState
@@ -288,7 +288,7 @@ func TestFuzzPort(t *testing.T) {
 		}
 		n := uint32(len(c.CPUs))
 		merged := 0
-		runs := fzEach(t, frames.FuzzCount(10000), func() []byte { return fzInner(rng) }, func(b []byte) {
+		runs := fzEach(t, frames.FuzzCount(6000), func() []byte { return fzInner(rng) }, func(b []byte) {
 			segs := fzSegs(rng)
 			in := append([]byte{}, b...)
 			got := e.run(e.o.PrgMflowPort, b, segs)
