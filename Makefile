@@ -9,16 +9,18 @@ build: libpd
 	CGO_ENABLED=0 $(GO) build -o bin/peregrine ./cmd/peregrine
 
 # libpd (PipeDevice's C API, libpd/pd.h): bin/libpd.so and bin/libpd.a, and its examples.
+# PD_OUT=dir builds them elsewhere (the pipedevice tests build a private copy this way).
 CC ?= cc
 PD_CFLAGS = -O2 -g -Wall -Wextra -fPIC -pthread
+PD_OUT ?= bin
 .PHONY: libpd
 libpd:
-	@mkdir -p bin
-	$(CC) $(PD_CFLAGS) -c libpd/pd.c -o bin/pd.o
-	$(CC) -shared -pthread -o bin/libpd.so bin/pd.o
-	ar rcs bin/libpd.a bin/pd.o
-	$(CC) -O2 -Wall -Ilibpd -o bin/pd-example-server libpd/examples/server.c bin/libpd.a -pthread
-	$(CC) -O2 -Wall -Ilibpd -o bin/pd-example-client libpd/examples/client.c bin/libpd.a -pthread
+	@mkdir -p $(PD_OUT)
+	$(CC) $(PD_CFLAGS) -c libpd/pd.c -o $(PD_OUT)/pd.o
+	$(CC) -shared -pthread -Wl,-soname,libpd.so -o $(PD_OUT)/libpd.so $(PD_OUT)/pd.o
+	ar rcs $(PD_OUT)/libpd.a $(PD_OUT)/pd.o
+	$(CC) -O2 -Wall -Ilibpd -o $(PD_OUT)/pd-example-server libpd/examples/server.c $(PD_OUT)/libpd.a -pthread
+	$(CC) -O2 -Wall -Ilibpd -o $(PD_OUT)/pd-example-client libpd/examples/client.c $(PD_OUT)/libpd.a -pthread
 
 # Recompile bpf/*.bpf.c through the //go:generate (bpf2go) lines of the packages that load them.
 generate:

@@ -73,8 +73,11 @@ static struct {
 	uint8_t *ctl, *pool, *eng;
 	size_t ctl_size;
 	struct psock *socks;
+	/* send block table: fixed slots (an entry's entry_seq names its block), live blocks in
+	 * offset order, first fit: a buffer kept for long does not pin the pool behind it */
 	struct sbt sbt[SBT_SIZE];
-	uint64_t sbt_head, sbt_tail, ta, tf;
+	uint16_t order[SBT_SIZE], free_slots[SBT_SIZE];
+	int norder, nfree;
 	struct epoll ep[MAX_EPOLL];
 } g;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -257,6 +260,10 @@ int pd_init(const char *chardev, int sqthresh, int cqthresh)
 		UNLOCK();
 		return errno = ENOMEM, -1;
 	}
+	for (int i = 0; i < SBT_SIZE; i++)
+		g.free_slots[i] = SBT_SIZE - 1 - i;
+	g.nfree = SBT_SIZE;
+	g.norder = 0;
 	g.inited = 1;
 	UNLOCK();
 	return 0;
@@ -481,22 +488,32 @@ int pd_close(int sid)
 	unmap_sock(s);
 	if (cur_sid == sid)
 		cur_sid = -1;
+	/* as close(2) does for epoll: a closed socket leaves every interest list */
+	for (int i = 0; i < MAX_EPOLL; i++) {
+		struct epoll *ep = &g.ep[i];
+		for (int j = 0; ep->used && j < ep->n; j++)
+			if (ep->items[j].sid == sid)
+				ep->items[j--] = ep->items[--ep->n];
+	}
 	UNLOCK();
 	return ret;
 }
 
 /* ---- send ring (pool) and its block table ---- */
-static void reclaim(void)
+/* release drops a block that is freed and that no send reads any more */
+static void release(int slot)
 {
-	while (g.sbt_tail < g.sbt_head) {
-		struct sbt *b = &g.sbt[g.sbt_tail % SBT_SIZE];
-		if (b->live && (!b->freed || b->inflight > 0))
+	struct sbt *b = &g.sbt[slot];
+	if (!b->live || !b->freed || b->inflight > 0)
+		return;
+	for (int i = 0; i < g.norder; i++)
+		if (g.order[i] == slot) {
+			memmove(&g.order[i], &g.order[i + 1], (g.norder - i - 1) * sizeof g.order[0]);
+			g.norder--;
 			break;
-		if (b->live)
-			g.tf = b->off + b->size;
-		b->live = 0;
-		g.sbt_tail++;
-	}
+		}
+	memset(b, 0, sizeof *b);
+	g.free_slots[g.nfree++] = (uint16_t)slot;
 }
 
 static void drain_cq(void)
@@ -504,13 +521,15 @@ static void drain_cq(void)
 	struct entry e;
 	for (int q = 0; q < g.nq; q++)
 		while (q_pop(cq(q), &e)) {
-			struct sbt *b = &g.sbt[e.entry_seq % SBT_SIZE];
-			if (b->live && b->inflight > 0)
+			int slot = e.entry_seq % SBT_SIZE;
+			struct sbt *b = &g.sbt[slot];
+			if (b->live && b->inflight > 0) {
 				b->inflight--;
+				release(slot);
+			}
 			if (e.type != REQ_COMPLETED && get(e.conn_id))
 				__atomic_store_n((uint32_t *)(get(e.conn_id)->hdr + SH_ERROR), e.status, __ATOMIC_SEQ_CST);
 		}
-	reclaim();
 }
 
 static int in_pool(const void *p, size_t len, uint64_t *off)
@@ -524,13 +543,19 @@ static int in_pool(const void *p, size_t len, uint64_t *off)
 
 static struct sbt *block(uint64_t off, uint16_t *idx)
 {
-	for (uint64_t i = g.sbt_tail; i < g.sbt_head; i++) {
-		struct sbt *b = &g.sbt[i % SBT_SIZE];
-		if (!b->live || b->freed)
-			continue;
-		uint64_t start = b->off & (g.pool_size - 1);
-		if (((off - start) & (g.pool_size - 1)) < b->size) {
-			*idx = i % SBT_SIZE;
+	int lo = 0, hi = g.norder;
+	while (lo < hi) {
+		int m = (lo + hi) / 2;
+		struct sbt *b = &g.sbt[g.order[m]];
+		if (b->off + b->size <= off)
+			lo = m + 1;
+		else
+			hi = m;
+	}
+	if (lo < g.norder) {
+		struct sbt *b = &g.sbt[g.order[lo]];
+		if (b->off <= off && off < b->off + b->size && !b->freed) {
+			*idx = g.order[lo];
 			return b;
 		}
 	}
@@ -566,16 +591,35 @@ void *pd_malloc(size_t size)
 	}
 	drain_cq();
 	uint64_t sz = (size + 63) & ~(uint64_t)63;
-	struct sbt *b = &g.sbt[g.sbt_head % SBT_SIZE];
-	if (g.ta + sz - g.tf > g.pool_size || b->live) {
+	if (!g.nfree || sz > g.pool_size) {
 		UNLOCK();
 		errno = ENOMEM;
 		return NULL;
 	}
-	*b = (struct sbt){ .off = g.ta, .size = sz, .live = 1 };
-	g.sbt_head++;
-	g.ta += sz;
-	void *p = g.pool + (b->off & (g.pool_size - 1));
+	int at = -1;
+	uint64_t prev_end = 0;
+	for (int i = 0; i < g.norder; i++) {
+		struct sbt *b = &g.sbt[g.order[i]];
+		if (b->off - prev_end >= sz) {
+			at = i;
+			break;
+		}
+		prev_end = b->off + b->size;
+	}
+	if (at < 0) {
+		if (g.pool_size - prev_end < sz) {
+			UNLOCK();
+			errno = ENOMEM;
+			return NULL;
+		}
+		at = g.norder;
+	}
+	uint16_t slot = g.free_slots[--g.nfree];
+	g.sbt[slot] = (struct sbt){ .off = prev_end, .size = sz, .live = 1 };
+	memmove(&g.order[at + 1], &g.order[at], (g.norder - at) * sizeof g.order[0]);
+	g.order[at] = slot;
+	g.norder++;
+	void *p = g.pool + prev_end;
 	UNLOCK();
 	return p;
 }
@@ -589,7 +633,7 @@ void pd_free(void *buf)
 		struct sbt *b = block(off, &idx);
 		if (b) {
 			b->freed = 1;
-			reclaim();
+			release(idx);
 		}
 	} else if (g.inited) {
 		for (int i = 0; i < g.maxsock; i++) {
@@ -666,7 +710,7 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 	} else {
 		uint16_t idx;
 		struct sbt *b;
-		if (!in_pool(buf, len, &off) || !(b = block(off, &idx))) {
+		if (!in_pool(buf, len, &off) || !(b = block(off, &idx)) || off + len > b->off + b->size) {
 			UNLOCK();
 			return errno = EFAULT, -1;
 		}

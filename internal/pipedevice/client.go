@@ -33,10 +33,12 @@ type Client struct {
 	Ring     uint64
 	PoolHuge bool
 
-	// send block table (SBT) of the pool
-	sbt            []sbtEntry
-	sbtHead, sbtTl uint64 // next index to allocate, oldest live index
-	ta, tf         uint64 // allocation and free stream positions in the pool
+	// send block table (SBT) of the pool: fixed slots (an entry's EntrySeq names its block) and
+	// the live blocks in offset order. First fit, so a buffer kept for a long time (reused after
+	// pd_buf_refresh) does not pin the space behind it, as a ring allocator would.
+	sbt       []sbtEntry
+	order     []uint16 // live slots by offset
+	freeSlots []uint16
 }
 
 type sbtEntry struct {
@@ -75,6 +77,9 @@ func Dial(socket string, ring, pool int) (*Client, error) {
 		return nil, fmt.Errorf("pd daemon at %s: %w", socket, err)
 	}
 	c := &Client{conn: conn, socks: map[int]*csock{}, sbt: make([]sbtEntry, sbtSize)}
+	for i := sbtSize - 1; i >= 0; i-- {
+		c.freeSlots = append(c.freeSlots, uint16(i))
+	}
 	rep, err := c.call(Request{Op: OpHello, A0: uint32(ring), A1: uint32(pool)})
 	if err != nil {
 		conn.Close()
@@ -315,18 +320,31 @@ func (c *Client) Malloc(sid int, size int) ([]byte, error) {
 	}
 	c.drainCQ()
 	sz := (uint64(size) + 63) &^ 63
-	if c.ta+sz-c.tf > c.poolSize {
+	if len(c.freeSlots) == 0 || sz > c.poolSize {
 		return nil, unix.ENOMEM
 	}
-	e := &c.sbt[c.sbtHead%sbtSize]
-	if e.live {
-		return nil, unix.ENOMEM
+	// first fit among the gaps between live blocks
+	at, prevEnd := -1, uint64(0)
+	for i, slot := range c.order {
+		if c.sbt[slot].off-prevEnd >= sz {
+			at = i
+			break
+		}
+		prevEnd = c.sbt[slot].off + c.sbt[slot].size
 	}
-	*e = sbtEntry{off: c.ta, size: sz, live: true}
-	c.sbtHead++
-	c.ta += sz
-	off := e.off & (c.poolSize - 1)
-	return c.pool[off : off+uint64(size)], nil
+	if at < 0 {
+		if c.poolSize-prevEnd < sz {
+			return nil, unix.ENOMEM
+		}
+		at = len(c.order)
+	}
+	slot := c.freeSlots[len(c.freeSlots)-1]
+	c.freeSlots = c.freeSlots[:len(c.freeSlots)-1]
+	c.sbt[slot] = sbtEntry{off: prevEnd, size: sz, live: true}
+	c.order = append(c.order, 0)
+	copy(c.order[at+1:], c.order[at:])
+	c.order[at] = slot
+	return c.pool[prevEnd : prevEnd+uint64(size)], nil
 }
 
 func (c *Client) poolOff(b []byte) (uint64, bool) {
@@ -341,19 +359,40 @@ func (c *Client) poolOff(b []byte) (uint64, bool) {
 	return uint64(p-base) & (c.poolSize - 1), true
 }
 
-// block finds the live SBT entry holding pool offset off (ring position modulo the pool size).
+// block finds the live, not freed SBT entry holding pool offset off.
 func (c *Client) block(off uint64) (uint16, *sbtEntry) {
-	for i := c.sbtTl; i < c.sbtHead; i++ {
-		e := &c.sbt[i%sbtSize]
-		if !e.live || e.freed {
-			continue
+	lo, hi := 0, len(c.order)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if c.sbt[c.order[m]].off+c.sbt[c.order[m]].size <= off {
+			lo = m + 1
+		} else {
+			hi = m
 		}
-		start := e.off & (c.poolSize - 1)
-		if (off-start)&(c.poolSize-1) < e.size {
-			return uint16(i % sbtSize), e
+	}
+	if lo < len(c.order) {
+		slot := c.order[lo]
+		if e := &c.sbt[slot]; e.off <= off && off < e.off+e.size && !e.freed {
+			return slot, e
 		}
 	}
 	return 0, nil
+}
+
+// release drops a block that is freed and no longer read by a send.
+func (c *Client) release(slot uint16) {
+	e := &c.sbt[slot]
+	if !e.live || !e.freed || e.inflight > 0 {
+		return
+	}
+	for i, x := range c.order {
+		if x == slot {
+			c.order = append(c.order[:i], c.order[i+1:]...)
+			break
+		}
+	}
+	*e = sbtEntry{}
+	c.freeSlots = append(c.freeSlots, slot)
 }
 
 // Free is pd_free.
@@ -371,12 +410,12 @@ func (c *Client) Free(b []byte) error {
 		}
 		return unix.EINVAL
 	}
-	_, e := c.block(off)
+	slot, e := c.block(off)
 	if e == nil {
 		return unix.EINVAL
 	}
 	e.freed = true
-	c.reclaim()
+	c.release(slot)
 	return nil
 }
 
@@ -389,31 +428,17 @@ func inside(m, b []byte) bool {
 	return p >= base && p+uintptr(len(b)) <= base+uintptr(len(m))
 }
 
-func (c *Client) reclaim() {
-	for c.sbtTl < c.sbtHead {
-		e := &c.sbt[c.sbtTl%sbtSize]
-		if e.live && (!e.freed || e.inflight > 0) {
-			break
-		}
-		if e.live {
-			c.tf = e.off + e.size
-		}
-		e.live = false
-		c.sbtTl++
-	}
-}
-
 func (c *Client) drainCQ() {
 	var e Entry
 	for _, cq := range c.cqs {
 		for cq.Pop(&e) {
-			b := &c.sbt[int(e.EntrySeq)%sbtSize]
-			if b.live && b.inflight > 0 {
+			slot := e.EntrySeq % sbtSize
+			if b := &c.sbt[slot]; b.live && b.inflight > 0 {
 				b.inflight--
+				c.release(slot)
 			}
 		}
 	}
-	c.reclaim()
 }
 
 func (c *Client) ring() {
@@ -489,8 +514,8 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 			return -1, unix.EFAULT // not a pd_malloc buffer
 		}
 		idx, e := c.block(off)
-		if e == nil {
-			return -1, unix.EFAULT
+		if e == nil || off+uint64(len(b)) > e.off+e.size {
+			return -1, unix.EFAULT // not inside one pd_malloc buffer
 		}
 		for sent := uint64(0); sent < n; {
 			k := min(n-sent, MaxChunk)

@@ -120,6 +120,13 @@ func helperListen() error {
 	for {
 		select {
 		case <-done:
+			for {
+				s, _, err := c.Accept(l) // what came in since the last look
+				if err != nil {
+					break
+				}
+				socks = append(socks, s)
+			}
 			var bytes uint64
 			for _, s := range socks {
 				bytes += load64(c.socks[s].hdr, ShRxTail)
@@ -128,9 +135,13 @@ func helperListen() error {
 			return nil
 		default:
 		}
-		if s, _, err := c.Accept(l); err == nil {
+		s, _, err := c.Accept(l)
+		if err == nil {
 			socks = append(socks, s)
 			continue
+		}
+		if !IsAgain(err) {
+			fmt.Fprintln(os.Stderr, "accept:", err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
