@@ -26,7 +26,11 @@ const irqLegend = "per repetition, all CPUs, medians. IRQs (all) is every /proc/
 
 // irqTable is the softirq/interrupt block: one row per point, empty when the run has no
 // interrupt counts (results written before irqs_count was filled).
-func irqTable(v *view) htmlTable {
+func irqTable(v *view) htmlTable { return irqTableNamed(v, xTitle) }
+
+// irqTableNamed is irqTable with the X columns named by xName (the terminal uses the raw keys,
+// as its main table does).
+func irqTableNamed(v *view, xName func(string) string) htmlTable {
 	have := false
 	for _, pv := range v.points {
 		if _, ok := pv.sum[results.MetricIRQs]; ok {
@@ -39,7 +43,7 @@ func irqTable(v *view) htmlTable {
 	}
 	t := htmlTable{Head: []string{"config"}}
 	for _, k := range v.varying {
-		t.Head = append(t.Head, xTitle(k))
+		t.Head = append(t.Head, xName(k))
 	}
 	for _, c := range irqColumns {
 		t.Head = append(t.Head, c.title)
@@ -67,7 +71,7 @@ func irqTable(v *view) htmlTable {
 
 // irqTableText prints irqTable under the terminal table.
 func irqTableText(w io.Writer, v *view) error {
-	t := irqTable(v)
+	t := irqTableNamed(v, func(k string) string { return k })
 	if len(t.Rows) == 0 {
 		return nil
 	}
