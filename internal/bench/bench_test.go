@@ -80,12 +80,17 @@ func TestScenarioValidation(t *testing.T) {
 	if err := ok.Validate(); err != nil || ok.Reps != 3 || len(ok.Sizes) != 1 || ok.Duration != 5*time.Second {
 		t.Fatalf("defaults: %+v %v", ok, err)
 	}
+	if big := (Scenario{Name: "nginx", Sizes: []int{1024, 1 << 20}}); big.Validate() != nil {
+		t.Fatalf("nginx with a 1 MiB file refused: %v", big.Validate())
+	}
 	for _, tc := range []struct {
 		s    Scenario
 		want string
 	}{
 		{Scenario{Name: "bogus"}, "unknown scenario"},
 		{Scenario{Name: "tcp", Sizes: []int{8}}, "out of range"},
+		{Scenario{Name: "tcp", Sizes: []int{1 << 20}}, "out of range"},
+		{Scenario{Name: "nginx", Sizes: []int{128 << 20}}, "out of range"},
 		{Scenario{Name: "udp-inject", Sizes: []int{4000}}, "too large"},
 		{Scenario{Name: "tcp", Duration: 1500 * time.Millisecond}, "whole seconds"},
 		{Scenario{Name: "tcp", Flows: []int{0}}, "flows"},
