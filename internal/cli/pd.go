@@ -3,6 +3,11 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
+	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/bench"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -32,7 +37,7 @@ memory and hands each process only its own sockets' rings.`,
   peregrine pd perf server --bind 127.0.0.1:5201 &
   peregrine pd perf client --connect 127.0.0.1:5201 --size 65536 --time 5s`,
 	}
-	cmd.AddCommand(newPdDaemonCmd(), newPdStatusCmd(), newPdPerfCmd())
+	cmd.AddCommand(newPdDaemonCmd(), newPdStatusCmd(), newPdPerfCmd(), newPdBenchCmd())
 	return cmd
 }
 
@@ -217,8 +222,136 @@ sockmap shortcut when "peregrine bench" attaches it). The server serves one clie
 		c.Flags().IntVar(&cfg.Conns, "conns", 1, "connections (the server waits for this many)")
 		c.Flags().BoolVar(&cfg.Latency, "latency", false, "ping-pong latency instead of a stream (server echoes)")
 		c.Flags().IntVar(&cfg.Ring, "ring", 0, "pd receive ring bytes per socket (0: the daemon's default)")
+		c.Flags().BoolVar(&cfg.NoTouch, "no-touch", false, "do not write each message before sending nor read what arrives (by default both ends touch the data, as applications do)")
 		c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	}
 	cmd.AddCommand(server, client)
 	return cmd
+}
+
+func newPdBenchCmd() *cobra.Command {
+	var o bench.PDOptions
+	var transports string
+	var sizes, latSizes, scale []int
+	var asJSON bool
+	var out string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Compare kernel TCP, the sockmap shortcut and PipeDevice (engine, direct) between two lab containers",
+		Long: `Builds a one-host docker-style lab with two containers (lab name --name, removed at the end),
+and runs "pd perf" between them over each transport, side by side in one run:
+
+  tcp        kernel TCP over the bridge and two veths (the paper's baseline)
+  sockmap    the same TCP sockets with a sockops + sk_msg program redirecting sends socket to
+             socket (bpf_msg_redirect_hash, as Cilium does)
+  pd-engine  PipeDevice, the daemon's engine thread copying between rings
+  pd-direct  PipeDevice, senders writing into the peer's ring, nothing copied
+
+Measured: throughput and CPU per GiB for each message size (app = client + server processes,
+application and library; total = the whole machine's busy time, so kernel softirqs and the
+daemon's engine count), ping-pong round trips (p50/p99), aggregate throughput at many
+connections, and fairness (stddev/mean of --pairs client processes). The table ends with the
+issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`,
+		Example: `  sudo peregrine pd bench
+  sudo peregrine pd bench --engine-cpus 1 --time 5s --json > pd.json
+  sudo peregrine pd bench --transports tcp,pd-engine --sizes 65536 --scale 128,4096`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Transports = strings.Split(transports, ",")
+			o.Sizes, o.LatSizes, o.ScaleConns = sizes, latSizes, scale
+			o.Log = func(f string, a ...any) { stderrLog(f, a...) }
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			rep, err := bench.RunPD(ctx, o)
+			if rep == nil {
+				return err
+			}
+			if out != "" {
+				b, _ := json.MarshalIndent(rep, "", "  ")
+				if werr := os.WriteFile(out, b, 0o644); werr != nil {
+					return werr
+				}
+			}
+			if asJSON {
+				if perr := printJSON(cmd.OutOrStdout(), rep); perr != nil {
+					return perr
+				}
+			} else {
+				printPDReport(cmd.OutOrStdout(), rep)
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&o.Lab, "name", "pdb", "lab to build (and remove)")
+	cmd.Flags().StringVar(&transports, "transports", "tcp,sockmap,pd-engine,pd-direct", "what to compare")
+	cmd.Flags().IntSliceVar(&sizes, "sizes", []int{64, 1024, 8192, 65536, 1 << 20}, "message sizes of the throughput sweep")
+	cmd.Flags().IntSliceVar(&latSizes, "latency-sizes", []int{64, 8192}, "ping-pong message sizes")
+	cmd.Flags().IntVar(&o.LatCount, "count", 5000, "round trips per latency point")
+	cmd.Flags().IntSliceVar(&scale, "scale", []int{128, 4096}, "connection counts of the aggregate-throughput points (1 KiB messages, 64 KiB rings)")
+	cmd.Flags().IntVar(&o.Pairs, "pairs", 16, "client processes of the fairness point")
+	cmd.Flags().DurationVar(&o.Duration, "time", 3*time.Second, "length of each throughput run")
+	cmd.Flags().StringVar(&o.EngineCPUs, "engine-cpus", "", "the daemon's --engine-cpus (empty: one unpinned engine)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "JSON output")
+	cmd.Flags().StringVar(&out, "out", "", "also write the JSON report to this file")
+	return cmd
+}
+
+func printPDReport(w io.Writer, rep *bench.PDReport) {
+	fmt.Fprintf(w, "kernel %s, %d CPUs\n\n", rep.Kernel, rep.CPUs)
+	fmt.Fprintf(w, "%-10s %-10s %8s %6s %9s %12s %12s %12s %9s %9s %8s\n", "TEST", "TRANSPORT", "SIZE", "CONNS", "Gbit/s", "app CPU-s/GiB", "total CPU-s/GiB", "engine", "p50 us", "p99 us", "cv")
+	for _, p := range rep.Points {
+		if p.Err != "" {
+			fmt.Fprintf(w, "%-10s %-10s %8d %6d  error: %s\n", p.Test, p.Transport, p.Size, p.Conns, p.Err)
+			continue
+		}
+		fmt.Fprintf(w, "%-10s %-10s %8d %6d %9.2f %12.3f %12.3f %12.3f %9.1f %9.1f %8.3f\n", p.Test, p.Transport, p.Size, p.Conns,
+			p.Gbps, p.AppCPU, p.TotalCPU, p.EngineCPU, p.P50us, p.P99us, p.FairCV)
+	}
+	find := func(test, tr string, size, conns int) *bench.PDPoint {
+		for i := range rep.Points {
+			p := &rep.Points[i]
+			if p.Test == test && p.Transport == tr && p.Size == size && (conns == 0 || p.Conns == conns) && p.Err == "" {
+				return p
+			}
+		}
+		return nil
+	}
+	ratio := func(a, b float64) string {
+		if b == 0 || math.IsNaN(a/b) {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", a/b)
+	}
+	fmt.Fprintf(w, "\nissue 14 targets (ratios against tcp, this run)\n")
+	for _, tr := range []string{"sockmap", "pd-engine", "pd-direct"} {
+		t64, p64 := find("throughput", "tcp", 65536, 1), find("throughput", tr, 65536, 1)
+		if t64 != nil && p64 != nil {
+			fmt.Fprintf(w, "  %-10s 64 KiB: app CPU/GiB %s (target <= 0.35x), total CPU/GiB %s (<= 0.6x), throughput %s (>= 2x)\n", tr,
+				ratio(p64.AppCPU, t64.AppCPU), ratio(p64.TotalCPU, t64.TotalCPU), ratio(p64.Gbps, t64.Gbps))
+		}
+		for _, sz := range []int{64, 8192} {
+			tl, pl := find("latency", "tcp", sz, 0), find("latency", tr, sz, 0)
+			if tl != nil && pl != nil {
+				want := "0.7x"
+				if sz == 8192 {
+					want = "0.5x"
+				}
+				fmt.Fprintf(w, "  %-10s latency %d B: p50 %s, p99 %s (target <= %s)\n", tr, sz, ratio(pl.P50us, tl.P50us), ratio(pl.P99us, tl.P99us), want)
+			}
+		}
+	}
+	for _, tr := range []string{"tcp", "sockmap", "pd-engine", "pd-direct"} {
+		var pts []*bench.PDPoint
+		for i := range rep.Points {
+			if p := &rep.Points[i]; p.Test == "scale" && p.Transport == tr && p.Err == "" {
+				pts = append(pts, p)
+			}
+		}
+		if len(pts) >= 2 {
+			fmt.Fprintf(w, "  %-10s aggregate at %d vs %d connections: %s (target >= 0.9x)\n", tr, pts[len(pts)-1].Conns, pts[0].Conns, ratio(pts[len(pts)-1].Gbps, pts[0].Gbps))
+		}
+		if f := find("fairness", tr, 65536, 0); f != nil {
+			fmt.Fprintf(w, "  %-10s fairness over %d pairs: stddev/mean %.3f (target < 0.10)\n", tr, f.Conns, f.FairCV)
+		}
+	}
 }

@@ -32,6 +32,9 @@ type Client struct {
 	socks    map[int]*csock
 	Ring     uint64
 	PoolHuge bool
+	// SpinLooks is how many times Wait checks (yielding between) before it sleeps; 0 sleeps at
+	// once. Latency-bound programs set it (pd perf --latency uses 2000).
+	SpinLooks int
 
 	// send block table (SBT) of the pool: fixed slots (an entry's EntrySeq names its block) and
 	// the live blocks in offset order. First fit, so a buffer kept for a long time (reused after
@@ -638,6 +641,14 @@ func (c *Client) Room(sid int) int {
 // Wait blocks until ready() holds or timeout passes (the engine wakes sleepers through the
 // notify eventfd). ready is evaluated after announcing the sleep, so no wake-up is lost.
 func (c *Client) Wait(ready func() bool, timeout time.Duration) bool {
+	// Spin a little first, yielding the CPU between looks: a reply often comes within
+	// microseconds, and a sleep costs two context switches plus the engine's wake-up.
+	for i := 0; i < c.SpinLooks; i++ {
+		if ready() {
+			return true
+		}
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		if ready() {

@@ -2,9 +2,9 @@ package pipedevice
 
 import (
 	"fmt"
-	"sync"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 

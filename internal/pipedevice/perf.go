@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +25,36 @@ type PerfConfig struct {
 	Latency   bool // ping-pong of Size bytes instead of a stream
 	Count     int  // ping-pongs (latency)
 	Ring      int  // pd: receive ring per socket (0: daemon default)
+	// NoTouch skips producing and consuming the payload. By default the sender writes every
+	// message it sends (as an application produces its data) and the receiver reads every byte it
+	// gets, in every transport, so a zero-copy path is not credited with data nobody touched.
+	NoTouch bool
+}
+
+var touchSink uint64
+
+// consume reads every byte of b (eight at a time), as a receiver that uses its data does.
+func consume(b []byte) {
+	var sum uint64
+	n := len(b) / 8
+	if n > 0 {
+		for _, x := range unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), n) {
+			sum += x
+		}
+	}
+	for _, x := range b[n*8:] {
+		sum += uint64(x)
+	}
+	touchSink += sum
+}
+
+// pattern is the payload senders write into each message.
+func pattern(size int) []byte {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	return b
 }
 
 // PerfResult is one end's figures. CPU is this process's user+system time.
@@ -105,6 +136,9 @@ func PerfServerPD(cfg PerfConfig, ready func()) (*PerfResult, error) {
 		sids = append(sids, sid)
 	}
 	res := &PerfResult{Role: "server", Transport: "pd", Size: cfg.Size, Conns: cfg.Conns, PerConn: make([]int64, len(sids)), Direct: c.Direct}
+	if cfg.Latency {
+		c.SpinLooks = 2000
+	}
 	open := len(sids)
 	alive := make([]bool, len(sids))
 	for i := range alive {
@@ -130,6 +164,9 @@ func PerfServerPD(cfg PerfConfig, ready func()) (*PerfResult, error) {
 			}
 			progress = true
 			n := len(v)
+			if !cfg.NoTouch {
+				consume(v)
+			}
 			res.PerConn[i] += int64(n)
 			res.Bytes += int64(n)
 			c.RecvDone(sid, n)
@@ -137,7 +174,7 @@ func PerfServerPD(cfg PerfConfig, ready func()) (*PerfResult, error) {
 				got[i] += n
 				for got[i] >= cfg.Size {
 					got[i] -= cfg.Size
-					if echo, err = pdSendAll(c, sid, cfg.Size, echo); err != nil {
+					if echo, err = pdSendAll(c, sid, cfg.Size, echo, nil); err != nil {
 						return nil, err
 					}
 				}
@@ -159,7 +196,7 @@ func PerfServerPD(cfg PerfConfig, ready func()) (*PerfResult, error) {
 }
 
 // pdSendAll sends size bytes on sid, waiting for room; buf is reused in engine mode.
-func pdSendAll(c *Client, sid, size int, buf []byte) ([]byte, error) {
+func pdSendAll(c *Client, sid, size int, buf []byte, src []byte) ([]byte, error) {
 	if c.Direct || buf == nil {
 		for {
 			b, err := c.Malloc(sid, size)
@@ -172,6 +209,9 @@ func pdSendAll(c *Client, sid, size int, buf []byte) ([]byte, error) {
 			}
 			c.Wait(func() bool { return c.Room(sid) >= size }, 10*time.Millisecond)
 		}
+	}
+	if src != nil {
+		copy(buf[:size], src)
 	}
 	for off := 0; off < size; {
 		n, err := c.Send(sid, buf[off:size])
@@ -207,13 +247,20 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 		}
 	}
 	res := &PerfResult{Role: "client", Transport: "pd", Size: cfg.Size, Conns: cfg.Conns, PerConn: make([]int64, len(sids)), Direct: c.Direct}
+	var src []byte
+	if !cfg.NoTouch {
+		src = pattern(cfg.Size)
+	}
+	if cfg.Latency {
+		c.SpinLooks = 2000
+	}
 	start, cpu0 := time.Now(), cpuSeconds()
 	if cfg.Latency {
 		sid := sids[0]
 		var buf []byte
 		for i := 0; i < cfg.Count; i++ {
 			t0 := time.Now()
-			if buf, err = pdSendAll(c, sid, cfg.Size, buf); err != nil {
+			if buf, err = pdSendAll(c, sid, cfg.Size, buf, src); err != nil {
 				return nil, err
 			}
 			for got := 0; got < cfg.Size; {
@@ -253,6 +300,9 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 					s.cur = nextBuf(c, sid, cfg.Size, &s.bufs)
 					if s.cur == nil {
 						continue
+					}
+					if src != nil {
+						copy(s.cur, src)
 					}
 					s.off = 0
 				}
@@ -351,6 +401,9 @@ func PerfServerTCP(cfg PerfConfig, ready func(), onConn func(net.Conn)) (*PerfRe
 			for {
 				n, err := conn.Read(buf)
 				if n > 0 {
+					if !cfg.NoTouch {
+						consume(buf[:n])
+					}
 					res.PerConn[i] += int64(n)
 					total.Add(int64(n))
 					if cfg.Latency {
@@ -391,9 +444,12 @@ func PerfClientTCP(cfg PerfConfig, onConn func(net.Conn)) (*PerfResult, error) {
 	start, cpu0 := time.Now(), cpuSeconds()
 	if cfg.Latency {
 		c := conns[0]
-		buf := make([]byte, cfg.Size)
+		buf, src := make([]byte, cfg.Size), pattern(cfg.Size)
 		for i := 0; i < cfg.Count; i++ {
 			t0 := time.Now()
+			if !cfg.NoTouch {
+				copy(buf, src)
+			}
 			if _, err := c.Write(buf); err != nil {
 				return nil, err
 			}
@@ -410,10 +466,13 @@ func PerfClientTCP(cfg PerfConfig, onConn func(net.Conn)) (*PerfResult, error) {
 			wg.Add(1)
 			go func(i int, c net.Conn) {
 				defer wg.Done()
-				buf := make([]byte, cfg.Size)
+				buf, src := make([]byte, cfg.Size), pattern(cfg.Size)
 				for n := 0; ; n++ {
 					if n&15 == 0 && time.Now().After(deadline) {
 						return
+					}
+					if !cfg.NoTouch {
+						copy(buf, src)
 					}
 					k, err := c.Write(buf)
 					res.PerConn[i] += int64(k)
