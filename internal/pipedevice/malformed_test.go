@@ -155,8 +155,31 @@ func TestGarbageInSharedMemory(t *testing.T) {
 		cs, ss := pair(t, a, b, 7995)
 		evil, peer := dial(t, d), dial(t, d)
 		ecs, _ := pair(t, evil, peer, 7996)
+		// first, garbage entries alone: the engine must reject them and go on
+		r0 := rand.New(rand.NewSource(3))
+		for i := 0; i < 500; i++ {
+			b := make([]byte, EntrySize)
+			r0.Read(b)
+			var e Entry
+			e.get(b)
+			if !evil.sqs[i%len(evil.sqs)].Push(e) {
+				t.Fatalf("push %d into a fresh queue failed", i)
+			}
+		}
+		evil.ring()
+		eventually(t, "the engine rejects garbage entries", func() bool { return d.Status().FailedEntries > 0 })
+		eventually(t, "the engine consumes every garbage entry", func() bool {
+			evil.drainCQ()
+			for _, q := range evil.sqs {
+				if q.Len() != 0 {
+					return false
+				}
+			}
+			return true
+		})
 		stop := make(chan struct{})
 		done := make(chan struct{})
+		pushed := 0
 		go func() {
 			defer close(done)
 			r := rand.New(rand.NewSource(2))
@@ -191,7 +214,9 @@ func TestGarbageInSharedMemory(t *testing.T) {
 						e.Type = uint8(1 + r.Intn(4))
 						e.ConnID = uint16(r.Intn(4))
 					}
-					q.Push(e)
+					if q.Push(e) {
+						pushed++
+					}
 					evil.ring()
 				}
 				if i%64 == 0 {
@@ -206,7 +231,7 @@ func TestGarbageInSharedMemory(t *testing.T) {
 		close(stop)
 		<-done
 		if d.Status().FailedEntries == 0 {
-			t.Fatal("no garbage entry was rejected: the test did not reach the engine")
+			t.Fatalf("no garbage entry was rejected: the test did not reach the engine (direct=%v, pushed %d, status %+v)", direct, pushed, d.Status())
 		}
 		_ = netip.AddrPort{}
 	}
