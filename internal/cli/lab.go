@@ -36,6 +36,12 @@ Styles:
   native   no overlay: applications run in the host namespaces (the baseline).
 
 Namespaces are named prg-<lab>-h1, prg-<lab>-h1-c1, prg-<lab>-h1-ov, prg-<lab>-sw.
+
+Tenants (--tenants N, docker style): each tenant has its own overlay on every host (namespace
+h1-ov for tenant 1, h1-t2-ov for tenant 2, ...; its own vxlan0 with VNI vni+t-1 and br0) and its
+own containers (h1-c1 for tenant 1 as without tenants, h1-t2-c1 for tenant 2) with the same
+overlay addresses as the other tenants'. "lab up" checks every pair within each tenant and that
+no tenant reaches another.
 Addresses come from the RFC 2544 benchmarking range: underlay 198.18.0.0/24, overlay 198.19.0.0/16.`,
 	}
 	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd())
@@ -56,7 +62,8 @@ func newLabUpCmd() *cobra.Command {
   peregrine lab up --file topo.yaml                 # flags given on the command line win over the file
   peregrine lab up --name b --style native          # a second lab beside the first
   peregrine lab up --name l --style linux           # hosts talk over vxlan0: lab exec h1 -- ping 198.19.2.2
-  peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)`,
+  peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)
+  peregrine lab up --tor --tenants 2                # two tenants, same addresses, isolated by VNI: h1-c1, h1-t2-c1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file != "" {
@@ -115,10 +122,11 @@ func newLabUpCmd() *cobra.Command {
 	f.StringVar(&rxCPUs, "rx-cpus", "", "pin the underlay's receive processing to these CPUs with RPS, e.g. 0 or 0-1 (default: the sender's CPU, as veth does)")
 	f.BoolVar(&noGRO, "no-gro", false, "leave GRO off on the underlay (veth without NAPI)")
 	f.BoolVar(&vethOffloads, "veth-offloads", false, "keep veth's TSO/checksum offload on the underlay: 64 KB super-packets cross unsegmented (faster, but no NIC delivers that)")
-	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port)")
+	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port, tor, tor_cpus, tenants)")
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
+	f.IntVar(&spec.Tenants, "tenants", 1, "docker style: tenants, each with its own overlay (VXLAN device, VNI vni+t-1, bridge) and containers h<i>-t<t>-c<j> using the same addresses as tenant 1's h<i>-c<j>")
 	return c
 }
 
@@ -145,6 +153,9 @@ func mergeSpec(cmd *cobra.Command, dst, flags *lab.Spec) {
 	}
 	if f.Changed("tor") {
 		dst.ToR = flags.ToR
+	}
+	if f.Changed("tenants") || dst.Tenants == 0 {
+		dst.Tenants = flags.Tenants
 	}
 }
 
@@ -230,9 +241,18 @@ func printLab(l *lab.Lab) {
 	}
 	fmt.Printf("lab %s: style %s, %d hosts x %d containers, %s underlay, MTU %d/%d, GRO %v, %s, rx on %s\n",
 		s.Name, s.Style, s.Hosts, s.Containers, s.Underlay, s.MTU, s.OverlayMTU(), *s.GRO, wire, rx)
-	fmt.Printf("kernel %s, %d CPUs, VNI %d, VXLAN port %d\n\n", l.Kernel, l.CPUs, s.VNI, s.VXLANPort)
+	tenants := s.TenantCount() > 1
+	if tenants {
+		fmt.Printf("kernel %s, %d CPUs, %d tenants (VNI %d-%d), VXLAN port %d\n\n", l.Kernel, l.CPUs, s.TenantCount(), s.TenantVNI(1), s.TenantVNI(s.TenantCount()), s.VXLANPort)
+	} else {
+		fmt.Printf("kernel %s, %d CPUs, VNI %d, VXLAN port %d\n\n", l.Kernel, l.CPUs, s.VNI, s.VXLANPort)
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tNAMESPACE\tADDRESS\tDEVICES")
+	if tenants {
+		fmt.Fprintln(tw, "NODE\tROLE\tTENANT\tNAMESPACE\tADDRESS\tDEVICES")
+	} else {
+		fmt.Fprintln(tw, "NODE\tROLE\tNAMESPACE\tADDRESS\tDEVICES")
+	}
 	nodes := append(append(append(append([]lab.Node{}, l.Hosts...), l.Overlays...), l.Containers...), l.ToRs...)
 	if l.Switch != nil {
 		nodes = append(nodes, *l.Switch)
@@ -249,6 +269,14 @@ func printLab(l *lab.Lab) {
 			}
 			devs = append(devs, desc+")")
 		}
+		if tenants {
+			tenant := "-"
+			if n.Tenant > 0 {
+				tenant = fmt.Sprint(n.Tenant)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, tenant, n.Netns, n.Addr, strings.Join(devs, " "))
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, n.Addr, strings.Join(devs, " "))
 	}
 	tw.Flush()
@@ -260,6 +288,7 @@ func newLabExecCmd() *cobra.Command {
 		Use:   "exec NODE -- COMMAND [ARGS...]",
 		Short: "Run a command inside a lab host, container, overlay or switch namespace",
 		Example: `  peregrine lab exec h1-c1 -- ip addr
+  peregrine lab exec h1-t2-c1 -- ping -c1 198.19.2.2   # tenant 2's h1-c1 pings tenant 2's h2-c1
   peregrine lab exec h2 -- ethtool -k eth0
   peregrine lab exec h2-c1 -- iperf3 -s -1`,
 		Args: cobra.MinimumNArgs(2),

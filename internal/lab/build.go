@@ -75,7 +75,11 @@ func Up(ctx context.Context, spec Spec, log Logf) (*Lab, error) {
 		h.Close()
 	}
 	if err == nil {
-		log("verifying overlay connectivity (TCP and UDP, every pair of endpoints)")
+		if spec.TenantCount() > 1 {
+			log("verifying overlay connectivity (TCP and UDP, every pair of endpoints of each tenant) and that no tenant reaches another")
+		} else {
+			log("verifying overlay connectivity (TCP and UDP, every pair of endpoints)")
+		}
 		var l *Lab
 		l, err = Status(spec.Name)
 		if err == nil {
@@ -95,6 +99,10 @@ func Up(ctx context.Context, spec Spec, log Logf) (*Lab, error) {
 func (b *builder) build() error {
 	s := b.s
 	b.log("creating %d hosts (%s style, %s underlay, MTU %d, ToRs %v)", s.Hosts, s.Style, s.Underlay, s.MTU, s.ToR)
+	if s.TenantCount() > 1 {
+		b.log("%d tenants: an overlay namespace, VXLAN device (VNI %d-%d) and containers each, with the same addresses",
+			s.TenantCount(), s.TenantVNI(1), s.TenantVNI(s.TenantCount()))
+	}
 	for i := 1; i <= s.Hosts; i++ {
 		if _, err := b.newNs(hostName(i)); err != nil {
 			return err

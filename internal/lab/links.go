@@ -58,8 +58,13 @@ func (n *nsLinks) link(name string) (netlink.Link, error) {
 
 // veth creates a veth pair with this end named name here and the peer in another namespace.
 func (n *nsLinks) veth(name string, mac net.HardwareAddr, peer *nsLinks, peerName string, peerMAC net.HardwareAddr, mtu int) error {
+	return n.vethAt(name, 0, mac, peer, peerName, peerMAC, mtu)
+}
+
+// vethAt is veth with this end's ifindex chosen (0: the kernel picks).
+func (n *nsLinks) vethAt(name string, index int, mac net.HardwareAddr, peer *nsLinks, peerName string, peerMAC net.HardwareAddr, mtu int) error {
 	la := netlink.NewLinkAttrs()
-	la.Name, la.MTU, la.HardwareAddr = name, mtu, mac
+	la.Name, la.MTU, la.HardwareAddr, la.Index = name, mtu, mac, index
 	v := &netlink.Veth{LinkAttrs: la, PeerName: peerName, PeerHardwareAddr: peerMAC, PeerNamespace: netlink.NsFd(int(peer.nh))}
 	if err := n.h.LinkAdd(v); err != nil {
 		return n.errf(name, "create veth", err)

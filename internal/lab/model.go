@@ -17,6 +17,11 @@
 //
 // With ToR (--tor) every host hangs off its own top-of-rack switch namespace (tor.go).
 //
+// With tenants (--tenants N, docker style) every host has one overlay per tenant: tenant t has
+// its own overlay namespace (h1-ov for tenant 1, h1-t<t>-ov for the others), its own VXLAN
+// device with VNI vni+t-1 and its own containers (h1-c1, h1-t2-c1, ...) that use the SAME
+// overlay addresses as tenant 1's (overlapping subnets, isolated by VNI). See tenants.go.
+//
 // Every namespace is named "prg-<lab>-<node>", so `lab down --all` finds all of them.
 package lab
 
@@ -85,6 +90,10 @@ type Spec struct {
 	// stays in order on one CPU, as in a switch port's FIFO). Default: the last CPU, away from
 	// the emulated NIC IRQ core (CPU0); with 4+ CPUs a core of its own, standing in for silicon.
 	ToRCPUs []int `yaml:"tor_cpus" json:"tor_cpus,omitempty"`
+	// Tenants is the number of tenants (docker style): each gets its own overlay per host (its
+	// own VXLAN device, VNI and bridge namespace) with the same container addresses as the
+	// others. Default 1 (one overlay, as without the key). See tenants.go.
+	Tenants int `yaml:"tenants" json:"tenants,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.
@@ -110,6 +119,17 @@ type Node struct {
 	// Addr is the address applications on this node use: the overlay address of a container,
 	// the underlay address of a host (linux style: the host's overlay address on vxlan0).
 	Addr string `json:"addr,omitempty"`
+	// Tenant is the tenant of a container or overlay namespace in a lab with 2 or more tenants
+	// (from 1); 0 in a single-tenant lab. TenantOf reads it.
+	Tenant int `json:"tenant,omitempty"`
+}
+
+// TenantOf is the node's tenant: 1 in a single-tenant lab.
+func (n *Node) TenantOf() int {
+	if n.Tenant == 0 {
+		return 1
+	}
+	return n.Tenant
 }
 
 // Device is one link inside a node.

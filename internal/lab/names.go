@@ -17,8 +17,8 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 func NsPrefix(lab string) string { return Prefix + lab + "-" }
 
 func hostName(i int) string         { return fmt.Sprintf("h%d", i) }
-func containerName(i, j int) string { return fmt.Sprintf("h%d-c%d", i, j) }
-func overlayName(i int) string      { return fmt.Sprintf("h%d-ov", i) }
+func containerName(i, j int) string { return ContainerName(i, 1, j) }
+func overlayName(i int) string      { return OverlayName(i, 1) }
 
 func (s *Spec) ns(short string) string { return NsPrefix(s.Name) + short }
 

@@ -61,6 +61,9 @@ func (s *Spec) Defaults() {
 			s.VNI = 1 // flannel's VXLAN backend always uses VNI 1
 		}
 	}
+	if s.Tenants == 0 {
+		s.Tenants = 1
+	}
 	if s.ToR && len(s.ToRCPUs) == 0 {
 		s.ToRCPUs = []int{runtime.NumCPU() - 1}
 	}
@@ -136,7 +139,7 @@ func (s *Spec) Validate() error {
 	if s.VXLANPort < 1 || s.VXLANPort > 65535 {
 		return fmt.Errorf("VXLAN port %d out of range", s.VXLANPort)
 	}
-	return nil
+	return s.validateTenants()
 }
 
 // LoadSpec reads a YAML topology file.

@@ -22,8 +22,12 @@ func Status(name string) (*Lab, error) {
 	}
 	s := *spec
 	l := &Lab{Spec: s, Kernel: kernelRelease(), CPUs: runtime.NumCPU()}
+	tenant := 0 // 0 in a single-tenant lab: Node.Tenant stays out of the JSON
 	add := func(set *[]Node, short, role, host, addr string) error {
 		n := Node{Name: short, Netns: s.ns(short), Role: role, Host: host, Addr: addr}
+		if role == "container" || role == "overlay" {
+			n.Tenant = tenant
+		}
 		if !netnsutil.Exists(n.Netns) {
 			return fmt.Errorf("lab %q is broken: namespace %s is missing; run `peregrine lab down --name %s` and build it again", s.Name, n.Netns, s.Name)
 		}
@@ -34,6 +38,9 @@ func Status(name string) (*Lab, error) {
 		n.Devices = devs
 		*set = append(*set, n)
 		return nil
+	}
+	if s.TenantCount() > 1 {
+		tenant = 1
 	}
 	for i := 1; i <= s.Hosts; i++ {
 		addr := s.HostAddr(i).String()
@@ -51,6 +58,20 @@ func Status(name string) (*Lab, error) {
 		if !HostEndpoints(s.Style) {
 			for j := 1; j <= s.Containers; j++ {
 				if err := add(&l.Containers, containerName(i, j), "container", hostName(i), s.ContainerAddr(i, j).String()); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	// The other tenants' overlays and containers come after tenant 1's, so the nodes of a
+	// single-tenant lab keep their order (tools index l.Containers).
+	for tenant = 2; tenant <= s.TenantCount(); tenant++ {
+		for i := 1; i <= s.Hosts; i++ {
+			if err := add(&l.Overlays, OverlayName(i, tenant), "overlay", hostName(i), ""); err != nil {
+				return nil, err
+			}
+			for j := 1; j <= s.Containers; j++ {
+				if err := add(&l.Containers, ContainerName(i, tenant, j), "container", hostName(i), s.ContainerAddr(i, j).String()); err != nil {
 					return nil, err
 				}
 			}

@@ -8,16 +8,28 @@ import "fmt"
 // statically (FDB: MAC -> VTEP; neighbour: IP -> MAC with ARP proxying), as Docker's control
 // plane programs them.
 func (b *builder) dockerHost(i int) error {
+	for t := 1; t <= b.s.TenantCount(); t++ {
+		if err := b.dockerTenant(i, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dockerTenant builds tenant t's overlay on host i (tenant 1: the only one without --tenants):
+// its overlay namespace, VXLAN device (the tenant's VNI), bridge and containers, and the static
+// entries for the same tenant's containers on the other hosts.
+func (b *builder) dockerTenant(i, t int) error {
 	s := b.s
 	host, err := b.at(hostName(i))
 	if err != nil {
 		return err
 	}
-	ov, err := b.newNs(overlayName(i))
+	ov, err := b.newNs(OverlayName(i, t))
 	if err != nil {
 		return err
 	}
-	if err := host.vxlan(vxlanConf{name: "vxlan0", vni: s.VNI, port: s.VXLANPort, local: s.HostAddr(i).Addr(),
+	if err := host.vxlan(vxlanConf{name: "vxlan0", vni: s.TenantVNI(t), port: s.VXLANPort, local: s.HostAddr(i).Addr(),
 		dev: "eth0", mtu: s.OverlayMTU(), mac: s.VTEPMAC(i), proxy: true}); err != nil {
 		return err
 	}
@@ -34,12 +46,16 @@ func (b *builder) dockerHost(i int) error {
 		return err
 	}
 	for j := 1; j <= s.Containers; j++ {
-		c, err := b.newNs(containerName(i, j))
+		c, err := b.newNs(ContainerName(i, t, j))
 		if err != nil {
 			return err
 		}
 		port := fmt.Sprintf("veth%d", j)
-		if err := ov.veth(port, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
+		index := 0
+		if t > 1 {
+			index = TenantPortIndex(t, j)
+		}
+		if err := ov.vethAt(port, index, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
 			return err
 		}
 		if err := ov.master(port, "br0"); err != nil {
