@@ -121,8 +121,8 @@ affinity and is left alone.`,
 			if l != nil && len(l.Spec.RxCPUs) > 0 {
 				o.KeepUnderlay = true
 			}
-			if l != nil && l.Spec.Style == lab.StyleNative {
-				return fmt.Errorf("lab %q is native (no overlay): attach needs a docker or flannel lab", l.Spec.Name)
+			if l != nil && lab.HostEndpoints(l.Spec.Style) {
+				return fmt.Errorf("lab %q is %s style (no container overlay: no bridge, veth or container for a mode to work on): attach needs a docker or flannel lab; nothing was changed", l.Spec.Name, l.Spec.Style)
 			}
 			var done []*datapath.State
 			for _, t := range targets {
