@@ -88,15 +88,6 @@ func studyTitle(s Scenario) string {
 	return s.Name
 }
 
-// The study suite is registered here rather than in suite.go's table, which only names it, so
-// that the study's configs and steps live in one file.
-func init() {
-	s := suites["study"]
-	s.help = "the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel"
-	s.steps = StudySteps
-	suites["study"] = s
-}
-
 // EstimatedDuration is a rough upper bound of a scenario's measuring time on the configs.
 func (s Scenario) EstimatedDuration(configs int) time.Duration {
 	_ = s.Validate()

@@ -26,7 +26,7 @@ var suites = map[string]struct {
 	help  string
 	steps func(quick bool) []Step
 }{
-	"study":  {"the characterization study (dissertation ch. 2): native vs docker vs flannel", studySteps},
+	"study":  {"the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel", StudySteps},
 	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps},
 	"mflow":  {"MFLOW's experiments: single-flow TCP/UDP by size, reordering vs batch size, device vs full-path splitting, latency, flows", mflowSteps},
 	"prism":  {"PRISM's experiments: HP ping-pong alone and under TCP/UDP bulk background, memcached as HP under bulk", prismSteps},
@@ -49,15 +49,6 @@ func SuiteHelp() string {
 		fmt.Fprintf(&b, "  %-7s %s\n", n, suites[n].help)
 	}
 	return b.String()
-}
-
-func studySteps(quick bool) []Step {
-	cfgs := []string{"native", "docker", "flannel"}
-	var out []Step
-	for _, s := range Study(quick) {
-		out = append(out, Step{Title: s.Name, Scenario: s, Configs: cfgs})
-	}
-	return out
 }
 
 // otherCPU is a CPU other than the IRQ core (CPU0): where a split or a hotspot goes.

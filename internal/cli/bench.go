@@ -160,7 +160,7 @@ func newBenchRunCmd() *cobra.Command {
 	c.Flags().StringVar(&given.ServerNS, "server-ns", "", "measure between existing namespaces: the receiving namespace (no lab is built)")
 	c.Flags().StringVar(&given.ServerAddr, "server-addr", "", "with --server-ns: the receiver's address")
 	c.Flags().StringVar(&given.ClientNS, "client-ns", "", "with --server-ns: the sending namespace (default: the current one)")
-	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, docker, flannel, each optionally /MODE (e.g. docker/rps); the first is the baseline")
+	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel; docker and flannel optionally /MODE (e.g. docker/rps); the first is the baseline")
 	return c
 }
 
@@ -200,11 +200,14 @@ func newBenchCompareCmd() *cobra.Command {
 func newBenchStudyCmd() *cobra.Command {
 	c := newBenchSuiteCmd()
 	c.Use = "study"
-	c.Short = "Run the characterization study (native vs docker vs flannel) and write the HTML report"
+	c.Short = "Run the characterization study (native vs Linux overlay vs docker vs flannel) and write the HTML report"
 	c.Long = `The study reproduces chapter 2 of the dissertation: TCP throughput vs message size and number
 of flows, UDP packet rate vs datagram size, latency, and the memcached and nginx applications,
-each on the native path, the docker overlay and the flannel overlay, with per-CPU breakdowns,
-softirq counts and per-stage CPU placement. --quick finishes in under 5 minutes.
+each on the native path, the Linux overlay (a VXLAN device in the host namespace, no
+containers), the docker overlay and the flannel overlay, with per-CPU breakdowns, softirq and
+interrupt counts and per-stage CPU placement. The full study sweeps TCP messages 16 B-64 KiB and
+1-80 flows (flows share one client/server pair, and on a small machine the cores; the report
+says so). --quick finishes in under 5 minutes.
 Same as "peregrine bench suite study".`
 	c.Example = `  peregrine bench study --quick
   peregrine bench study --out results/study-$(date +%F)`
