@@ -678,6 +678,10 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 	uint64_t n = len, limit = ld64(s->hdr, SH_TX_LIMIT);
 	if (s->queued + n > limit)
 		n = limit - s->queued;
+	/* completions pile up when the program never calls pd_buf_refresh/pd_malloc/pd_epoll_wait:
+	 * take them now, or a full completion queue stops the engine from serving this queue */
+	if (q_free(cq(s->q)) <= g.depth / 2)
+		drain_cq();
 	uint64_t max = (uint64_t)q_free(sq(s->q)) * MAX_CHUNK;
 	if (max > 64ull * MAX_CHUNK)
 		max = 64ull * MAX_CHUNK;

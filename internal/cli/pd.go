@@ -35,7 +35,13 @@ memory and hands each process only its own sockets' rings.`,
 
   # measure: a server and a client (in two containers of a lab, or anywhere on the host)
   peregrine pd perf server --bind 127.0.0.1:5201 &
-  peregrine pd perf client --connect 127.0.0.1:5201 --size 65536 --time 5s`,
+  peregrine pd perf client --connect 127.0.0.1:5201 --size 65536 --time 5s
+
+  # the whole comparison: kernel TCP, sockmap shortcut, pd engine and direct, two lab containers
+  sudo peregrine pd bench
+
+  # C programs: #include "pd.h", link -lpd (make build puts bin/libpd.so and bin/libpd.a there)
+  cc -Ilibpd app.c -Lbin -lpd -o app && PD_SOCKET=/run/peregrine/pd.sock ./app`,
 	}
 	cmd.AddCommand(newPdDaemonCmd(), newPdStatusCmd(), newPdPerfCmd(), newPdBenchCmd())
 	return cmd
@@ -116,7 +122,12 @@ func newPdStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "status",
 		Short:   "Show what the PipeDevice daemon holds",
-		Example: "  peregrine pd status\n  peregrine pd status --json",
+		Long: `Asks a running daemon (over its socket) what it holds: mode, engine CPUs, how many rings
+are live and whether they got hugepages (reserve some with sysctl vm.nr_hugepages=N, else rings
+use normal pages), bytes copied by the engine or published in place (direct mode), queue
+entries handled and refused, and each client process with its network namespace and sockets.`,
+		Example: `  peregrine pd status
+  peregrine pd status --socket /tmp/pd.sock --json | jq .clients`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := pipedevice.DaemonStatus(socket)
@@ -131,9 +142,12 @@ func newPdStatusCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), st)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "socket      %s\nmode        %s\nengine CPUs %v\nrings       %d on hugepages, %d on normal pages\nhugepages   %s\n",
-				st.Socket, st.Mode, st.Engines, st.RingsHuge, st.RingsNormal, st.Hugepages)
-			fmt.Fprintf(w, "moved       %d B copied, %d B published in place, %d entries (%d failed)\n", st.BytesCopied, st.BytesPublish, st.Entries, st.FailedEntries)
+			fmt.Fprintf(w, "socket      %s\nmode        %s\nengine CPUs %v\nrings       %d live; made so far: %d on hugepages, %d on normal pages\nhugepages   %s\n",
+				st.Socket, st.Mode, st.Engines, st.RingsLive, st.RingsHuge, st.RingsNormal, st.Hugepages)
+			fmt.Fprintf(w, "moved       %d B copied, %d B published in place, %d entries (%d failed: refused by the engine)\n", st.BytesCopied, st.BytesPublish, st.Entries, st.FailedEntries)
+			if st.InternalErrs > 0 {
+				fmt.Fprintf(w, "internal    %d requests hit a daemon bug (their clients were dropped; see the daemon's stderr)\n", st.InternalErrs)
+			}
 			fmt.Fprintf(w, "%-8s %-22s %s\n", "PID", "NETNS", "SOCKETS")
 			for _, c := range st.Clients {
 				fmt.Fprintf(w, "%-8d %-22s %d\n", c.PID, c.Netns, c.Sockets)
@@ -199,18 +213,34 @@ func newPdPerfCmd() *cobra.Command {
 		Use:   "perf",
 		Short: "iperf-like measurement over PipeDevice or kernel TCP (both ends)",
 		Long: `Measures throughput (a stream over --conns connections for --time) or latency (--latency:
-ping-pong of --size bytes, round-trip percentiles) between a server and a client. --transport pd
-goes through the PipeDevice daemon; --transport tcp through kernel TCP (the baseline, and the
-sockmap shortcut when "peregrine bench" attaches it). The server serves one client run and exits.`,
+ping-pong of --size bytes, round-trip percentiles) between a server and a client, like iperf.
+--transport pd goes through the PipeDevice daemon; --transport tcp through kernel TCP (the
+baseline, and the sockmap shortcut when "pd bench" puts both ends in its cgroup). The server
+serves one client run (it waits for --conns connections) and exits; both ends print their own
+figures: bytes, Gbit/s, and the CPU seconds of their process (user + system), as a line or as
+JSON (--json). By default the sender writes every message and the receiver reads every byte, so
+a zero-copy path is not credited with data nobody touched (--no-touch turns that off).`,
 		Example: `  peregrine pd perf server --bind 127.0.0.1:5201 &
   peregrine pd perf client --connect 127.0.0.1:5201 --size 65536 --time 5s --json
+
+  # PipeDevice between two lab containers (the daemon runs on the host; the socket is reachable
+  # from the containers since lab namespaces share the file system)
+  sudo peregrine pd daemon --socket /tmp/pd.sock &
+  sudo peregrine lab exec h1-c2 -- peregrine pd perf server --socket /tmp/pd.sock --bind 198.19.1.3:5201 &
+  sudo peregrine lab exec h1-c1 -- peregrine pd perf client --socket /tmp/pd.sock --connect 198.19.1.3:5201 --conns 8
 
   # latency at 64 B, kernel TCP between two lab containers
   sudo peregrine lab exec h1-c2 -- peregrine pd perf server --transport tcp --bind 0.0.0.0:5201 --latency &
   sudo peregrine lab exec h1-c1 -- peregrine pd perf client --transport tcp --connect 198.19.1.3:5201 --latency --size 64`,
 	}
-	server := &cobra.Command{Use: "server", Short: "Serve one perf run", Args: cobra.NoArgs, RunE: run("server")}
-	client := &cobra.Command{Use: "client", Short: "Run the measuring end", Args: cobra.NoArgs, RunE: run("client")}
+	server := &cobra.Command{Use: "server", Short: "Serve one perf run (sink, or echo with --latency)", Args: cobra.NoArgs, RunE: run("server"),
+		Example: `  peregrine pd perf server --bind 127.0.0.1:5201
+  peregrine pd perf server --transport tcp --bind 0.0.0.0:5201 --conns 16 --json
+  peregrine pd perf server --bind 127.0.0.1:5201 --latency --size 64`}
+	client := &cobra.Command{Use: "client", Short: "Run the measuring end (stream, or ping-pong with --latency)", Args: cobra.NoArgs, RunE: run("client"),
+		Example: `  peregrine pd perf client --connect 127.0.0.1:5201 --size 65536 --time 5s
+  peregrine pd perf client --transport tcp --connect 127.0.0.1:5201 --conns 16 --json
+  peregrine pd perf client --connect 127.0.0.1:5201 --latency --size 64 --count 10000`}
 	server.Flags().StringVar(&addr, "bind", "127.0.0.1:5201", "address to listen on")
 	client.Flags().StringVar(&addr, "connect", "127.0.0.1:5201", "server address")
 	client.Flags().DurationVar(&cfg.Duration, "time", 5*time.Second, "throughput run length")

@@ -487,6 +487,11 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 		n = limit - s.queued
 	}
 	sq := c.sqs[s.q]
+	if c.cqs[s.q].Len() >= c.lay.QDepth/2 {
+		// Completions pile up when the program never calls Reusable/Malloc: take them now, or
+		// a full completion queue stops the engine from serving this queue at all.
+		c.drainCQ()
+	}
 	if max := uint64(sq.Free()) * MaxChunk; n > max {
 		c.drainCQ()
 		n = max

@@ -389,6 +389,9 @@ func PerfServerTCP(cfg PerfConfig, ready func(), onConn func(net.Conn)) (*PerfRe
 		if onConn != nil {
 			onConn(conn)
 		}
+		if tc, ok := conn.(*net.TCPConn); ok && !cfg.Latency {
+			tc.SetNoDelay(false) // a stream lets Nagle batch small writes, as iperf does
+		}
 		if i == 0 {
 			start, cpu0 = time.Now(), cpuSeconds()
 		}
@@ -437,6 +440,9 @@ func PerfClientTCP(cfg PerfConfig, onConn func(net.Conn)) (*PerfResult, error) {
 		}
 		if onConn != nil {
 			onConn(c)
+		}
+		if tc, ok := c.(*net.TCPConn); ok && !cfg.Latency {
+			tc.SetNoDelay(false)
 		}
 		conns[i] = c
 	}
