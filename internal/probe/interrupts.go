@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -48,40 +47,10 @@ func ReadInterrupts() (Interrupts, error) {
 // "LABEL: c0 c1 ... [chip hwirq name | description]". A row with fewer counts than CPUs (ERR,
 // MIS) is skipped; a row whose first field after the label is not a number is an error.
 func ParseInterrupts(r io.Reader) (Interrupts, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	if !sc.Scan() {
-		if err := sc.Err(); err != nil {
-			return Interrupts{}, err
-		}
-		return Interrupts{}, fmt.Errorf("/proc/interrupts: empty")
-	}
 	in := Interrupts{Rows: map[string][]uint64{}, Desc: map[string]string{}}
-	for _, h := range strings.Fields(sc.Text()) {
-		id, err := strconv.Atoi(strings.TrimPrefix(h, "CPU"))
-		if !strings.HasPrefix(h, "CPU") || err != nil {
-			return Interrupts{}, fmt.Errorf("/proc/interrupts: bad header label %q", h)
-		}
-		in.CPUs = append(in.CPUs, id)
-	}
-	if len(in.CPUs) == 0 {
-		return Interrupts{}, fmt.Errorf("/proc/interrupts: no CPU columns")
-	}
-	if !slices.IsSorted(in.CPUs) {
-		return Interrupts{}, fmt.Errorf("/proc/interrupts: CPU columns out of order: %v", in.CPUs)
-	}
-	n := len(in.CPUs)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 0 {
-			continue
-		}
-		label, ok := strings.CutSuffix(f[0], ":")
-		if !ok {
-			return Interrupts{}, fmt.Errorf("/proc/interrupts: bad row %q", sc.Text())
-		}
+	cpus, err := scanCPUTable(r, "/proc/interrupts", func(n int, label string, f []string) error {
 		v := make([]uint64, 0, n)
-		for _, s := range f[1:] {
+		for _, s := range f {
 			if len(v) == n {
 				break
 			}
@@ -92,17 +61,19 @@ func ParseInterrupts(r io.Reader) (Interrupts, error) {
 			v = append(v, x)
 		}
 		if len(v) == 0 {
-			return Interrupts{}, fmt.Errorf("/proc/interrupts: row %s has no counts", label)
+			return fmt.Errorf("/proc/interrupts: row %s has no counts", label)
 		}
 		if len(v) < n {
-			continue // a machine-wide line (ERR, MIS): no per-CPU split
+			return nil // a machine-wide line (ERR, MIS): no per-CPU split
 		}
 		in.Rows[label] = v
-		in.Desc[label] = strings.Join(f[1+n:], " ")
-	}
-	if err := sc.Err(); err != nil {
+		in.Desc[label] = strings.Join(f[n:], " ")
+		return nil
+	})
+	if err != nil {
 		return Interrupts{}, err
 	}
+	in.CPUs = cpus
 	return in, nil
 }
 

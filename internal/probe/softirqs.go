@@ -1,14 +1,12 @@
 package probe
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // Softirqs is one read of /proc/softirqs: for each softirq (NET_RX, NET_TX, TIMER, ...) the number
@@ -29,53 +27,26 @@ func ReadSoftirqs() (Softirqs, error) {
 
 // ParseSoftirqs parses /proc/softirqs text: a header of "CPUn" labels, then "NAME: c0 c1 ..." rows.
 func ParseSoftirqs(r io.Reader) (Softirqs, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	if !sc.Scan() {
-		if err := sc.Err(); err != nil {
-			return Softirqs{}, err
-		}
-		return Softirqs{}, fmt.Errorf("/proc/softirqs: empty")
-	}
 	s := Softirqs{Counts: map[string][]uint64{}}
-	for _, h := range strings.Fields(sc.Text()) {
-		id, err := strconv.Atoi(strings.TrimPrefix(h, "CPU"))
-		if !strings.HasPrefix(h, "CPU") || err != nil {
-			return Softirqs{}, fmt.Errorf("/proc/softirqs: bad header label %q", h)
+	cpus, err := scanCPUTable(r, "/proc/softirqs", func(n int, name string, f []string) error {
+		if len(f) != n {
+			return fmt.Errorf("/proc/softirqs: %s has %d values for %d CPUs", name, len(f), n)
 		}
-		s.CPUs = append(s.CPUs, id)
-	}
-	if len(s.CPUs) == 0 {
-		return Softirqs{}, fmt.Errorf("/proc/softirqs: no CPU columns")
-	}
-	if !slices.IsSorted(s.CPUs) {
-		return Softirqs{}, fmt.Errorf("/proc/softirqs: CPU columns out of order: %v", s.CPUs)
-	}
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 0 {
-			continue
-		}
-		name, ok := strings.CutSuffix(f[0], ":")
-		if !ok {
-			return Softirqs{}, fmt.Errorf("/proc/softirqs: bad row %q", sc.Text())
-		}
-		if len(f)-1 != len(s.CPUs) {
-			return Softirqs{}, fmt.Errorf("/proc/softirqs: %s has %d values for %d CPUs", name, len(f)-1, len(s.CPUs))
-		}
-		v := make([]uint64, len(s.CPUs))
+		v := make([]uint64, n)
 		for i := range v {
-			n, err := strconv.ParseUint(f[i+1], 10, 64)
+			x, err := strconv.ParseUint(f[i], 10, 64)
 			if err != nil {
-				return Softirqs{}, fmt.Errorf("/proc/softirqs: %s: %w", name, err)
+				return fmt.Errorf("/proc/softirqs: %s: %w", name, err)
 			}
-			v[i] = n
+			v[i] = x
 		}
 		s.Counts[name] = v
-	}
-	if err := sc.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return Softirqs{}, err
 	}
+	s.CPUs = cpus
 	return s, nil
 }
 
