@@ -15,12 +15,20 @@
  *                            redirect_peer to ezp0 (host ns)
  *            prg_ezp_relay   tcx ingress of ezp0 in the host ns: tagged -> bpf_redirect to the
  *                            uplink (eth0), out to the ToR. Nothing untagged comes here.
- *   ingress  prg_ezp_uplink  tcx ingress of the uplink: tagged -> redirect_peer to ezp0 in the
- *                            overlay ns; untagged (the overlay's VXLAN, ARP...) -> TCX_NEXT
+ *   ingress  prg_ezp_uplink  tcx ingress of the uplink: tagged -> ezp_host_vid[VID] names the
+ *                            tenant's relay: redirect_peer to its ezp0 in the tenant's overlay
+ *                            ns; untagged (the overlay's VXLAN, ARP...) -> TCX_NEXT
  *            prg_ezp_deliver tcx ingress of ezp0 in the overlay ns: ezp_host_vid[VID] -> the
  *                            tenant's endpoint domain; pop the tag; the pod table (pod.h) gives
  *                            the container's veth and MAC: rewrite, PACKET_HOST, redirect_peer
  *                            into the container (no bridge, no veth backlog)
+ *
+ * Tenants (lab --tenants N): each tenant has its own overlay namespace (VXLAN device, VNI,
+ * bridge) and its own relay pair (host end ezp0, ezp0-t2, ...; overlay end ezp0). The tenant is
+ * the VID on the host-ToR link: an egress entry carries its VID and its relay, ezp_host_vid maps
+ * a VID to the tenant's endpoint domain and relay. Overlapping container addresses never mix:
+ * the pod table is keyed by domain, and the bridge-side veths of different tenants have
+ * distinct ifindexes (the lab gives them; attach checks).
  */
 #include "ezpath.h"
 #include "pod.h"
@@ -55,12 +63,12 @@ struct ezp_egress_key {
 
 struct ezp_egress_val {
 	__u32 vid;
-	__u32 pad;
+	__u32 relay; /* the tenant's relay end (ezp0) in its overlay ns; 0: ezp_host_cfg's relay_ov */
 };
 
 struct ezp_vid_val {
 	__u32 domain; /* endpoint domain (pod.h): netns inode of the tenant's bridge-side veths */
-	__u32 pad;
+	__u32 relay;  /* the tenant's relay end in the host ns; 0: ezp_host_cfg's relay_host */
 };
 
 struct {
@@ -123,8 +131,9 @@ int prg_ezp_port(struct __sk_buff *ctx)
 		ezp_count(&prg_ezp_hstat, EZH_ERR);
 		return EZP_TCX_NEXT;
 	}
+	__u32 relay = e->relay ? e->relay : cfg->relay_ov;
 	ezp_count(&prg_ezp_hstat, EZH_TAGGED);
-	return bpf_redirect_peer(cfg->relay_ov, 0);
+	return bpf_redirect_peer(relay, 0);
 }
 
 SEC("tcx/ingress")
@@ -147,10 +156,17 @@ int prg_ezp_uplink(struct __sk_buff *ctx)
 	struct ezp_host_cfg *cfg = host_cfg();
 	struct prg_pkt p;
 	prg_pkt_tc(&p, ctx);
-	if (!cfg || !cfg->relay_host || ezp_vid(ctx, &p) < 0)
+	int vid = ezp_vid(ctx, &p);
+	if (!cfg || !cfg->relay_host || vid < 0)
 		return EZP_TCX_NEXT;
+	/* The tenant's relay; an unknown VID goes to the default one, whose delivery drops it
+	 * (counted as miss_vid). */
+	__u32 v = vid, relay = cfg->relay_host;
+	struct ezp_vid_val *t = bpf_map_lookup_elem(&ezp_host_vid, &v);
+	if (t && t->relay)
+		relay = t->relay;
 	ezp_count(&prg_ezp_hstat, EZH_UP_TAGGED);
-	return bpf_redirect_peer(cfg->relay_host, 0);
+	return bpf_redirect_peer(relay, 0);
 }
 
 SEC("tcx/ingress")

@@ -69,13 +69,22 @@ with "lab up --tor": the hosts only push or pop an 802.1Q tag (VID = tenant on t
 switches do the VXLAN encapsulation. "attach ezpath --lab" loads the switch and host programs and
 starts the controller (policy auto offloads hot pairs by itself); these commands change or show
 what runs where. Offload always writes both switches' entries before the hosts tag; un-offload
-removes the hosts' rules first, waits --drain, then the switch entries.`,
+removes the hosts' rules first, waits --drain, then the switch entries.
+
+Tenants ("lab up --tor --tenants 2"): tenant t is VID 100+t-1 on every host-ToR link and VNI
+vni+t-1 between the switches (ezp_vlan_to_vni maps (port, VID) to it; ezp_encap and ezp_decap are
+keyed by VNI), each tenant's overlay namespace has its own relay (ezp0; host end ezp0-t<t>). The
+tenants use the same overlay addresses, so name containers (h1-t2-c1), not addresses: an address
+is ambiguous there, and a pair must be of one tenant.`,
 		Example: `  sudo peregrine lab up --tor --containers 2
   sudo peregrine attach ezpath --lab --policy manual
   sudo peregrine ezpath offload --lab h1-c1 h2-c1
   sudo peregrine ezpath flows
   sudo peregrine ezpath unoffload --lab 198.19.1.2 198.19.2.2
-  sudo peregrine detach --lab`,
+  sudo peregrine detach --lab
+  sudo peregrine lab up --tor --tenants 2 --name tn     # tenant 2: h1-t2-c1, h2-t2-c1 (same addresses)
+  sudo peregrine attach ezpath --lab --name tn --policy manual
+  sudo peregrine ezpath offload --lab --name tn h1-t2-c1 h2-t2-c1`,
 	}
 	c.AddCommand(newEzpathOffloadCmd(true), newEzpathOffloadCmd(false), newEzpathFlowsCmd())
 	return c
@@ -91,9 +100,14 @@ func newEzpathOffloadCmd(on bool) *cobra.Command {
 	}
 	c := &cobra.Command{
 		Use:   use + " --lab SRC DST",
+		Long: short + `.
+
+SRC and DST are container names as "lab status" shows them (h1-c1, h1-t2-c1), or overlay IPs in a
+lab with one tenant (with tenants every address belongs to each tenant: names only).`,
 		Short: short,
 		Example: fmt.Sprintf(`  sudo peregrine ezpath %s --lab h1-c1 h2-c1
-  sudo peregrine ezpath %s --lab --name tr 198.19.1.2 198.19.2.2`, use, use),
+  sudo peregrine ezpath %s --lab --name tr 198.19.1.2 198.19.2.2   # one tenant: addresses name containers
+  sudo peregrine ezpath %s --lab --name tn h1-t2-c1 h2-t2-c1       # tenants: names only`, use, use, use),
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !useLab {

@@ -167,9 +167,10 @@ func (r *rack) view(counts []FlowCount, led *Ledger, classes Classes, rate func(
 	pairs := map[string]*pairStat{}
 	var order []string
 	for _, fc := range counts {
-		a, err1 := r.endpoint(fc.Key.Src.String())
-		b, err2 := r.endpoint(fc.Key.Dst.String())
-		if err1 != nil || err2 != nil {
+		t := r.tenantOfVNI(fc.Key.VNI) // the VNI tells the tenant: addresses overlap
+		a, ok1 := r.endpointAt(t, fc.Key.Src)
+		b, ok2 := r.endpointAt(t, fc.Key.Dst)
+		if !ok1 || !ok2 {
 			continue // not between the lab's containers
 		}
 		v := FlowView{Key: fc.Key, Src: a.Name, Dst: b.Name, Rate: rate(fc.Key, fc.Bytes), Bytes: fc.Bytes, Packets: fc.Packets,
@@ -201,7 +202,7 @@ func (r *rack) where(v FlowView, offloaded bool) string {
 	a, _ := r.endpoint(v.Src)
 	b, _ := r.endpoint(v.Dst)
 	if offloaded {
-		return fmt.Sprintf("h%d tag %d > tor%d VXLAN > tor%d untag > h%d", a.Host, r.vid, a.Host, b.Host, b.Host)
+		return fmt.Sprintf("h%d tag %d > tor%d VXLAN > tor%d untag > h%d", a.Host, r.vid(a.Tenant), a.Host, b.Host, b.Host)
 	}
 	return fmt.Sprintf("h%d VXLAN (host VTEP) > tor%d > tor%d routed > h%d VXLAN", a.Host, a.Host, b.Host, b.Host)
 }
@@ -277,8 +278,16 @@ func (mode) Report(st *datapath.State) (string, error) {
 			agent = fmt.Sprintf("pid %d, running (policy %s, every %s)", st.AgentPID, ms.Config.Policy, ms.Config.Interval)
 		}
 	}
-	fmt.Fprintf(&b, "  ezpath: lab %s, host h%d, switch tor%d (VTEP %s), tenant VID %d = VNI %d; controller %s\n",
-		ms.Config.Lab, ms.Host, ms.Host, r.vtep(ms.Host), r.vid, r.vni, agent)
+	var tenants []string
+	for tn := 1; tn <= r.tenants; tn++ {
+		tenants = append(tenants, fmt.Sprintf("VID %d = VNI %d", r.vid(tn), r.vni(tn)))
+	}
+	what := "tenant"
+	if r.tenants > 1 {
+		what = fmt.Sprintf("%d tenants", r.tenants)
+	}
+	fmt.Fprintf(&b, "  ezpath: lab %s, host h%d, switch tor%d (VTEP %s), %s %s; controller %s\n",
+		ms.Config.Lab, ms.Host, ms.Host, r.vtep(ms.Host), what, strings.Join(tenants, ", "), agent)
 	fmt.Fprintf(&b, "  ezpath: tor%d tables: ezp_encap %d/%d, ezp_decap %d/%d (budget %d); offloaded pairs in the lab: %d\n",
 		ms.Host, encN, size, decN, size, ms.Config.Budget(), len(led.Pairs))
 	fmt.Fprintf(&b, "  ezpath: host: tagged %d, relayed %d, from switch %d, delivered %d; dropped: VID %d, pod %d, not IP %d, errors %d\n",

@@ -29,9 +29,9 @@ type hostEzpEgressKey struct {
 }
 
 type hostEzpEgressVal struct {
-	_   structs.HostLayout
-	Vid uint32
-	Pad uint32
+	_     structs.HostLayout
+	Vid   uint32
+	Relay uint32
 }
 
 type hostEzpHostCfg struct {
@@ -45,7 +45,7 @@ type hostEzpHostCfg struct {
 type hostEzpVidVal struct {
 	_      structs.HostLayout
 	Domain uint32
-	Pad    uint32
+	Relay  uint32
 }
 
 type hostPrgPod struct {

@@ -26,11 +26,13 @@ const (
 var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged"}
 
 // RelayDev names both ends of the veth pair attach adds between a host's overlay namespace and
-// the host namespace (the docker layout's stand-in for OVS's port on the NIC).
+// the host namespace (the docker layout's stand-in for OVS's port on the NIC). With tenants
+// each tenant's overlay namespace has its own pair, whose host end is RelayHostDev(t).
 const RelayDev = "ezp0"
 
-// createRelay adds the relay pair (host ns end, overlay ns end), up, with the underlay's MTU.
-func createRelay(hostNs, ovNs string, mtu int) error {
+// createRelay adds a relay pair (hostDev in the host ns, RelayDev in the overlay ns), up, with
+// the underlay's MTU.
+func createRelay(hostNs, hostDev, ovNs string, mtu int) error {
 	return netnsutil.Do(hostNs, func() error {
 		ov, err := netnsutil.Handle(ovNs)
 		if err != nil {
@@ -38,12 +40,12 @@ func createRelay(hostNs, ovNs string, mtu int) error {
 		}
 		defer ov.Close()
 		la := netlink.NewLinkAttrs()
-		la.Name, la.MTU = RelayDev, mtu
+		la.Name, la.MTU = hostDev, mtu
 		v := &netlink.Veth{LinkAttrs: la, PeerName: RelayDev, PeerNamespace: netlink.NsFd(int(ov))}
 		if err := netlink.LinkAdd(v); err != nil {
-			return fmt.Errorf("ezpath: create relay veth %s in %s: %w", RelayDev, hostNs, err)
+			return fmt.Errorf("ezpath: create relay veth %s in %s: %w", hostDev, hostNs, err)
 		}
-		l, err := netlink.LinkByName(RelayDev)
+		l, err := netlink.LinkByName(hostDev)
 		if err != nil {
 			return err
 		}
@@ -63,13 +65,13 @@ func createRelay(hostNs, ovNs string, mtu int) error {
 	})
 }
 
-// deleteRelay removes the relay pair (both ends go with one); absent is fine.
-func deleteRelay(hostNs string) error {
+// deleteRelay removes a relay pair by its host end (both ends go with one); absent is fine.
+func deleteRelay(hostNs, hostDev string) error {
 	if !netnsutil.Exists(hostNs) {
 		return nil
 	}
 	return netnsutil.Do(hostNs, func() error {
-		l, err := netlink.LinkByName(RelayDev)
+		l, err := netlink.LinkByName(hostDev)
 		if err != nil {
 			var nf netlink.LinkNotFoundError
 			if errors.As(err, &nf) {

@@ -21,10 +21,16 @@ import (
 // hosts with the given options; cleanup detaches, removes the lab and proves nothing is left.
 func torLab(t *testing.T, name string, extra map[string]string) *lab.Lab {
 	t.Helper()
+	return torLabSpec(t, lab.Spec{Name: name, Style: lab.StyleDocker, Containers: 2, ToR: true}, extra)
+}
+
+// torLabSpec is torLab for any docker-style --tor spec.
+func torLabSpec(t *testing.T, spec lab.Spec, extra map[string]string) *lab.Lab {
+	t.Helper()
 	testutil.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	spec := lab.Spec{Name: name, Style: lab.StyleDocker, Containers: 2, ToR: true}
+	name := spec.Name
 	t.Cleanup(func() {
 		for _, h := range []string{"h1", "h2"} {
 			if st, _ := datapath.LoadState(lab.NsPrefix(name)+h, ModeName); st != nil {

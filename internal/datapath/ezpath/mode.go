@@ -36,9 +36,10 @@ func (mode) Summary() string {
 
 // modeState is ezpath's part of a host's attachment record.
 type modeState struct {
-	Config Config   `json:"config"`
-	Host   int      `json:"host"`
-	Relay  bool     `json:"relay"` // the ezp0 pair exists (or is being made)
+	Config  Config `json:"config"`
+	Host    int    `json:"host"`
+	Relay   bool   `json:"relay"`             // the relay pairs exist (or are being made)
+	Tenants int    `json:"tenants,omitempty"` // the lab's tenants: one relay pair each (0: one)
 	Links  []string `json:"links,omitempty"`
 	Notes  []string `json:"notes,omitempty"`
 }
@@ -108,15 +109,20 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	if err := bpfobj.CheckNoPins(who, dir); err != nil {
 		return err
 	}
-	ms := modeState{Config: cfg, Host: i, Relay: true}
+	ms := modeState{Config: cfg, Host: i, Relay: true, Tenants: r.tenants}
 	st.Pins = append(st.Pins, dir)
 	save := func() error { datapath.WriteModeState(st, ms); return datapath.SaveState(st) }
 	if err := save(); err != nil {
 		return err
 	}
-	hns, ons, tns := hostNs(r.lab, i), ovNs(r.lab, i), torNs(r.lab, i)
-	if err := createRelay(hns, ons, r.lab.Spec.MTU); err != nil {
+	hns, tns := hostNs(r.lab, i), torNs(r.lab, i)
+	if err := r.checkPorts(i); err != nil {
 		return err
+	}
+	for tn := 1; tn <= r.tenants; tn++ {
+		if err := createRelay(hns, RelayHostDev(tn), ovNs(r.lab, i, tn), r.lab.Spec.MTU); err != nil {
+			return err
+		}
 	}
 	ho, err := newHostObjects()
 	if err != nil {
@@ -151,9 +157,13 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	pieces := []piece{
 		{tns, lab.ToRUp, r.torDir(i), to.PrgEzpTorUp},
 		{tns, lab.ToRDown, r.torDir(i), to.PrgEzpTorDn},
-		{ons, RelayDev, r.hostDir(i), ho.PrgEzpDeliver},
-		{hns, "eth0", r.hostDir(i), ho.PrgEzpUplink},
-		{hns, RelayDev, r.hostDir(i), ho.PrgEzpRelay},
+	}
+	for tn := 1; tn <= r.tenants; tn++ {
+		pieces = append(pieces, piece{ovNs(r.lab, i, tn), RelayDev, r.hostDir(i), ho.PrgEzpDeliver})
+	}
+	pieces = append(pieces, piece{hns, "eth0", r.hostDir(i), ho.PrgEzpUplink})
+	for tn := 1; tn <= r.tenants; tn++ {
+		pieces = append(pieces, piece{hns, RelayHostDev(tn), r.hostDir(i), ho.PrgEzpRelay})
 	}
 	for _, d := range t.ByStage(datapath.StageVethHost) {
 		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpPort})
@@ -188,31 +198,59 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	return save()
 }
 
-// configureHost fills the host tables: the relay's ifindexes, the tenant's VID and every local
-// pod (delivery never depends on the offload state, so a tagged frame always finds its pod).
+// checkPorts refuses a host whose tenants' container ports share an ifindex: the egress table
+// keys a port by ifindex, so one tenant's rule would tag another tenant's frames (lab --tenants
+// gives every tenant's ports distinct ifindexes).
+func (r *rack) checkPorts(i int) error {
+	seen := map[int]endpoint{}
+	for _, e := range r.eps {
+		if e.Host != i {
+			continue
+		}
+		idx, err := r.portIfindex(e)
+		if err != nil {
+			return err
+		}
+		if o, ok := seen[idx]; ok && o.Tenant != e.Tenant {
+			return fmt.Errorf("ezpath: the ports of %s (tenant %d) and %s (tenant %d) on h%d share ifindex %d: tenants could not be told apart; rebuild the lab with `peregrine lab up --tenants`",
+				o.Name, o.Tenant, e.Name, e.Tenant, i, idx)
+		}
+		seen[idx] = e
+	}
+	return nil
+}
+
+// configureHost fills the host tables: the relays' ifindexes, each tenant's VID (its endpoint
+// domain and relay) and every local pod (delivery never depends on the offload state, so a
+// tagged frame always finds its pod).
 func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]string, error) {
-	hns, ons := hostNs(r.lab, i), ovNs(r.lab, i)
+	hns := hostNs(r.lab, i)
 	up, err := ifindexIn(hns, "eth0")
 	if err != nil {
 		return nil, err
 	}
-	rh, err := ifindexIn(hns, RelayDev)
-	if err != nil {
-		return nil, err
-	}
-	ro, err := ifindexIn(ons, RelayDev)
-	if err != nil {
-		return nil, err
-	}
-	if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro)}); err != nil {
-		return nil, fmt.Errorf("ezpath: host config: %w", err)
-	}
-	ino, err := netnsutil.Inode(netnsutil.Path(ons))
-	if err != nil {
-		return nil, err
-	}
-	if err := ho.EzpHostVid.Put(uint32(r.vid), hostEzpVidVal{Domain: uint32(ino)}); err != nil {
-		return nil, fmt.Errorf("ezpath: tenant VID: %w", err)
+	for tn := 1; tn <= r.tenants; tn++ {
+		ons := ovNs(r.lab, i, tn)
+		rh, err := ifindexIn(hns, RelayHostDev(tn))
+		if err != nil {
+			return nil, err
+		}
+		ro, err := ifindexIn(ons, RelayDev)
+		if err != nil {
+			return nil, err
+		}
+		if tn == 1 { // the defaults: tenant 1's relay
+			if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro)}); err != nil {
+				return nil, fmt.Errorf("ezpath: host config: %w", err)
+			}
+		}
+		ino, err := netnsutil.Inode(netnsutil.Path(ons))
+		if err != nil {
+			return nil, err
+		}
+		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh)}); err != nil {
+			return nil, fmt.Errorf("ezpath: tenant %d VID: %w", tn, err)
+		}
 	}
 	vxs, err := endpoints.DiscoverVXLAN(t)
 	if err != nil {
@@ -225,7 +263,7 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 	return notes, nil
 }
 
-// configureToR programs host i's switch: its VTEP, the tenant's (port, VID) -> VNI and the
+// configureToR programs host i's switch: its VTEP, each tenant's (port, VID) -> VNI and the
 // underlay routes to every other ToR and host.
 func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
 	s := r.lab.Spec
@@ -241,8 +279,10 @@ func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
 	if err := to.EzpTorCfg.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("ezpath: switch config: %w", err)
 	}
-	if err := to.EzpVlanToVni.Put(torEzpPortVid{Ifindex: uint32(r.downIfindex(i)), Vid: uint32(r.vid)}, r.vni); err != nil {
-		return fmt.Errorf("ezpath: ezp_vlan_to_vni: %w", err)
+	for tn := 1; tn <= r.tenants; tn++ {
+		if err := to.EzpVlanToVni.Put(torEzpPortVid{Ifindex: uint32(r.downIfindex(i)), Vid: uint32(r.vid(tn))}, r.vni(tn)); err != nil {
+			return fmt.Errorf("ezpath: ezp_vlan_to_vni: %w", err)
+		}
 	}
 	up, err := ifindexIn(torNs(r.lab, i), lab.ToRUp)
 	if err != nil {
@@ -283,7 +323,9 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 		}
 	}
 	if ms.Relay {
-		errs = append(errs, deleteRelay(st.Target))
+		for tn := 1; tn <= max(ms.Tenants, 1); tn++ {
+			errs = append(errs, deleteRelay(st.Target, RelayHostDev(tn)))
+		}
 	}
 	if ms.Config.Lab != "" && !otherHostsAttached(ms.Config.Lab, st.Target) {
 		errs = append(errs, removeLedger(ms.Config.Lab))
@@ -320,10 +362,10 @@ func unoffloadHost(labName string, i int, drain time.Duration) error {
 	})
 }
 
-// hostOf is the host index of a container named h<i>-c<j>.
+// hostOf is the host index of a container named h<i>-c<j> or h<i>-t<t>-c<j>.
 func hostOf(name string) int {
-	var i, j int
-	if _, err := fmt.Sscanf(name, "h%d-c%d", &i, &j); err != nil {
+	i, _, _, ok := lab.ParseContainerName(name)
+	if !ok {
 		return 0
 	}
 	return i

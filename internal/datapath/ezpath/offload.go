@@ -21,11 +21,12 @@ import (
 
 // entries lists the switch entries a pair needs (both directions).
 func (r *rack) entries(a, b endpoint) []torEntry {
+	t := a.Tenant // pairEnds: both ends are of one tenant
 	return []torEntry{
-		{ToR: a.Host, Addr: b.Addr},              // ToR(a) tunnels to b
-		{ToR: a.Host, Addr: a.Addr, Decap: true}, // ToR(a) delivers a
-		{ToR: b.Host, Addr: a.Addr},
-		{ToR: b.Host, Addr: b.Addr, Decap: true},
+		{ToR: a.Host, Tenant: t, Addr: b.Addr},              // ToR(a) tunnels to b
+		{ToR: a.Host, Tenant: t, Addr: a.Addr, Decap: true}, // ToR(a) delivers a
+		{ToR: b.Host, Tenant: t, Addr: a.Addr},
+		{ToR: b.Host, Tenant: t, Addr: b.Addr, Decap: true},
 	}
 }
 
@@ -38,6 +39,10 @@ func (r *rack) pairEnds(src, dst string) (endpoint, endpoint, error) {
 	b, err := r.endpoint(dst)
 	if err != nil {
 		return a, b, err
+	}
+	if a.Tenant != b.Tenant {
+		return a, b, fmt.Errorf("%s (tenant %d) and %s (tenant %d) are in different tenants: tenants are isolated, there is no path between them to offload",
+			a.Name, a.Tenant, b.Name, b.Tenant)
 	}
 	if a.Host == b.Host {
 		return a, b, fmt.Errorf("%s and %s are on the same host: their traffic never reaches a switch", a.Name, b.Name)
@@ -148,7 +153,11 @@ func (r *rack) setTag(from, to endpoint, on bool) error {
 	}
 	k := hostEzpEgressKey{Ifindex: uint32(port), Dst: nbo(to.Addr)}
 	if on {
-		return ht.EzpHostEgress.Put(k, hostEzpEgressVal{Vid: uint32(r.vid)})
+		relay, err := ifindexIn(ovNs(r.lab, from.Host, from.Tenant), RelayDev)
+		if err != nil {
+			return err
+		}
+		return ht.EzpHostEgress.Put(k, hostEzpEgressVal{Vid: uint32(r.vid(from.Tenant)), Relay: uint32(relay)})
 	}
 	if err := ht.EzpHostEgress.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err

@@ -83,9 +83,10 @@ func isTableFull(err error) bool { return errors.Is(err, unix.E2BIG) || errors.I
 
 // torEntry is one switch table entry a pair of containers needs.
 type torEntry struct {
-	ToR   int        // host index whose ToR holds it
-	Decap bool       // ezp_decap (else ezp_encap)
-	Addr  netip.Addr // inner destination
+	ToR    int        // host index whose ToR holds it
+	Decap  bool       // ezp_decap (else ezp_encap)
+	Tenant int        // the pair's tenant: its VNI keys the entry, its VID tags the decapsulated frame
+	Addr   netip.Addr // inner destination
 }
 
 // putEntry installs e in the ToR's tables; created tells whether it was new (so a failed offload
@@ -93,14 +94,19 @@ type torEntry struct {
 func putEntry(tt *torTables, p *rack, e torEntry) (created bool, err error) {
 	var m *ebpf.Map
 	var key, val any
+	vni := p.vni(e.Tenant)
 	if e.Decap {
 		m = tt.EzpDecap
-		key = torEzpDecapKey{Vtep: nbo(p.vtep(e.ToR)), Vni: p.vni, Dst: nbo(e.Addr)}
-		val = torEzpDecapVal{Ifindex: uint32(p.downIfindex(e.ToR)), Vid: uint32(p.vid)}
+		key = torEzpDecapKey{Vtep: nbo(p.vtep(e.ToR)), Vni: vni, Dst: nbo(e.Addr)}
+		val = torEzpDecapVal{Ifindex: uint32(p.downIfindex(e.ToR)), Vid: uint32(p.vid(e.Tenant))}
 	} else {
+		dst, ok := p.endpointAt(e.Tenant, e.Addr)
+		if !ok {
+			return false, fmt.Errorf("ezpath: tenant %d has no container %s", e.Tenant, e.Addr)
+		}
 		m = tt.EzpEncap
-		key = torEzpEncapKey{Vni: p.vni, Dst: nbo(e.Addr)}
-		val = torEzpEncapVal{RemoteVtep: nbo(p.remoteVTEP(e.Addr)), Vni: p.vni}
+		key = torEzpEncapKey{Vni: vni, Dst: nbo(e.Addr)}
+		val = torEzpEncapVal{RemoteVtep: nbo(p.remoteVTEP(dst)), Vni: vni}
 	}
 	err = m.Update(key, val, ebpf.UpdateNoExist)
 	switch {
@@ -117,9 +123,9 @@ func putEntry(tt *torTables, p *rack, e torEntry) (created bool, err error) {
 func delEntry(tt *torTables, p *rack, e torEntry) error {
 	var err error
 	if e.Decap {
-		err = tt.EzpDecap.Delete(torEzpDecapKey{Vtep: nbo(p.vtep(e.ToR)), Vni: p.vni, Dst: nbo(e.Addr)})
+		err = tt.EzpDecap.Delete(torEzpDecapKey{Vtep: nbo(p.vtep(e.ToR)), Vni: p.vni(e.Tenant), Dst: nbo(e.Addr)})
 	} else {
-		err = tt.EzpEncap.Delete(torEzpEncapKey{Vni: p.vni, Dst: nbo(e.Addr)})
+		err = tt.EzpEncap.Delete(torEzpEncapKey{Vni: p.vni(e.Tenant), Dst: nbo(e.Addr)})
 	}
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil

@@ -1,0 +1,224 @@
+package ezpath
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+const (
+	tenantEchoPort = 5301 // every h2 container: answers "<banner>\n", then echoes
+	tenantOnlyPort = 5302 // tenant 2's h2 container only
+)
+
+// serveBanner listens on addr:port inside ns; each connection gets banner and a newline, then
+// its own bytes back.
+func serveBanner(t *testing.T, ns, addr string, port int, banner string) {
+	t.Helper()
+	var l net.Listener
+	must(t, netnsutil.Do(ns, func() error {
+		var err error
+		l, err = net.Listen("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
+		return err
+	}))
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+				if _, err := io.WriteString(c, banner+"\n"); err == nil {
+					_, _ = io.Copy(c, c)
+				}
+			}()
+		}
+	}()
+}
+
+// ask connects from inside ns to addr:port, reads the banner and has a message echoed.
+func ask(ns, addr string, port int) (string, error) {
+	var c net.Conn
+	err := netnsutil.Do(ns, func() error {
+		var err error
+		c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	r := bufio.NewReader(c)
+	banner, err := r.ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("banner: %w", err)
+	}
+	msg := strings.Repeat("x", 3000) + "\n" // more than one segment
+	if _, err := io.WriteString(c, msg); err != nil {
+		return "", err
+	}
+	back, err := r.ReadString('\n')
+	if err != nil || back != msg {
+		return "", fmt.Errorf("echo: %d of %d bytes back, %v", len(back), len(msg), err)
+	}
+	return strings.TrimSpace(banner), nil
+}
+
+// Two tenants with the same addresses on one rack: each tenant's h1-c1 reaches its own h2-c1
+// (the banner names the tenant) with and without offload, including when both tenants' pairs
+// (same inner addresses) are offloaded at once; tenant 1 never reaches tenant 2.
+func TestTenantsShareAddressesButNotTraffic(t *testing.T) {
+	l := torLabSpec(t, lab.Spec{Name: "eztn", Style: lab.StyleDocker, Containers: 1, ToR: true, Tenants: 2}, map[string]string{OptPolicy: "manual"})
+	c1, c2 := map[int]*lab.Node{}, map[int]*lab.Node{}
+	for _, tn := range []int{1, 2} {
+		a, err := l.Node(lab.ContainerName(1, tn, 1))
+		must(t, err)
+		b, err := l.Node(lab.ContainerName(2, tn, 1))
+		must(t, err)
+		c1[tn], c2[tn] = a, b
+		serveBanner(t, b.Netns, b.AddrOnly(), tenantEchoPort, fmt.Sprintf("tenant-%d", tn))
+	}
+	if c2[1].AddrOnly() != c2[2].AddrOnly() {
+		t.Fatalf("the tenants should share addresses: %s %s", c2[1].Addr, c2[2].Addr)
+	}
+	serveBanner(t, c2[2].Netns, c2[2].AddrOnly(), tenantOnlyPort, "tenant-2-only")
+	dst := c2[1].AddrOnly()
+	check := func(phase string) {
+		t.Helper()
+		for _, tn := range []int{1, 2} {
+			got, err := ask(c1[tn].Netns, dst, tenantEchoPort)
+			if err != nil || got != fmt.Sprintf("tenant-%d", tn) {
+				t.Fatalf("%s: %s -> %s:%d answered %q (%v), want tenant-%d", phase, c1[tn].Name, dst, tenantEchoPort, got, err, tn)
+			}
+		}
+		if got, err := ask(c1[1].Netns, dst, tenantOnlyPort); err == nil {
+			t.Fatalf("%s: tenant 1's h1-c1 reached tenant 2's port (%q)", phase, got)
+		}
+	}
+	check("overlay")
+
+	// Overlay addresses name one container per tenant: the CLI's API wants names.
+	if err := Offload("eztn", "198.19.1.2", "198.19.2.2", "manual"); err == nil || !strings.Contains(err.Error(), "ambiguous") || !strings.Contains(err.Error(), "h1-t2-c1 (tenant 2)") {
+		t.Fatalf("an overlay address shared by tenants should be refused as ambiguous, got %v", err)
+	}
+	if err := Offload("eztn", "h1-c1", "h2-t2-c1", "manual"); err == nil || !strings.Contains(err.Error(), "different tenants") {
+		t.Fatalf("a pair across tenants should be refused, got %v", err)
+	}
+
+	// Tenant 2's pair on the switch path: VID 101 on the host link, VNI 4097 between the ToRs.
+	must(t, Offload("eztn", "h1-t2-c1", "h2-t2-c1", "manual"))
+	onLink := capture(t, "prg-eztn-tor1", lab.ToRDown, func() { ping(t, l, "h1-t2-c1", "h2-t2-c1") })
+	if !strings.Contains(onLink, "vlan 101") || !strings.Contains(onLink, "198.19.1.2 > 198.19.2.2: ICMP echo request") {
+		t.Fatalf("tenant 2's frames should cross the host-ToR link tagged with VID 101:\n%s", onLink)
+	}
+	between := capture(t, "prg-eztn-tor2", lab.ToRUp, func() { ping(t, l, "h1-t2-c1", "h2-t2-c1") })
+	if !strings.Contains(between, "198.18.0.254.") || !strings.Contains(between, "vni 4097") {
+		t.Fatalf("tenant 2's offloaded pair should be tunnelled between the ToRs with VNI 4097:\n%s", between)
+	}
+	overlay := capture(t, "prg-eztn-tor2", lab.ToRUp, func() { ping(t, l, "h1-c1", "h2-c1") })
+	if !strings.Contains(overlay, "198.18.0.1.") || !strings.Contains(overlay, "vni 4096") {
+		t.Fatalf("tenant 1's pair (same addresses) should stay on the overlay, VNI 4096:\n%s", overlay)
+	}
+	check("tenant 2 offloaded")
+
+	// Both tenants' pairs offloaded: the same inner addresses in the same switch tables.
+	must(t, Offload("eztn", "h1-c1", "h2-c1", "manual"))
+	check("both offloaded")
+	if err := lab.Verify(context.Background(), l); err != nil {
+		t.Fatalf("lab verification with both tenants offloaded: %v", err)
+	}
+	for i := 1; i <= 2; i++ {
+		hs, ts := stats(t, l, i)
+		if hs["tagged"] == 0 || hs["delivered"] == 0 || ts["encap"] == 0 || ts["decap"] == 0 {
+			t.Fatalf("h%d counters: host %v tor %v", i, hs, ts)
+		}
+		if hs["miss_pod"]+hs["miss_vid"]+hs["errors"]+ts["miss_vni"]+ts["miss_encap"]+ts["miss_decap"]+ts["errors"] != 0 {
+			t.Fatalf("h%d dropped frames: host %v tor %v", i, hs, ts)
+		}
+	}
+	r, err := openRack("eztn")
+	must(t, err)
+	tt, err := openTorTables(r.torDir(1))
+	must(t, err)
+	n := countEntries(tt.EzpEncap)
+	var vni uint32
+	errVNI := tt.EzpVlanToVni.Lookup(torEzpPortVid{Ifindex: uint32(r.downIfindex(1)), Vid: 101}, &vni)
+	tt.Close()
+	if n != 2 || errVNI != nil || vni != 4097 {
+		t.Fatalf("tor1: %d encap entries (want one per tenant for the same address), (down, VID 101) -> VNI %d %v", n, vni, errVNI)
+	}
+	views, err := Flows("eztn", 200*time.Millisecond)
+	must(t, err)
+	for _, v := range views {
+		if v.Key.VNI == 4097 && !strings.Contains(v.Src+v.Dst, "-t2-") || v.Key.VNI == 4096 && strings.Contains(v.Src+v.Dst, "-t2-") {
+			t.Fatalf("flow %s named by the wrong tenant: %s -> %s", v.Key, v.Src, v.Dst)
+		}
+	}
+
+	// Back to the overlay, one tenant at a time.
+	must(t, Unoffload("eztn", "h1-t2-c1", "h2-t2-c1", 50*time.Millisecond))
+	check("tenant 1 offloaded")
+	must(t, Unoffload("eztn", "h1-c1", "h2-c1", 50*time.Millisecond))
+	check("overlay again")
+
+	// Detach removes every tenant's relay.
+	for _, h := range l.Hosts {
+		_, err := datapath.Detach(context.Background(), h.Netns, "")
+		must(t, err)
+		if out, _ := netnsutil.Run(context.Background(), h.Netns, "ip", "-br", "link"); strings.Contains(out, RelayDev) {
+			t.Fatalf("%s still has a relay after detach:\n%s", h.Netns, out)
+		}
+	}
+	for _, ov := range l.Overlays {
+		if out, _ := netnsutil.Run(context.Background(), ov.Netns, "ip", "-br", "link"); strings.Contains(out, RelayDev) {
+			t.Fatalf("%s still has a relay after detach:\n%s", ov.Netns, out)
+		}
+	}
+	check("detached")
+}
+
+func TestTenantEndpointNames(t *testing.T) {
+	spec := lab.Spec{Name: "x", Tenants: 2, ToR: true}
+	spec.Defaults()
+	l := &lab.Lab{Spec: spec}
+	r := &rack{lab: l, tenants: 2}
+	for _, n := range []string{"h1-c1", "h2-c1", "h1-t2-c1", "h2-t2-c1"} {
+		i, tn, j, _ := lab.ParseContainerName(n)
+		r.eps = append(r.eps, endpoint{Name: n, Host: i, Tenant: tn, Addr: spec.ContainerAddr(i, j).Addr(), Veth: "veth1"})
+	}
+	if e, err := r.endpoint("h2-t2-c1"); err != nil || e.Tenant != 2 || e.Host != 2 {
+		t.Fatalf("by name: %+v %v", e, err)
+	}
+	if _, err := r.endpoint("198.19.2.2"); err == nil || !strings.Contains(err.Error(), "ambiguous") {
+		t.Fatalf("an address of both tenants is ambiguous, got %v", err)
+	}
+	if e, ok := r.endpointAt(2, spec.ContainerAddr(1, 1).Addr()); !ok || e.Name != "h1-t2-c1" {
+		t.Fatalf("endpointAt(2, 198.19.1.2) = %+v", e)
+	}
+	if r.tenantOfVNI(4097) != 2 || r.tenantOfVNI(4096) != 1 || r.tenantOfVNI(4098) != 0 {
+		t.Fatal("tenantOfVNI")
+	}
+	if RelayHostDev(1) != "ezp0" || RelayHostDev(2) != "ezp0-t2" || TenantVIDOf(2) != 101 {
+		t.Fatal("relay names / VIDs")
+	}
+	if hostOf("h2-t2-c1") != 2 || hostOf("h1-c1") != 1 || hostOf("tor1") != 0 {
+		t.Fatal("hostOf")
+	}
+	single := &rack{lab: &lab.Lab{Spec: lab.Spec{Name: "y", VNI: 4096}}, tenants: 1, eps: r.eps[:2]}
+	if e, err := single.endpoint("198.19.2.2"); err != nil || e.Name != "h2-c1" {
+		t.Fatalf("one tenant: an address names its container: %+v %v", e, err)
+	}
+}
