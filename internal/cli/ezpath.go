@@ -99,7 +99,7 @@ func newEzpathOffloadCmd(on bool) *cobra.Command {
 		use, short = "unoffload", "Move a pair back to the overlay: both hosts' tag rules, a drain interval, then the ToR entries"
 	}
 	c := &cobra.Command{
-		Use:   use + " --lab SRC DST",
+		Use: use + " --lab SRC DST",
 		Long: short + `.
 
 SRC and DST are container names as "lab status" shows them (h1-c1, h1-t2-c1), or overlay IPs in a

@@ -36,12 +36,12 @@ func (mode) Summary() string {
 
 // modeState is ezpath's part of a host's attachment record.
 type modeState struct {
-	Config  Config `json:"config"`
-	Host    int    `json:"host"`
-	Relay   bool   `json:"relay"`             // the relay pairs exist (or are being made)
-	Tenants int    `json:"tenants,omitempty"` // the lab's tenants: one relay pair each (0: one)
-	Links  []string `json:"links,omitempty"`
-	Notes  []string `json:"notes,omitempty"`
+	Config  Config   `json:"config"`
+	Host    int      `json:"host"`
+	Relay   bool     `json:"relay"`             // the relay pairs exist (or are being made)
+	Tenants int      `json:"tenants,omitempty"` // the lab's tenants: one relay pair each (0: one)
+	Links   []string `json:"links,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
 }
 
 // OptionKeys implements datapath.Configurer.
