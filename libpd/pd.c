@@ -482,6 +482,7 @@ int pd_close(int sid)
 		return errno = EBADF, -1;
 	}
 	flush_release(sid, s);
+	drain_cq();
 	struct req r = { .op = OP_CLOSE, .sid = (uint32_t)sid, .a0 = (uint32_t)s->q };
 	struct rep rp;
 	int ret = simple(&r, &rp);

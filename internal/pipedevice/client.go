@@ -286,6 +286,7 @@ func (c *Client) CloseSock(sid int) error {
 		return unix.EBADF
 	}
 	c.flushRelease(s)
+	c.drainCQ()
 	delete(c.socks, sid)
 	q := s.q
 	c.mu.Unlock()

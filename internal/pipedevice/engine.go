@@ -76,12 +76,16 @@ func (e *engine) pollOnce() int {
 			if (int(p.cid)+q)%e.n != e.idx {
 				continue
 			}
-			sq, cq := p.sqs[q], p.cqs[q]
+			sq := p.sqs[q]
+			// Completions the CQ had no room for wait in the daemon's backlog; releases,
+			// closes and direct publications need no completion, so a program that does not
+			// drain its CQ still gets them served (only its copies wait).
+			p.flushBacklog(q)
 			for i := 0; i < engineBatch; i++ {
-				if cq.Free() == 0 || !sq.Pop(&ent) {
+				if len(p.cqBacklog[q]) >= maxBacklog || !sq.Pop(&ent) {
 					break
 				}
-				e.do(p, cq, &ent)
+				e.do(p, q, &ent)
 				total++
 			}
 		}
@@ -109,23 +113,23 @@ func (e *engine) markWake(p *proc) {
 // do runs one entry. Everything in it came from client-writable memory: every field is checked
 // and the engine alone chooses destination addresses (the peer's ring tail), so a client can
 // neither name foreign memory nor overrun a ring.
-func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
+func (e *engine) do(p *proc, q int, ent *Entry) {
 	s := p.sock(int(ent.ConnID))
 	switch ent.Type {
 	case ReqSend, ReqSendDirect:
 		n := uint64(ent.DataLen)
 		if s == nil || n == 0 || n > MaxChunk {
-			e.fail(p, cq, ent, s, unix.EINVAL)
+			e.fail(p, q, ent, s, unix.EINVAL)
 			return
 		}
 		peer := s.peer.Load()
 		if peer == nil {
-			e.fail(p, cq, ent, s, unix.EPIPE)
+			e.fail(p, q, ent, s, unix.EPIPE)
 			return
 		}
 		head, tail := peer.head.Load(), peer.tail.Load()
 		if tail+n-head > peer.R {
-			e.fail(p, cq, ent, s, unix.ENOBUFS) // the library ignored its credit
+			e.fail(p, q, ent, s, unix.ENOBUFS) // the library ignored its credit
 			return
 		}
 		if ent.Type == ReqSend {
@@ -133,7 +137,7 @@ func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
 			e.d.bytesMoved.Add(n)
 		} else {
 			if !e.d.cfg.Direct || ent.Dst != tail {
-				e.fail(p, cq, ent, s, unix.EINVAL) // direct data must be published in stream order
+				e.fail(p, q, ent, s, unix.EINVAL) // direct data must be published in stream order
 				return
 			}
 			e.d.published.Add(n)
@@ -144,7 +148,7 @@ func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
 		e.markWake(peer.p)
 		if ent.Type == ReqSend {
 			ent.Type = ReqCompleted
-			cq.Push(*ent)
+			p.complete(q, *ent)
 			e.markWake(p)
 		}
 	case ReqRelease:
@@ -169,11 +173,11 @@ func (e *engine) do(p *proc, cq *Queue, ent *Entry) {
 		e.d.detach(s)
 		e.d.toReclaim(s)
 	default:
-		e.fail(p, cq, ent, s, unix.EINVAL)
+		e.fail(p, q, ent, s, unix.EINVAL)
 	}
 }
 
-func (e *engine) fail(p *proc, cq *Queue, ent *Entry, s *sock, errno unix.Errno) {
+func (e *engine) fail(p *proc, q int, ent *Entry, s *sock, errno unix.Errno) {
 	e.d.failed.Add(1)
 	if s != nil {
 		store32(s.hdr, ShError, uint32(errno))
@@ -181,9 +185,31 @@ func (e *engine) fail(p *proc, cq *Queue, ent *Entry, s *sock, errno unix.Errno)
 	if ent.Type == ReqSend {
 		ent.Type = ReqFailed
 		ent.Status = uint16(errno)
-		cq.Push(*ent)
+		p.complete(q, *ent)
 	}
 	e.markWake(p)
+}
+
+// maxBacklog bounds the completions the daemon holds for a program that does not drain its CQ;
+// beyond it the engine stops taking that queue's entries until the program catches up.
+const maxBacklog = 1 << 16
+
+// complete posts a completion, or keeps it when the CQ is full (engine owning queue q only).
+func (p *proc) complete(q int, ent Entry) {
+	if len(p.cqBacklog[q]) > 0 || !p.cqs[q].Push(ent) {
+		p.cqBacklog[q] = append(p.cqBacklog[q], ent)
+	}
+}
+
+func (p *proc) flushBacklog(q int) {
+	b := p.cqBacklog[q]
+	n := 0
+	for n < len(b) && p.cqs[q].Push(b[n]) {
+		n++
+	}
+	if n > 0 {
+		p.cqBacklog[q] = append(b[:0], b[n:]...)
+	}
 }
 
 // copyRing copies n bytes from src ring position sp to dst ring position dp; both rings are

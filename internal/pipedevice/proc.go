@@ -16,21 +16,24 @@ import (
 // proc is one client process (one pd_init): its control memory (queues and socket headers), its
 // send ring (the pd_malloc pool, whose block table lives in the library) and its sockets.
 type proc struct {
-	d        *Daemon
-	conn     *net.UnixConn
-	cid      uint16
-	pid      int
-	ns       string // "net:[inode]" of the caller: its identity
-	ring     int
-	lay      CtlLayout
-	ctl      *Memfd
-	pool     *Memfd
-	notify   int // eventfd the engine writes when the library sleeps
-	sqs      []*Queue
-	cqs      []*Queue
-	socks    []atomic.Pointer[sock]
-	dead     atomic.Bool
-	unmapped bool // d.mu
+	d      *Daemon
+	conn   *net.UnixConn
+	cid    uint16
+	pid    int
+	ns     string // "net:[inode]" of the caller: its identity
+	ring   int
+	lay    CtlLayout
+	ctl    *Memfd
+	pool   *Memfd
+	notify int // eventfd the engine writes when the library sleeps
+	sqs    []*Queue
+	cqs    []*Queue
+	// cqBacklog[q]: completions waiting for room in cqs[q] (written only by the engine that
+	// owns queue q)
+	cqBacklog [][]Entry
+	socks     []atomic.Pointer[sock]
+	dead      atomic.Bool
+	unmapped  bool // d.mu
 }
 
 func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, pool, depth int) (*proc, error) {
@@ -63,6 +66,7 @@ func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, p
 		cq.Init()
 		p.sqs = append(p.sqs, sq)
 		p.cqs = append(p.cqs, cq)
+		p.cqBacklog = append(p.cqBacklog, nil)
 	}
 	store32(ctl.Mem, PhMagic, CtlMagic)
 	return p, nil

@@ -416,3 +416,43 @@ func TestCrashedPeerReclaimed(t *testing.T) {
 }
 
 var _ = os.Getpid
+
+// A program that never drains its completion queue: the engine keeps serving it (completions
+// wait in the daemon's backlog) and every completion arrives once the program looks.
+func TestCompletionBacklog(t *testing.T) {
+	d := startDaemon(t, Config{})
+	a, b := dial(t, d), dial(t, d)
+	cs, ss := pair(t, a, b, 7850)
+	buf, err := a.Malloc(-1, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, _ := a.poolOff(buf)
+	slot, _ := a.block(off)
+	const n = 3 * DefaultQDepth
+	q := a.socks[cs].q
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; i < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine stopped taking entries after %d: it waits for CQ room", i)
+		}
+		if a.sqs[q].Push(Entry{Type: ReqSend, DataLen: 1, Src: off, CID: a.CID, ConnID: uint16(cs), EntrySeq: slot}) {
+			i++
+			a.ring()
+			continue
+		}
+		time.Sleep(100 * time.Microsecond) // the engine drains the SQ although the CQ is full
+	}
+	eventually(t, "every byte delivered with the CQ full", func() bool { return load64(b.socks[ss].hdr, ShRxTail) == n })
+	got := 0
+	var e Entry
+	eventually(t, "every completion arrives", func() bool {
+		for a.cqs[q].Pop(&e) {
+			if e.Type != ReqCompleted {
+				t.Fatalf("completion type %#x", e.Type)
+			}
+			got++
+		}
+		return got == n
+	})
+}
