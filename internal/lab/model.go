@@ -92,7 +92,8 @@ type Spec struct {
 	ToRCPUs []int `yaml:"tor_cpus" json:"tor_cpus,omitempty"`
 	// Tenants is the number of tenants (docker style): each gets its own overlay per host (its
 	// own VXLAN device, VNI and bridge namespace) with the same container addresses as the
-	// others. Default 1 (one overlay, as without the key). See tenants.go.
+	// others. Default 1 (one overlay, as without the key; stored as 0, see TenantCount). See
+	// tenants.go.
 	Tenants int `yaml:"tenants" json:"tenants,omitempty"`
 }
 

@@ -61,8 +61,8 @@ func (s *Spec) Defaults() {
 			s.VNI = 1 // flannel's VXLAN backend always uses VNI 1
 		}
 	}
-	if s.Tenants == 0 {
-		s.Tenants = 1
+	if s.Tenants == 1 {
+		s.Tenants = 0 // one tenant is stored as none: single-tenant records stay as they were
 	}
 	if s.ToR && len(s.ToRCPUs) == 0 {
 		s.ToRCPUs = []int{runtime.NumCPU() - 1}

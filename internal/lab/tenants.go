@@ -85,10 +85,10 @@ func (s *Spec) TenantVNI(t int) int { return s.VNI + t - 1 }
 func TenantPortIndex(t, j int) int { return 1000*t + j }
 
 func (s *Spec) validateTenants() error {
-	if s.Tenants < 1 || s.Tenants > MaxTenants {
+	if s.Tenants < 0 || s.Tenants > MaxTenants {
 		return fmt.Errorf("tenants must be between 1 and %d (got %d)", MaxTenants, s.Tenants)
 	}
-	if s.Tenants == 1 {
+	if s.TenantCount() == 1 {
 		return nil
 	}
 	if s.Style != StyleDocker {

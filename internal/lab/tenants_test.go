@@ -40,11 +40,16 @@ func TestTenantNames(t *testing.T) {
 func TestTenantSpec(t *testing.T) {
 	d := Spec{}
 	d.Defaults()
-	if d.Tenants != 1 || d.TenantCount() != 1 || d.TenantVNI(1) != 4096 {
+	if d.Tenants != 0 || d.TenantCount() != 1 || d.TenantVNI(1) != 4096 {
 		t.Fatalf("default: tenants %d, VNI %d", d.Tenants, d.TenantVNI(1))
 	}
 	if old := (Spec{}); old.TenantCount() != 1 {
 		t.Fatal("a record without the key has one tenant")
+	}
+	one := Spec{Tenants: 1}
+	one.Defaults()
+	if err := one.Validate(); err != nil || one.Tenants != 0 {
+		t.Fatalf("--tenants 1 is the default (stored as 0 so records stay as before): %+v %v", one.Tenants, err)
 	}
 	two := Spec{Tenants: 2, ToR: true}
 	two.Defaults()
