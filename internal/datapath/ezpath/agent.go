@@ -284,7 +284,7 @@ func (mode) Report(st *datapath.State) (string, error) {
 	}
 	what := "tenant"
 	if r.tenants > 1 {
-		what = fmt.Sprintf("%d tenants", r.tenants)
+		what = fmt.Sprintf("%d tenants:", r.tenants)
 	}
 	fmt.Fprintf(&b, "  ezpath: lab %s, host h%d, switch tor%d (VTEP %s), %s %s; controller %s\n",
 		ms.Config.Lab, ms.Host, ms.Host, r.vtep(ms.Host), what, strings.Join(tenants, ", "), agent)

@@ -217,6 +217,28 @@ func TestTenantEndpointNames(t *testing.T) {
 	if hostOf("h2-t2-c1") != 2 || hostOf("h1-c1") != 1 || hostOf("tor1") != 0 {
 		t.Fatal("hostOf")
 	}
+	// The switches' flow registers carry the VNI: it tells which tenant's containers a flow is
+	// between, and the offloaded state belongs to that tenant's pair only.
+	a, b := spec.ContainerAddr(1, 1).Addr(), spec.ContainerAddr(2, 1).Addr()
+	counts := []FlowCount{
+		{Key: FlowKey{VNI: 4097, Src: a, Dst: b, Proto: 6, SPort: 1, DPort: 2}, Bytes: 100},
+		{Key: FlowKey{VNI: 4096, Src: b, Dst: a, Proto: 6, SPort: 2, DPort: 1}, Bytes: 100},
+		{Key: FlowKey{VNI: 4098, Src: a, Dst: b, Proto: 6, SPort: 1, DPort: 2}, Bytes: 100}, // no tenant
+	}
+	led := &Ledger{Pairs: []Pair{{A: "h1-t2-c1", B: "h2-t2-c1"}}}
+	views, stats := r.view(counts, led, Classes{}, func(FlowKey, uint64) float64 { return 1 })
+	if len(views) != 2 || len(stats) != 2 {
+		t.Fatalf("want the two tenants' flows as two pairs: %+v %+v", views, stats)
+	}
+	for _, v := range views {
+		want := map[uint32][3]string{4097: {"h1-t2-c1", "h2-t2-c1", "offloaded"}, 4096: {"h2-c1", "h1-c1", "overlay"}}[v.Key.VNI]
+		if v.Src != want[0] || v.Dst != want[1] || v.State != want[2] {
+			t.Fatalf("flow %s: %s -> %s %s, want %v", v.Key, v.Src, v.Dst, v.State, want)
+		}
+		if v.Key.VNI == 4097 && !strings.Contains(v.Where, "tag 101") {
+			t.Fatalf("tenant 2's path should show its VID: %s", v.Where)
+		}
+	}
 	single := &rack{lab: &lab.Lab{Spec: lab.Spec{Name: "y", VNI: 4096}}, tenants: 1, eps: r.eps[:2]}
 	if e, err := single.endpoint("198.19.2.2"); err != nil || e.Name != "h2-c1" {
 		t.Fatalf("one tenant: an address names its container: %+v %v", e, err)
