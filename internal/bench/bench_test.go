@@ -345,3 +345,25 @@ func TestSuitesParseAndQuickFalconIsShort(t *testing.T) {
 	}
 	t.Logf("quick falcon suite: about %s; full: %s", SuiteDuration("falcon", true), SuiteDuration("falcon", false))
 }
+
+// TestInjectorPerPoint: auto sends flat-out points with the XDP injector and paced ones with
+// AF_PACKET (the XDP sender cannot hold an offered rate); an explicit choice always wins.
+func TestInjectorPerPoint(t *testing.T) {
+	s := Scenario{Name: "udp-inject"}
+	if err := s.Validate(); err != nil || s.Injector != InjectorAuto {
+		t.Fatalf("default injector %q (%v), want auto", s.Injector, err)
+	}
+	for _, c := range []struct {
+		injector string
+		rate     int
+		want     string
+	}{{"auto", 0, "xdp"}, {"auto", 50000, "packet"}, {"xdp", 50000, "xdp"}, {"packet", 0, "packet"}} {
+		if got := injectorFor(c.injector, c.rate); got != c.want {
+			t.Errorf("%s at %d pps: %s, want %s", c.injector, c.rate, got, c.want)
+		}
+	}
+	bad := Scenario{Name: "udp-inject", Injector: "dpdk"}
+	if err := bad.Validate(); err == nil {
+		t.Fatal("unknown injector accepted")
+	}
+}

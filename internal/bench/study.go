@@ -36,8 +36,9 @@ func Study(quick bool) []Scenario {
 		d := 2 * time.Second
 		return []Scenario{
 			{Name: "tcp", Sizes: []int{65536}, Flows: []int{1, 4}, Duration: d, Reps: 2, Warmup: 1},
-			// The XDP injector at a load no config saturates (the overlay tax per packet,
-			// cost_receive_ns overlay/native), and flat out (each path's capacity).
+			// An offered load no config saturates (the overlay tax per packet, cost_receive_ns
+			// overlay/native; AF_PACKET, which paces exactly) and flat out (each path's
+			// capacity; the XDP injector, cheap enough that the receiver saturates first).
 			// 64 B only: with four configs a second size would break the 5-minute promise.
 			{Name: "udp-inject", Sizes: []int{64}, Flows: []int{1}, Rates: []int{40000, 0}, Duration: d, Reps: 2, Warmup: 1},
 			{Name: "pingpong", Sizes: []int{64}, Flows: []int{1}, Duration: d, Reps: 2, Warmup: 0, Proto: "tcp"},

@@ -147,7 +147,7 @@ func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows, rate int,
 		Netns: p.senderHost, Device: "eth0",
 		DstMAC: inject.MAC(spec.UnderlayMAC(2)), SrcIP: spec.HostAddr(1).Addr(), DstIP: spec.HostAddr(2).Addr(),
 		InnerDstPort: sinkPort, PayloadSize: size, Flows: flows, Rate: float64(rate), Duration: s.Duration,
-		CPU: firstCPU(p.senderCPUs), Method: s.Injector,
+		CPU: firstCPU(p.senderCPUs), Method: injectorFor(s.Injector, rate),
 	}
 	switch spec.Style {
 	case lab.StyleNative:

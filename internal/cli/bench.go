@@ -45,7 +45,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.StringVar(&b.hog, "hog-cpus", "", "keep these CPUs busy with a spinning thread during each measurement (an induced hotspot), e.g. 1")
 		f.IntVar(&b.rate, "rate", 0, "underload: messages/s (default 10000); udp-inject: packets/s (0 = as fast as possible)")
 		f.StringVar(&b.rates, "rates", "", "udp-inject: sweep the offered load, packets/s, e.g. 50000,100000,200000,0 (0 = as fast as the sender goes); each rate is a point")
-		f.StringVar(&b.injector, "injector", "xdp", "udp-inject sender: xdp (live-frame XDP, cheap per frame; needs GRO on the receiving underlay veth, as the lab sets) or packet (AF_PACKET sendmmsg)")
+		f.StringVar(&b.injector, "injector", "auto", "udp-inject sender: auto (xdp flat out, packet at an offered --rate/--rates: the XDP sender cannot pace smoothly), xdp (live-frame XDP, cheap per frame; needs GRO on the receiving underlay veth, as the lab sets) or packet (AF_PACKET sendmmsg, paces exactly)")
 		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
 		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
 	}
