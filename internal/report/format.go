@@ -69,7 +69,13 @@ func num(v float64) string {
 }
 
 // xnum formats an X value (a size, a flow count) exactly: 64, 8192, 0.5.
-func xnum(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+func xnum(x float64) string {
+	// Sweep values (sizes up to a 1 MiB file, rates, flows) are whole numbers: never 1.048576e+06.
+	if x == float64(int64(x)) && x < 1e15 && x > -1e15 {
+		return strconv.FormatInt(int64(x), 10)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
+}
 
 // withUnit joins a number and a unit name ("12.3 Gbps", "45%", "3.2k").
 func withUnit(v string, s scale) string {

@@ -55,6 +55,11 @@ func TestFormat(t *testing.T) {
 			t.Errorf("formatStat(%s, %+v) = %q, want %q", c.metric, c.st, got, c.want)
 		}
 	}
+	for x, want := range map[float64]string{1048576: "1048576", 64: "64", 0.5: "0.5"} {
+		if got := xnum(x); got != want {
+			t.Errorf("xnum(%v) = %q, want %q", x, got, want)
+		}
+	}
 	r := results.Ratio{Metric: results.MetricLatencyP99, Median: 0.5, Min: 0.4, Max: 0.6, N: 3}
 	if got := changeWord(r); got != "-50% better" {
 		t.Errorf("changeWord(latency halved) = %q", got)
