@@ -19,7 +19,7 @@ declare -A need=(
   [clang]=clang [llc]=llvm [bpftool]=bpftool [ip]=iproute2 [tc]=iproute2 [ethtool]=ethtool
   [iperf3]=iperf3 [sockperf]=sockperf [memcached]=memcached [memcslap]=libmemcached-tools
   [nginx]=nginx-light [wrk]=wrk [tcpdump]=tcpdump [taskset]=util-linux [nstat]=iproute2
-  [make]=make [git]=git [ping]=iputils-ping
+  [make]=make [git]=git [ping]=iputils-ping [cc]=gcc
 )
 missing=()
 for bin in "${!need[@]}"; do
