@@ -47,7 +47,7 @@
 #define OP_CLOSE 7
 #define MSG 64
 
-#define SBT_SIZE 4096
+#define SBT_SIZE 16384
 #define MAX_EPOLL 64
 
 struct entry { uint32_t seq; uint8_t type, table_id; uint16_t data_len; uint64_t src, dst;

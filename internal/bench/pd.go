@@ -167,7 +167,7 @@ func RunPD(ctx context.Context, o PDOptions) (*PDReport, error) {
 			rep.Points = append(rep.Points, e.latency(ctx, tr, size))
 		}
 		for _, n := range o.ScaleConns {
-			p := e.throughput(ctx, tr, o.ScaleSize, n, 65536)
+			p := e.throughput(ctx, tr, o.ScaleSize, n, 16384)
 			p.Test = "scale"
 			rep.Points = append(rep.Points, p)
 		}

@@ -317,7 +317,7 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 	cmd.Flags().IntSliceVar(&sizes, "sizes", []int{64, 1024, 8192, 65536, 1 << 20}, "message sizes of the throughput sweep")
 	cmd.Flags().IntSliceVar(&latSizes, "latency-sizes", []int{64, 8192}, "ping-pong message sizes")
 	cmd.Flags().IntVar(&o.LatCount, "count", 5000, "round trips per latency point")
-	cmd.Flags().IntSliceVar(&scale, "scale", []int{128, 4096}, "connection counts of the aggregate-throughput points (1 KiB messages, 64 KiB rings)")
+	cmd.Flags().IntSliceVar(&scale, "scale", []int{128, 4096}, "connection counts of the aggregate-throughput points (1 KiB messages, 16 KiB rings)")
 	cmd.Flags().IntVar(&o.Pairs, "pairs", 16, "client processes of the fairness point")
 	cmd.Flags().DurationVar(&o.Duration, "time", 3*time.Second, "length of each throughput run")
 	cmd.Flags().StringVar(&o.EngineCPUs, "engine-cpus", "", "the daemon's --engine-cpus (empty: one unpinned engine)")

@@ -66,7 +66,7 @@ type csock struct {
 	Huge     bool
 }
 
-const sbtSize = 4096
+const sbtSize = 16384
 
 // Errno errors are returned as unix.Errno so callers can compare with unix.EAGAIN etc.
 
@@ -679,6 +679,12 @@ func (c *Client) Wait(ready func() bool, timeout time.Duration) bool {
 		unix.Read(c.notify, b[:])
 		atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
 	}
+}
+
+func (c *Client) nsocks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.socks)
 }
 
 // IsAgain says whether err is EAGAIN.

@@ -33,6 +33,10 @@ type PerfConfig struct {
 
 var touchSink uint64
 
+// warmup is how many round trips a latency run makes before it starts recording (page faults,
+// caches, the first wake-ups), as sockperf does.
+func warmup(count int) int { return min(max(count/10, 10), 1000) }
+
 // consume reads every byte of b (eight at a time), as a receiver that uses its data does.
 func consume(b []byte) {
 	var sum uint64
@@ -258,7 +262,7 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 	if cfg.Latency {
 		sid := sids[0]
 		var buf []byte
-		for i := 0; i < cfg.Count; i++ {
+		for i := -warmup(cfg.Count); i < cfg.Count; i++ {
 			t0 := time.Now()
 			if buf, err = pdSendAll(c, sid, cfg.Size, buf, src); err != nil {
 				return nil, err
@@ -275,7 +279,9 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 				got += len(v)
 				c.RecvDone(sid, len(v))
 			}
-			res.rtts = append(res.rtts, float64(time.Since(t0).Nanoseconds())/1e3)
+			if i >= 0 {
+				res.rtts = append(res.rtts, float64(time.Since(t0).Nanoseconds())/1e3)
+			}
 			res.Bytes += int64(cfg.Size)
 		}
 	} else {
@@ -354,7 +360,7 @@ func nextBuf(c *Client, sid, size int, bufs *[][]byte) []byte {
 			return b
 		}
 	}
-	if len(*bufs) < perfBufs {
+	if len(*bufs) < perfBufs && (len(*bufs) == 0 || len(*bufs)*c.nsocks() < 8192) {
 		if b, err := c.Malloc(-1, size); err == nil {
 			*bufs = append(*bufs, b)
 			return b
@@ -451,7 +457,7 @@ func PerfClientTCP(cfg PerfConfig, onConn func(net.Conn)) (*PerfResult, error) {
 	if cfg.Latency {
 		c := conns[0]
 		buf, src := make([]byte, cfg.Size), pattern(cfg.Size)
-		for i := 0; i < cfg.Count; i++ {
+		for i := -warmup(cfg.Count); i < cfg.Count; i++ {
 			t0 := time.Now()
 			if !cfg.NoTouch {
 				copy(buf, src)
@@ -462,7 +468,9 @@ func PerfClientTCP(cfg PerfConfig, onConn func(net.Conn)) (*PerfResult, error) {
 			if _, err := io.ReadFull(c, buf); err != nil {
 				return nil, err
 			}
-			res.rtts = append(res.rtts, float64(time.Since(t0).Nanoseconds())/1e3)
+			if i >= 0 {
+				res.rtts = append(res.rtts, float64(time.Since(t0).Nanoseconds())/1e3)
+			}
 			res.Bytes += int64(cfg.Size)
 		}
 	} else {
