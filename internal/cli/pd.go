@@ -120,15 +120,15 @@ func newPdStatusCmd() *cobra.Command {
 	var socket string
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:     "status",
-		Short:   "Show what the PipeDevice daemon holds",
+		Use:   "status",
+		Short: "Show what the PipeDevice daemon holds",
 		Long: `Asks a running daemon (over its socket) what it holds: mode, engine CPUs, how many rings
 are live and whether they got hugepages (reserve some with sysctl vm.nr_hugepages=N, else rings
 use normal pages), bytes copied by the engine or published in place (direct mode), queue
 entries handled and refused, and each client process with its network namespace and sockets.`,
 		Example: `  peregrine pd status
   peregrine pd status --socket /tmp/pd.sock --json | jq .clients`,
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := pipedevice.DaemonStatus(socket)
 			if err != nil {
