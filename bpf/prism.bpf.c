@@ -209,12 +209,22 @@ struct {
 	__type(value, struct prism_rcnt);
 } prg_prism_rcnt SEC(".maps");
 
+/* The isolation config is double-buffered so that changing it is atomic: prg_prism_iso and
+ * prg_prism_cpucls hold two slots, userspace fills the one not in use and then flips
+ * prg_prism_isoact[0] to it; the program reads the flip once per packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct prism_iso);
+} prg_prism_iso SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct prism_iso);
-} prg_prism_iso SEC(".maps");
+	__type(value, __u32);
+} prg_prism_isoact SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -223,10 +233,10 @@ struct {
 	__type(value, struct prism_last);
 } prg_prism_last SEC(".maps");
 
-/* CPU id -> PR_CLS_* (0: in neither set). */
+/* slot * PR_MAX_CPU_ID + CPU id -> PR_CLS_* (0: in neither set). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PR_MAX_CPU_ID);
+	__uint(max_entries, 2 * PR_MAX_CPU_ID);
 	__type(key, __u32);
 	__type(value, __u8);
 } prg_prism_cpucls SEC(".maps");
@@ -451,7 +461,9 @@ int prg_prism_nic(struct __sk_buff *ctx)
 	struct prg_vxlan vx;
 	struct prg_pkt pkt;
 	int r;
-	struct prism_iso *iso = bpf_map_lookup_elem(&prg_prism_iso, &zero);
+	__u32 *act = bpf_map_lookup_elem(&prg_prism_isoact, &zero);
+	__u32 slot = act ? *act & 1 : 0;
+	struct prism_iso *iso = bpf_map_lookup_elem(&prg_prism_iso, &slot);
 	if (!iso)
 		return PR_TCX_NEXT;
 	prg_pkt_tc(&pkt, ctx);
@@ -475,7 +487,8 @@ int prg_prism_nic(struct __sk_buff *ctx)
 	}
 	__u32 hp = m.hit >= 0 && hp_count > 0;
 	__u32 cpu = bpf_get_smp_processor_id();
-	__u8 *cls = bpf_map_lookup_elem(&prg_prism_cpucls, &cpu);
+	__u32 ck = slot * PR_MAX_CPU_ID + cpu;
+	__u8 *cls = cpu < PR_MAX_CPU_ID ? bpf_map_lookup_elem(&prg_prism_cpucls, &ck) : 0;
 	__u32 idx = PR_IDX_STAY;
 	if (cls && *cls == (hp ? PR_CLS_HP : PR_CLS_LP)) {
 		/* The NIC put the packet on a CPU of its class (LP on the IRQ core, typically): keep it

@@ -122,19 +122,31 @@ func (o *objects) writeIso(c *isoConfig, ports []uint16) error {
 	for i, cpu := range c.LP {
 		v.LpIdx[i] = uint16(datapath.RPSIndex(c.Set, cpu))
 	}
-	// Classes first: the program reads them only once the config says isolation is on.
-	for cls, cpus := range map[uint8][]int{clsHP: c.HP, clsLP: c.LP} {
+	// Double-buffered: fill the slot the program does not read, then flip prg_prism_isoact to
+	// it, so a packet sees either the old configuration or the new one, never a mix.
+	var cur uint32
+	if err := o.PrgPrismIsoact.Lookup(uint32(0), &cur); err != nil {
+		return fmt.Errorf("prism: read active isolation slot: %w", err)
+	}
+	next := (cur & 1) ^ 1
+	cls := make([]uint8, maxCPUID)
+	for c, cpus := range map[uint8][]int{clsHP: c.HP, clsLP: c.LP} {
 		for _, cpu := range cpus {
-			if cpu >= maxCPUID {
-				continue // beyond the map: packets there are steered, never kept (still correct)
-			}
-			if err := o.PrgPrismCpucls.Put(uint32(cpu), cls); err != nil {
-				return fmt.Errorf("prism: write CPU classes: %w", err)
+			if cpu < maxCPUID { // beyond the map: packets there are steered, never kept (still correct)
+				cls[cpu] = c
 			}
 		}
 	}
-	if err := o.PrgPrismIso.Put(uint32(0), v); err != nil {
+	for cpu, v := range cls {
+		if err := o.PrgPrismCpucls.Put(next*maxCPUID+uint32(cpu), v); err != nil {
+			return fmt.Errorf("prism: write CPU classes: %w", err)
+		}
+	}
+	if err := o.PrgPrismIso.Put(next, v); err != nil {
 		return fmt.Errorf("prism: write isolation config: %w", err)
+	}
+	if err := o.PrgPrismIsoact.Put(uint32(0), next); err != nil {
+		return fmt.Errorf("prism: switch to the new isolation config: %w", err)
 	}
 	return nil
 }

@@ -329,3 +329,45 @@ func TestParseIsolation(t *testing.T) {
 		t.Errorf("with --cpus: %+v %v", c, err)
 	}
 }
+
+// TestIsolationUpdatesAreAtomic: the isolation config is double-buffered. What a writer puts in
+// the slot not in use is never seen; writeIso flips to a complete new plan (classes of the old
+// plan gone with it) and back.
+func TestIsolationUpdatesAreAtomic(t *testing.T) {
+	a, b := plan([]int{5}, []int{2, 3}), plan([]int{2, 3}, []int{0, 4, 6})
+	e := isoEnv(t, a)
+	pinThread(t, 0)
+	check := func(c *isoConfig) {
+		t.Helper()
+		for i := 0; i < 16; i++ {
+			for _, hp := range []bool{true, false} {
+				got, ok := runNIC(t, e, encap(isoFlow(i, hp).bytes(), 4789))
+				if !ok {
+					t.Fatalf("flow %d: no decision recorded", i)
+				}
+				checkSteer(t, c, hp, got)
+			}
+		}
+	}
+	check(a)
+	var act uint32
+	if err := e.o.PrgPrismIsoact.Lookup(uint32(0), &act); err != nil {
+		t.Fatal(err)
+	}
+	// A half-written config in the other slot (every index pointing at CPU 0's position) and
+	// classes that would keep everything on CPU 0: not in use, so not seen.
+	junk := prsPrismIso{N: 7, HpCount: 1, LpCount: 1}
+	if err := e.o.PrgPrismIso.Put(act^1, junk); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.o.PrgPrismCpucls.Put((act^1)*maxCPUID, uint8(clsHP)); err != nil {
+		t.Fatal(err)
+	}
+	check(a)
+	for _, c := range []*isoConfig{b, a, b} {
+		if err := e.o.writeIso(c, []uint16{4789, 8472}); err != nil {
+			t.Fatal(err)
+		}
+		check(c) // b keeps LP packets on CPU 0 (hash 0); a steers them away: a's classes are gone
+	}
+}

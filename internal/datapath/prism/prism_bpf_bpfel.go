@@ -110,6 +110,7 @@ const (
 	prsMapPrgPrismDev    = "prg_prism_dev"
 	prsMapPrgPrismEp     = "prg_prism_ep"
 	prsMapPrgPrismIso    = "prg_prism_iso"
+	prsMapPrgPrismIsoact = "prg_prism_isoact"
 	prsMapPrgPrismLast   = "prg_prism_last"
 	prsMapPrgPrismPort   = "prg_prism_port"
 	prsMapPrgPrismRcnt   = "prg_prism_rcnt"
@@ -174,6 +175,7 @@ type prsMapSpecs struct {
 	PrgPrismDev    *ebpf.MapSpec `ebpf:"prg_prism_dev"`
 	PrgPrismEp     *ebpf.MapSpec `ebpf:"prg_prism_ep"`
 	PrgPrismIso    *ebpf.MapSpec `ebpf:"prg_prism_iso"`
+	PrgPrismIsoact *ebpf.MapSpec `ebpf:"prg_prism_isoact"`
 	PrgPrismLast   *ebpf.MapSpec `ebpf:"prg_prism_last"`
 	PrgPrismPort   *ebpf.MapSpec `ebpf:"prg_prism_port"`
 	PrgPrismRcnt   *ebpf.MapSpec `ebpf:"prg_prism_rcnt"`
@@ -212,6 +214,7 @@ type prsMaps struct {
 	PrgPrismDev    *ebpf.Map `ebpf:"prg_prism_dev"`
 	PrgPrismEp     *ebpf.Map `ebpf:"prg_prism_ep"`
 	PrgPrismIso    *ebpf.Map `ebpf:"prg_prism_iso"`
+	PrgPrismIsoact *ebpf.Map `ebpf:"prg_prism_isoact"`
 	PrgPrismLast   *ebpf.Map `ebpf:"prg_prism_last"`
 	PrgPrismPort   *ebpf.Map `ebpf:"prg_prism_port"`
 	PrgPrismRcnt   *ebpf.Map `ebpf:"prg_prism_rcnt"`
@@ -226,6 +229,7 @@ func (m *prsMaps) Close() error {
 		m.PrgPrismDev,
 		m.PrgPrismEp,
 		m.PrgPrismIso,
+		m.PrgPrismIsoact,
 		m.PrgPrismLast,
 		m.PrgPrismPort,
 		m.PrgPrismRcnt,
