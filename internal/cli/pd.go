@@ -252,6 +252,7 @@ a zero-copy path is not credited with data nobody touched (--no-touch turns that
 		c.Flags().IntVar(&cfg.Conns, "conns", 1, "connections (the server waits for this many)")
 		c.Flags().BoolVar(&cfg.Latency, "latency", false, "ping-pong latency instead of a stream (server echoes)")
 		c.Flags().IntVar(&cfg.Ring, "ring", 0, "pd receive ring bytes per socket (0: the daemon's default)")
+		c.Flags().IntVar(&cfg.Spin, "spin", -1, "pd: looks at the rings (yielding between) before sleeping on the eventfd; -1: 50 with --latency, else 0")
 		c.Flags().BoolVar(&cfg.NoTouch, "no-touch", false, "do not write each message before sending nor read what arrives (by default both ends touch the data, as applications do)")
 		c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	}

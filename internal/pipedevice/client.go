@@ -33,7 +33,7 @@ type Client struct {
 	Ring     uint64
 	PoolHuge bool
 	// SpinLooks is how many times Wait checks (yielding between) before it sleeps; 0 sleeps at
-	// once. Latency-bound programs set it (pd perf --latency uses 2000).
+	// once. Latency-bound programs set it (pd perf --latency uses 50).
 	SpinLooks int
 
 	// send block table (SBT) of the pool: fixed slots (an entry's EntrySeq names its block) and
