@@ -3,6 +3,8 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -58,6 +60,14 @@ func DownAll(log Logf) error {
 	}
 	for _, n := range Names() {
 		errs = append(errs, removeRecord(n))
+	}
+	// Node agents' logs (agentproc: <mode>-agent-<pin dir>.log) of attachments to our namespaces.
+	logs, _ := filepath.Glob(filepath.Join(StateDir, "*-agent-"+Prefix+"*.log"))
+	for _, l := range logs {
+		log("deleting %s", l)
+		if err := os.Remove(l); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

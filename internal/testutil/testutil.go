@@ -51,6 +51,10 @@ func Leftovers(prefix string) []string {
 			}
 		}
 	}
+	// Node agents' logs: <mode>-agent-<pin dir named after the target namespace>.log.
+	if logs, _ := filepath.Glob("/run/peregrine/*-agent-" + prefix + "*.log"); len(logs) > 0 {
+		out = append(out, logs...)
+	}
 	return out
 }
 

@@ -89,8 +89,17 @@ func Is(pid int, mode, target string) bool {
 	return true
 }
 
-// Stop asks the agent to stop (SIGTERM) and waits; SIGKILL after 3 s.
+// Stop asks the agent to stop (SIGTERM) and waits; SIGKILL after 3 s. Its log goes with it
+// (detach leaves nothing behind; an agent that fails at start is reported from its log before).
 func Stop(pid int, mode, target string) error {
+	err := stop(pid, mode, target)
+	if err == nil {
+		_ = os.Remove(Log(mode, target))
+	}
+	return err
+}
+
+func stop(pid int, mode, target string) error {
 	if !Is(pid, mode, target) {
 		return nil
 	}
