@@ -269,8 +269,9 @@ func newPdBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Compare kernel TCP, the sockmap shortcut and PipeDevice (engine, direct) between two lab containers",
-		Long: `Builds a one-host docker-style lab with two containers (lab name --name, removed at the end),
-and runs "pd perf" between them over each transport, side by side in one run:
+		Long: `Builds a docker-style lab (two hosts of two containers, named --name, removed at the end) and
+runs "pd perf" between the two containers of host h1 over each transport, side by side in one
+run:
 
   tcp        kernel TCP over the bridge and two veths (the paper's baseline)
   sockmap    the same TCP sockets with a sockops + sk_msg program redirecting sends socket to
