@@ -66,6 +66,10 @@ int     pd_epoll_wait(int epfd, struct pd_epoll_event *events, int maxevents, in
  *   the receive ring of the peer of the socket this thread last connected, accepted or sent on,
  *   so the data is written in place and pd_send only publishes it: send such buffers in the order
  *   pd_malloc returned them; once sent they belong to the peer (pd_buf_refresh never returns them).
+ *   There pd_malloc fails with EAGAIN while the peer's ring lacks room (always, for a size above
+ *   the ring: SO_RCVBUF; send such messages in pieces) and with EPIPE once the peer closed.
+ * - Engine mode: the send ring is first fit, so a buffer kept and reused (pd_buf_refresh) does
+ *   not hold up the rest; ENOMEM means no free block of that size now.
  * - pd_send may queue fewer than len bytes (stream semantics); -1/EAGAIN means nothing was queued.
  * - Events are level-triggered. pd_epoll_create's size is a hint only.
  * - Options: SOL_SOCKET SO_RCVBUF/SO_SNDBUF (ring sizes, read-only: set PD_RING_SIZE/PD_POOL_SIZE
