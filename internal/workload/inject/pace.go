@@ -12,10 +12,6 @@ type pacer struct {
 	// maxDebt is how far behind schedule the pacer may fall and still catch up (default
 	// defaultMaxDebt): senders whose calls are long need more.
 	maxDebt time.Duration
-	// minBurst is the fewest frames allow grants at once (0 or 1: any): a sender whose every
-	// call has a large fixed cost waits until a burst's worth is due rather than spending a
-	// call on each frame, which would cap its rate at calls/s.
-	minBurst int
 }
 
 const defaultMaxDebt = 5 * time.Millisecond
@@ -39,9 +35,6 @@ func (p *pacer) allow(now time.Time, max int) (int, time.Duration) {
 		return 0, p.next.Sub(now)
 	}
 	n := int(now.Sub(p.next).Seconds()*p.rate) + 1
-	if want := min(p.minBurst, max); n < want {
-		return 0, time.Duration(float64(want-n) / p.rate * float64(time.Second))
-	}
 	if n > max {
 		n = max
 	}

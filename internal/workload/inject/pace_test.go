@@ -27,17 +27,6 @@ func TestPacer(t *testing.T) {
 	if n > int(defaultMaxDebt/time.Millisecond)+1 {
 		t.Fatalf("after a 1 s pause: burst of %d", n)
 	}
-	// A minimum burst: nothing until 4 frames are due, then all that are.
-	p = pacer{rate: 1000, minBurst: 4}
-	if n, wait := p.allow(t0, 64); n != 0 || wait != 3*time.Millisecond {
-		t.Fatalf("min burst, 1 frame due: n %d wait %v, want 0 and 3ms", n, wait)
-	}
-	if n, _ := p.allow(t0.Add(3*time.Millisecond), 64); n != 4 {
-		t.Fatalf("min burst, 4 due: %d", n)
-	}
-	if n, _ := p.allow(t0.Add(3*time.Millisecond), 2); n != 2 {
-		t.Fatalf("min burst above max: %d, want max 2", n)
-	}
 	if n, _ := (&pacer{}).allow(t0, 64); n != 64 {
 		t.Fatalf("unpaced: %d", n)
 	}

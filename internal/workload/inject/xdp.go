@@ -187,10 +187,7 @@ func newXDPSender(ctx context.Context, c Config, objs *injObjects) (*xdpSender, 
 	x.chunk = max(xdpBatch(c)/c.Flows, 1)
 	// Calls are long (see xdpWorkers), so the pacer may grant a whole call's worth of due
 	// frames at once.
-	// Every call also pays a page pool's setup and teardown, so a paced call carries at least
-	// 1 ms of frames (bursts of 1 ms at the offered rate); one frame per call capped the
-	// offered rate near 30 kpps.
-	x.p = pacer{rate: c.Rate, maxDebt: 5 * time.Millisecond, minBurst: max(1, min(int(c.Rate/1000), x.chunk))}
+	x.p = pacer{rate: c.Rate, maxDebt: 5 * time.Millisecond}
 	return x, nil
 }
 
