@@ -121,7 +121,7 @@ int prg_ezp_port(struct __sk_buff *ctx)
 	if (!eth || (eth->h_dest[0] & 1) || eth->h_proto != bpf_htons(PRG_ETH_P_IP) || ctx->vlan_present)
 		return EZP_TCX_NEXT;
 	struct iphdr *ip = prg_hdr(&p, sizeof(*eth), struct iphdr);
-	if (!ip)
+	if (!ip || ip->version != 4 || ip->ihl < 5) /* not a readable IPv4 header: the overlay's */
 		return EZP_TCX_NEXT;
 	struct ezp_egress_key k = {.ifindex = ctx->ifindex, .dst = ip->daddr};
 	struct ezp_egress_val *e = bpf_map_lookup_elem(&ezp_host_egress, &k);
@@ -197,7 +197,7 @@ int prg_ezp_deliver(struct __sk_buff *ctx)
 		return EZP_TC_ACT_SHOT;
 	}
 	struct iphdr *ip = prg_hdr(&p, sizeof(*eth), struct iphdr);
-	if (!ip) {
+	if (!ip || ip->version != 4 || ip->ihl < 5) {
 		ezp_count(&prg_ezp_hstat, EZH_NOT_IP);
 		return EZP_TC_ACT_SHOT;
 	}

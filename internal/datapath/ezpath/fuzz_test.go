@@ -158,6 +158,9 @@ func fzHost(t *testing.T) *hostObjects {
 // fzLive is the pod table's live endpoints: (domain, address).
 var fzLive = map[[2]uint32]bool{{77, nbo(ipB)}: true, {78, nbo(ipB)}: true}
 
+// fzIPv4Hdr: the version/IHL byte of a header the host programs read as IPv4.
+func fzIPv4Hdr(vihl byte) bool { return vihl>>4 == 4 && vihl&0xf >= 5 }
+
 func TestFuzzHost(t *testing.T) {
 	o := fzHost(t)
 	rng := rand.New(rand.NewPCG(81, 82))
@@ -166,10 +169,11 @@ func TestFuzzHost(t *testing.T) {
 	vids := map[int]uint32{testVID: 77, testVID + 1: 78}
 	counts := map[string]int{}
 	runs := fzEach(t, rng, n, func(b []byte) {
-		// prg_ezp_port: unicast IPv4 (by ethertype, no tag) to an offloaded destination from
-		// this veth is tagged (metadata) and redirected to ezp0; the rest goes on unchanged.
+		// prg_ezp_port: unicast IPv4 (ethertype, version 4 and IHL >= 5, no tag) to an offloaded
+		// destination from this veth is tagged (metadata) and redirected to ezp0; the rest goes
+		// on unchanged.
 		ret := verdictNext
-		if b[0]&1 == 0 && binary.BigEndian.Uint16(b[12:]) == 0x0800 && len(b) >= 34 && egress[binary.LittleEndian.Uint32(b[30:])] {
+		if b[0]&1 == 0 && binary.BigEndian.Uint16(b[12:]) == 0x0800 && len(b) >= 34 && fzIPv4Hdr(b[14]) && egress[binary.LittleEndian.Uint32(b[30:])] {
 			ret = verdictRedirect
 			counts["tagged"]++
 		}
@@ -189,7 +193,7 @@ func TestFuzzHost(t *testing.T) {
 		if domain, ok := vids[vid]; ok {
 			u, ok := fzPop(b)
 			want = u // dropped after the pop: the frame as the pop left it
-			if ok && binary.BigEndian.Uint16(u[12:]) == 0x0800 && len(u) >= 34 && fzLive[[2]uint32{domain, binary.LittleEndian.Uint32(u[30:])}] {
+			if ok && binary.BigEndian.Uint16(u[12:]) == 0x0800 && len(u) >= 34 && fzIPv4Hdr(u[14]) && fzLive[[2]uint32{domain, binary.LittleEndian.Uint32(u[30:])}] {
 				ret, want = verdictRedirect, append(append([]byte{}, fzCtrMAC[domain]...), u[6:]...)
 				counts["delivered"]++
 			}
