@@ -77,7 +77,7 @@ func Dial(socket string, ring, pool int) (*Client, error) {
 	}
 	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
 	if err != nil {
-		return nil, fmt.Errorf("pd daemon at %s: %w", socket, err)
+		return nil, dialError(socket, err)
 	}
 	c := &Client{conn: conn, socks: map[int]*csock{}, sbt: make([]sbtEntry, sbtSize)}
 	for i := sbtSize - 1; i >= 0; i-- {
@@ -175,11 +175,23 @@ func (c *Client) call(r Request) (Reply, error) {
 	return rep, nil
 }
 
+// dialError says what a failed connection to the daemon means and what to do.
+func dialError(socket string, err error) error {
+	hint := ""
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ECONNREFUSED):
+		hint = " (is the daemon running? start it with `sudo peregrine pd daemon --socket " + socket + "`)"
+	case errors.Is(err, unix.EACCES):
+		hint = " (no permission on the socket: run as root or as the daemon's user)"
+	}
+	return fmt.Errorf("pd daemon at %s: %w%s", socket, err, hint)
+}
+
 // DaemonStatus asks a daemon for its status without becoming a client.
 func DaemonStatus(socket string) ([]byte, error) {
 	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
 	if err != nil {
-		return nil, fmt.Errorf("pd daemon at %s: %w", socket, err)
+		return nil, dialError(socket, err)
 	}
 	defer conn.Close()
 	c := &Client{conn: conn}
