@@ -230,7 +230,13 @@ func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
 	run(t, c.Netns, "ip", "addr", "add", c.Addr, "dev", "eth0")
 	run(t, c.Netns, "ip", "link", "set", "eth0", "up")
 	if spec.Style == lab.StyleFlannel {
-		run(t, c.Netns, "ip", "route", "add", "default", "via", l.Spec.GatewayAddr(2).Addr().String())
+		gw := l.Spec.GatewayAddr(2).Addr().String()
+		run(t, c.Netns, "ip", "route", "add", "default", "via", gw)
+		// Announce the new MAC as a CNI does (the bridge plugin sends a gratuitous ARP): the
+		// node's neighbour entry for the address still holds the old pod's MAC, and the normal
+		// path would send there until it expires — seconds in which nothing, fast path or not,
+		// reaches the new pod. The pod's ARP request for its gateway updates that entry.
+		run(t, c.Netns, "ping", "-c", "1", "-W", "1", gw)
 	}
 	time.Sleep(1500 * time.Millisecond) // the agent's bound is 1 s
 }
