@@ -16,9 +16,11 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	injMapPrgInjectSeq  = "prg_inject_seq"
-	injProgPrgInjectXdp = "prg_inject_xdp"
-	injVarPrgInjectOff  = "prg_inject_off"
+	injMapPrgInjectSeq   = "prg_inject_seq"
+	injMapPrgInjectTotal = "prg_inject_total"
+	injProgPrgInjectXdp  = "prg_inject_xdp"
+	injVarPrgInjectLimit = "prg_inject_limit"
+	injVarPrgInjectOff   = "prg_inject_off"
 )
 
 // loadInj returns the embedded CollectionSpec for inj.
@@ -70,14 +72,16 @@ type injProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type injMapSpecs struct {
-	PrgInjectSeq *ebpf.MapSpec `ebpf:"prg_inject_seq"`
+	PrgInjectSeq   *ebpf.MapSpec `ebpf:"prg_inject_seq"`
+	PrgInjectTotal *ebpf.MapSpec `ebpf:"prg_inject_total"`
 }
 
 // injVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type injVariableSpecs struct {
-	PrgInjectOff *ebpf.VariableSpec `ebpf:"prg_inject_off"`
+	PrgInjectLimit *ebpf.VariableSpec `ebpf:"prg_inject_limit"`
+	PrgInjectOff   *ebpf.VariableSpec `ebpf:"prg_inject_off"`
 }
 
 // injObjects contains all objects after they have been loaded into the kernel.
@@ -100,12 +104,14 @@ func (o *injObjects) Close() error {
 //
 // It can be passed to loadInjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type injMaps struct {
-	PrgInjectSeq *ebpf.Map `ebpf:"prg_inject_seq"`
+	PrgInjectSeq   *ebpf.Map `ebpf:"prg_inject_seq"`
+	PrgInjectTotal *ebpf.Map `ebpf:"prg_inject_total"`
 }
 
 func (m *injMaps) Close() error {
 	return _InjClose(
 		m.PrgInjectSeq,
+		m.PrgInjectTotal,
 	)
 }
 
@@ -113,7 +119,8 @@ func (m *injMaps) Close() error {
 //
 // It can be passed to loadInjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type injVariables struct {
-	PrgInjectOff *ebpf.Variable `ebpf:"prg_inject_off"`
+	PrgInjectLimit *ebpf.Variable `ebpf:"prg_inject_limit"`
+	PrgInjectOff   *ebpf.Variable `ebpf:"prg_inject_off"`
 }
 
 // injPrograms contains all programs after they have been loaded into the kernel.

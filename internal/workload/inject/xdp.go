@@ -72,6 +72,11 @@ func runXDP(ctx context.Context, c Config) (Stats, error) {
 	if err := spec.Variables[injVarPrgInjectOff].Set(uint32(c.Headroom())); err != nil {
 		return st, fmt.Errorf("configure injector program: %w", err)
 	}
+	// An exact count is enforced in the program too: a call interrupted by a signal is run
+	// again whole (cilium/ebpf retries BPF_PROG_RUN on EINTR), which would send extra frames.
+	if err := spec.Variables[injVarPrgInjectLimit].Set(c.Count); err != nil {
+		return st, fmt.Errorf("configure injector program: %w", err)
+	}
 	var objs injObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return st, fmt.Errorf("load injector program (XDP live frames need Linux 5.18+): %w", err)
