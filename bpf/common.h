@@ -29,4 +29,12 @@ static __always_inline void prg_dev_key_of(struct net_device *dev, struct prg_de
 	key->netns = dev->nd_net.net->ns.inum;
 }
 
+/* skb->tc_index of a frame the fast path handed to the kernel's normal overlay path so that it can
+ * learn the flow from how that path delivers it (fastpath.bpf.c). A program that would take such a
+ * frame off the normal path before the learner sees it (prism's redirect from the VXLAN device)
+ * leaves it alone; the learner gives the field back. tc_index rather than skb->mark: netfilter,
+ * which the frame still crosses, matches on marks (kube-proxy's 0x4000, Calico's upper bits), and
+ * no classifier of a current kernel reads tc_index (cls_tcindex and sch_dsmark are gone). */
+#define PRG_TC_INDEX_LEARN 0xfa57
+
 #endif

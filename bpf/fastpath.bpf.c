@@ -294,9 +294,13 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	return TCX_NEXT;
 }
 
-static __always_inline int handover_in(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
-				       __u32 vtep, __u32 reason)
+static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f, struct fp_key *k,
+				       const struct fp_pkt *p, __u32 vtep, __u32 reason)
 {
+	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
+	 * from the VXLAN device past it, and its flow would never be learned). */
+	if (!ctx->tc_index)
+		ctx->tc_index = PRG_TC_INDEX_LEARN;
 	if (f) {
 		f->in_ttl_seen = p->ttl;
 	} else {
@@ -361,7 +365,7 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 	key_in(k, p);
 	struct fp_flow *f = lookup(k, 0, need, &r);
 	if (r != FP_R_HIT) {
-		handover_in(f, k, p, vtep, r);
+		handover_in(ctx, f, k, p, vtep, r);
 		return NULL;
 	}
 	return f;
@@ -561,7 +565,7 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 	if (f->vtep != o.saddr) /* the remote end moved to another node */
-		return handover_in(f, &k, &p, o.saddr, FP_R_STALE);
+		return handover_in(ctx, f, &k, &p, o.saddr, FP_R_STALE);
 	struct prg_pod *pod = NULL;
 	int pr = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, p.daddr, &pod);
 	if (pr == PRG_POD_MISS || !pod) {
@@ -569,7 +573,7 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
-		return handover_in(f, &k, &p, o.saddr, FP_R_STALE);
+		return handover_in(ctx, f, &k, &p, o.saddr, FP_R_STALE);
 	if (p.ttl <= f->in_ttl_dec) {
 		count(FP_DIR_RX, FP_R_TTL);
 		return TCX_NEXT;
@@ -648,6 +652,8 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_key k = {};
 	struct fp_pkt p;
 
+	if (ctx->tc_index == PRG_TC_INDEX_LEARN) /* handover_in's: give it back */
+		ctx->tc_index = 0;
 	if (!fp_config() || parse(ctx, 0, &p))
 		return TCX_NEXT;
 	key_in(&k, &p);
@@ -739,7 +745,7 @@ int prg_fastpath_drx(struct __sk_buff *ctx)
 	/* The bridge forwards by dst MAC: only the pod's own MAC reaches it. */
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac) ||
 	    !mac_eq(p.eth.h_dest, f->in_mac))
-		return handover_in(f, &k, &p, 0, FP_R_STALE);
+		return handover_in(ctx, f, &k, &p, 0, FP_R_STALE);
 	if (f->in_ttl_dec || (cfg->flags & FP_C_UNSUP)) {
 		count(FP_DIR_RX, FP_R_UNSUP);
 		return TCX_NEXT;

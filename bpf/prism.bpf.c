@@ -28,6 +28,10 @@
  * userspace saw vanish stay as tombstones for a while, so their HP frames are dropped and
  * counted too.
  *
+ * A frame the fast path (fastpath.bpf.c) handed to the normal path to learn its flow carries
+ * PRG_TC_INDEX_LEARN and is left on the normal path, so prism stacked over the fast path does not
+ * keep HP flows off it.
+ *
  * Rules are double-buffered: userspace fills the inactive half of prg_prism_rule, then flips
  * prg_prism_cfg.set, so a rule change is atomic for every packet.
  *
@@ -87,6 +91,7 @@ enum {
 	PR_ST_ISO_LP,   /* steered to a non-reserved CPU (including inner frames rules can't read) */
 	PR_ST_ISO_OFF,  /* isolation not configured, or no CPU to steer to: untouched */
 	PR_ST_ISO_STAY, /* of HP+LP: already on a CPU of its class, kept there (hash 0: no RPS hop) */
+	PR_ST_LEARN,    /* HP, the fast path is learning the flow from the normal path: normal path */
 	PR_ST_N,
 };
 
@@ -393,6 +398,13 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		return PR_TCX_NEXT;
 	}
 	count(PR_ST_HP);
+	if (ctx->tc_index == PRG_TC_INDEX_LEARN) {
+		/* The fast path (stacked under prism) hands this frame to the normal path to learn its
+		 * flow there; once learned, the flow's frames take the fast path's redirect_peer from
+		 * the underlay, before this device, which is where HP wants to be. */
+		count(PR_ST_LEARN);
+		return PR_TCX_NEXT;
+	}
 	__u32 hk = m.hit;
 	struct prism_rule *r = bpf_map_lookup_elem(&prg_prism_rule, &hk);
 	if (r) {

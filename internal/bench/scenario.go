@@ -37,6 +37,10 @@ type Scenario struct {
 	// Background is bulk low-priority traffic during the measurement (PRISM's experiment): iperf3
 	// "tcp" or "udp" between a second container pair on the same hosts; "" or "none" for none.
 	Background string
+	// HPRealTime runs the latency workload (sockperf, both ends) at real-time priority: on a
+	// machine with fewer cores than roles it stands in for the latency application's own core,
+	// so the tail shows what the network path queues rather than the scheduler.
+	HPRealTime bool
 	// Injector is how udp-inject sends: "xdp" (live-frame XDP, cheap per frame), "packet"
 	// (AF_PACKET sendmmsg) or "auto" (default): xdp flat out, packet at an offered rate. The XDP
 	// sender cannot pace smoothly: each BPF_PROG_RUN call sleeps in its page pool's teardown, so
@@ -164,7 +168,21 @@ func (s *Scenario) Validate() error {
 	if err := s.validateBackground(); err != nil {
 		return err
 	}
+	if s.HPRealTime && s.Name != "pingpong" && s.Name != "underload" {
+		return fmt.Errorf("--hp-rt applies to the sockperf scenarios (pingpong, underload), not %s", s.Name)
+	}
 	return nil
+}
+
+// hpRealTimePriority is the SCHED_FIFO priority of the latency workload under --hp-rt: above
+// every normal task, below the kernel's own real-time threads (50 and up by convention).
+const hpRealTimePriority = 10
+
+func (s *Scenario) hpRTPriority() int {
+	if s.HPRealTime {
+		return hpRealTimePriority
+	}
+	return 0
 }
 
 func (s *Scenario) def() scenarioDef { return scenarios[s.Name] }

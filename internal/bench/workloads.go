@@ -37,7 +37,7 @@ func (s *Scenario) tools() []string {
 	case "tcp", "udp":
 		return []string{"iperf3", "taskset"}
 	case "pingpong", "underload":
-		return []string{"sockperf", "taskset"}
+		return []string{"sockperf", "taskset", "chrt"}
 	case "memcached":
 		return []string{"memcached", "taskset"}
 	case "nginx":
@@ -86,7 +86,8 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		}
 		var r workload.SockperfResult
 		r, err = workload.SockperfConfig{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
-			Mode: mode, TCP: s.Proto == "tcp", MsgSize: size, Duration: d, MPS: s.Rate, ServerCPUs: srv, ClientCPUs: cli}.Run(ctx)
+			Mode: mode, TCP: s.Proto == "tcp", MsgSize: size, Duration: d, MPS: s.Rate, ServerCPUs: srv, ClientCPUs: cli,
+			RTPriority: s.hpRTPriority()}.Run(ctx)
 		raw = r
 		m[results.MetricLatencyAvg] = r.AvgUs
 		m[results.MetricLatencyP50] = r.P50Us

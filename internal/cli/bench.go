@@ -29,6 +29,7 @@ type benchFlags struct {
 	noStage, asJSON, noReport     bool
 	noBPFStats                    bool
 	background, prismRules        string
+	hpRT                          bool
 	injector, rates               string
 	tor                           bool
 }
@@ -47,6 +48,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.StringVar(&b.rates, "rates", "", "udp-inject: sweep the offered load, packets/s, e.g. 50000,100000,200000,0 (0 = as fast as the sender goes); each rate is a point")
 		f.StringVar(&b.injector, "injector", "auto", "udp-inject sender: auto (xdp flat out, packet at an offered --rate/--rates: the XDP sender cannot pace smoothly), xdp (live-frame XDP, cheap per frame; needs GRO on the receiving underlay veth, as the lab sets) or packet (AF_PACKET sendmmsg, paces exactly)")
 		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
+		f.BoolVar(&b.hpRT, "hp-rt", false, "pingpong/underload: run sockperf (both ends) at real-time priority (SCHED_FIFO 10), the stand-in for a latency application with a core of its own: the tail then shows what the network path queues, not the CPU scheduler (on 2 vCPUs a bulk background otherwise sets the p99 even with no overlay at all)")
 		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
 	}
 	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
@@ -75,7 +77,7 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 			return o, fmt.Errorf("%s: %w", x.flag, err)
 		}
 	}
-	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background}
+	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT}
 	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
 	if b.rates != "" {
 		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {

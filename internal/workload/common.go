@@ -38,6 +38,7 @@ var debPackage = map[string]string{
 	"nginx":     "nginx-light",
 	"wrk":       "wrk",
 	"taskset":   "util-linux",
+	"chrt":      "util-linux",
 	"ip":        "iproute2",
 }
 

@@ -364,8 +364,8 @@ func (v *View) Format() string {
 	}
 	fmt.Fprintf(&b, "  prism: %d rules, %d endpoints (%d gone), agent %s\n", len(v.Rules), live, gone, v.Agent)
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
-	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d; HP dropped: vanished %d, stale %d, errors %d\n",
-		s.Miss, s.L2, s.TTL, s.Gone, s.Stale, s.Err)
+	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d, fast path learning %d; HP dropped: vanished %d, stale %d, errors %d\n",
+		s.Miss, s.L2, s.TTL, s.Learn, s.Gone, s.Stale, s.Err)
 	if iso := v.Isolation; iso != nil {
 		fmt.Fprintf(&b, "  prism: HP isolation: HP on CPUs %s, the rest on %s (VXLAN RPS set %s); underlay VXLAN frames %d: HP %d, LP %d (kept on their CPU %d), untouched %d\n",
 			cpuset.Format(iso.HP), cpuset.Format(iso.LP), cpuset.Format(iso.Set), s.IsoVXLAN, s.IsoHP, s.IsoLP, s.IsoStay, s.IsoOff)

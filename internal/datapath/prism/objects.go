@@ -157,12 +157,15 @@ type Stats struct {
 	// HP isolation, at the underlay: VXLAN frames seen, HP (to a reserved CPU) and LP (to the
 	// others), left alone (isolation off), and of HP+LP those kept on the CPU they were on.
 	IsoVXLAN, IsoHP, IsoLP, IsoOff, IsoStay uint64
+	// Learn: HP frames left on the normal path because the fast path stacked under prism is
+	// learning their flow there (the flow's later frames take the fast path).
+	Learn uint64
 }
 
 func (o *objects) stats() (Stats, error) {
 	var s Stats
 	fields := []*uint64{&s.Seen, &s.Unparsed, &s.Frag, &s.LP, &s.HP, &s.Redirected, &s.Miss, &s.Gone, &s.Stale, &s.L2, &s.TTL, &s.Err, &s.NoDev,
-		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay}
+		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay, &s.Learn}
 	for i, f := range fields {
 		var per []uint64
 		if err := o.PrgPrismStat.Lookup(uint32(i), &per); err != nil {
