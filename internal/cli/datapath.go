@@ -168,6 +168,7 @@ type falconFlags struct {
 	repick    time.Duration
 	splitCPUs string
 	split     string
+	load      string
 }
 
 func (f *falconFlags) add(c *cobra.Command) {
@@ -176,12 +177,13 @@ func (f *falconFlags) add(c *cobra.Command) {
 	c.Flags().DurationVar(&f.interval, "interval", falcon.DefaultInterval, "falcon: load monitor period; ezpath: controller polling period (when not given: 1s for ezpath, the default below for falcon)")
 	c.Flags().DurationVar(&f.repick, "repick", falcon.DefaultRepick, "falcon: idle time after which a flow's CPU choice may be re-picked")
 	c.Flags().StringVar(&f.splitCPUs, "split-cpus", "", "falcon: GRO split CPUs (XDP+cpumap on the underlay), e.g. 1")
+	c.Flags().StringVar(&f.load, "load", string(falcon.DefaultLoad), "falcon: what counts as a CPU's load: kernel (system+irq+softirq+steal: application time is room for packet stages, since a softirq runs ahead of it) or busy (all non-idle time, the paper's prototype)")
 	c.Flags().StringVar(&f.split, "split", "", "falcon: GRO split on|off|auto (default: on when --split-cpus is given); auto: the node agent attaches the split while the NIC core saturates and detaches it once it cools, with hysteresis")
 }
 
 // extra turns the flags given into the mode's options; falcon's flags on another mode are an error.
 func (f *falconFlags) extra(c *cobra.Command, mode string) (map[string]string, error) {
-	names := []string{"threshold", "static", "interval", "repick", "split-cpus", "split"}
+	names := []string{"threshold", "static", "interval", "repick", "split-cpus", "split", "load"}
 	m := map[string]string{}
 	for _, n := range names {
 		fl := c.Flags().Lookup(n)

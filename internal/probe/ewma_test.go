@@ -20,6 +20,43 @@ func stat(busy, idle []uint64, ids ...int) CPUStat {
 	return s
 }
 
+// TestLoadSignalKernel: under the kernel signal a CPU busy with application code has room (a
+// softirq runs ahead of it), one busy in system, IRQ, softirq or steal time does not.
+func TestLoadSignalKernel(t *testing.T) {
+	m, err := NewLoadMonitor(time.Second, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetSignal("idle"); err == nil {
+		t.Error("unknown signal accepted")
+	}
+	if err := m.SetSignal(LoadKernel); err != nil {
+		t.Fatal(err)
+	}
+	var a, b CPUStat
+	a.PerCPU = []CPUTimes{{CPU: 0}, {CPU: 1}}
+	b.PerCPU = []CPUTimes{
+		{CPU: 0, User: 90, Nice: 5, SoftIRQ: 5},                         // a spinning application
+		{CPU: 1, System: 20, IRQ: 10, SoftIRQ: 40, Steal: 10, User: 20}, // packet work
+	}
+	if err := m.Observe(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Observe(b); err != nil {
+		t.Fatal(err)
+	}
+	got := m.Current()
+	if len(got) != 2 || !near(got[0], 0.05) || !near(got[1], 0.8) {
+		t.Errorf("kernel loads %v, want [0.05 0.8]", got)
+	}
+	busy, _ := NewLoadMonitor(time.Second, 1)
+	_ = busy.Observe(a)
+	_ = busy.Observe(b)
+	if got := busy.Current(); len(got) != 2 || !near(got[0], 1) || !near(got[1], 1) {
+		t.Errorf("busy loads %v, want [1 1]", got)
+	}
+}
+
 func TestLoadMonitorEWMA(t *testing.T) {
 	if _, err := NewLoadMonitor(0, 0.5); err == nil {
 		t.Error("zero period accepted")

@@ -84,13 +84,16 @@ func runAgent(ctx context.Context, target string) error {
 	a := &agent{target: target, cfg: cfg, objs: objs, log: lg, epoch: g.Epoch}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	lg.Printf("started: CPUs %v, threshold %d%%, two-choice %v, interval %v", cfg.CPUs, cfg.Threshold, cfg.TwoChoice, cfg.Interval)
+	lg.Printf("started: CPUs %v, threshold %d%%, two-choice %v, interval %v, load signal %s", cfg.CPUs, cfg.Threshold, cfg.TwoChoice, cfg.Interval, cfg.loadSignal())
 
 	events := make(chan struct{}, 1)
 	a.watch(ctx, st.Topology, events)
 
 	mon, err := probe.NewLoadMonitor(cfg.Interval, ewmaAlpha)
 	if err != nil {
+		return err
+	}
+	if err := mon.SetSignal(cfg.loadSignal()); err != nil {
 		return err
 	}
 	if s, err := probe.ReadCPUStat(); err == nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/probe"
 )
 
 // Keys of datapath.Options.Extra that falcon reads (the CLI's flags fill them). They are saved
@@ -21,10 +22,11 @@ const (
 	OptRepick    = "repick"     // idle time after which a flow's choice may be re-picked
 	OptSplitCPUs = "split_cpus" // GRO split CPUs (grosplit), CPU list
 	OptSplit     = "split"      // auto|on|off
+	OptLoad      = "load"       // load signal: kernel (default) or busy (the prototype's)
 )
 
 // optionKeys are the Extra keys falcon takes.
-var optionKeys = []string{OptThreshold, OptStatic, OptInterval, OptRepick, OptSplitCPUs, OptSplit}
+var optionKeys = []string{OptThreshold, OptStatic, OptInterval, OptRepick, OptSplitCPUs, OptSplit, OptLoad}
 
 // Defaults. The paper's prototype updates its loads every 10 jiffies (10-40 ms at HZ 1000-250)
 // and found thresholds of 80-90 % best.
@@ -32,6 +34,9 @@ const (
 	DefaultThreshold = 80
 	DefaultInterval  = 20 * time.Millisecond
 	DefaultRepick    = 200 * time.Millisecond
+	// DefaultLoad: on a stock kernel a softirq runs ahead of application code, so application
+	// time is room for packet stages (see probe.LoadKernel).
+	DefaultLoad = probe.LoadKernel
 	// ewmaAlpha is the prototype's load = (4*load + busy)/5.
 	ewmaAlpha = 0.2
 )
@@ -45,6 +50,9 @@ type Config struct {
 	Repick    time.Duration `json:"repick"`
 	SplitCPUs []int         `json:"split_cpus,omitempty"`
 	Split     string        `json:"split"` // off, on, auto
+	// Load is the load signal (probe.LoadSignal); empty in records written before it existed,
+	// which read as the prototype's busy share.
+	Load probe.LoadSignal `json:"load,omitempty"`
 }
 
 // ParseConfig reads falcon's settings from attach options; unknown keys are refused.
@@ -52,7 +60,7 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
 		return Config{}, err
 	}
-	c := Config{Threshold: DefaultThreshold, TwoChoice: true, Interval: DefaultInterval, Repick: DefaultRepick, Split: "off"}
+	c := Config{Threshold: DefaultThreshold, TwoChoice: true, Interval: DefaultInterval, Repick: DefaultRepick, Split: "off", Load: DefaultLoad}
 	c.CPUs = slices.Clone(cpus)
 	if len(c.CPUs) == 0 {
 		for i := 0; i < runtime.NumCPU(); i++ {
@@ -87,6 +95,11 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 		c.TwoChoice = !s
 	}
 	var err error
+	if v, ok := extra[OptLoad]; ok {
+		if c.Load, err = probe.ParseLoadSignal(v); err != nil {
+			return c, fmt.Errorf("falcon: --load: %w", err)
+		}
+	}
 	if c.Interval, err = duration(extra, OptInterval, DefaultInterval, time.Millisecond, 10*time.Second); err != nil {
 		return c, err
 	}
@@ -116,6 +129,14 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 		return c, fmt.Errorf("falcon: --split %s needs --split-cpus", c.Split)
 	}
 	return c, nil
+}
+
+// loadSignal is the configured signal; a record from before the option reads as busy.
+func (c Config) loadSignal() probe.LoadSignal {
+	if c.Load == "" {
+		return probe.LoadBusy
+	}
+	return c.Load
 }
 
 func duration(extra map[string]string, key string, def, lo, hi time.Duration) (time.Duration, error) {

@@ -1,6 +1,7 @@
 package falcon
 
 import (
+	"github.com/peregrine-net/peregrine/internal/probe"
 	"testing"
 )
 
@@ -71,7 +72,7 @@ func TestSaltsSeparateStages(t *testing.T) {
 func TestParseConfigRejectsBadInput(t *testing.T) {
 	for _, extra := range []map[string]string{
 		{OptThreshold: "101"}, {OptThreshold: "-1"}, {OptThreshold: "x"},
-		{OptInterval: "0s"}, {OptInterval: "fast"}, {OptStatic: "maybe"}, {OptSplit: "sometimes"},
+		{OptInterval: "0s"}, {OptInterval: "fast"}, {OptStatic: "maybe"}, {OptSplit: "sometimes"}, {OptLoad: "idle"},
 	} {
 		if _, err := ParseConfig(nil, extra); err == nil {
 			t.Errorf("%v accepted", extra)
@@ -84,7 +85,13 @@ func TestParseConfigRejectsBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.CPUs) != 2 || c.CPUs[0] != 0 || c.Threshold != 85 || c.TwoChoice || c.Interval.Milliseconds() != 30 {
+	if len(c.CPUs) != 2 || c.CPUs[0] != 0 || c.Threshold != 85 || c.TwoChoice || c.Interval.Milliseconds() != 30 || c.Load != probe.LoadKernel {
 		t.Errorf("parsed %+v", c)
+	}
+	if c, err := ParseConfig(nil, map[string]string{OptLoad: "busy"}); err != nil || c.loadSignal() != probe.LoadBusy {
+		t.Errorf("load=busy: %+v, %v", c, err)
+	}
+	if (Config{}).loadSignal() != probe.LoadBusy {
+		t.Error("a record from before the load option must keep the prototype's busy signal")
 	}
 }

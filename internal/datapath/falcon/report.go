@@ -110,7 +110,7 @@ func (Mode) Report(st *datapath.State) (string, error) {
 	if !c.TwoChoice {
 		mode = "static (first choice only)"
 	}
-	fmt.Fprintf(&b, "  falcon    CPUs %v, threshold %d%%, %s, monitor every %v, re-pick after %v idle\n", c.CPUs, c.Threshold, mode, c.Interval, c.Repick)
+	fmt.Fprintf(&b, "  falcon    CPUs %v, threshold %d%% of %s load, %s, monitor every %v, re-pick after %v idle\n", c.CPUs, c.Threshold, c.loadSignal(), mode, c.Interval, c.Repick)
 	if c.Split != "off" {
 		active := "attached"
 		if ms, err := readModeState(st); err == nil && len(ms.SplitPins) == 0 {
