@@ -16,6 +16,9 @@
  *                   unordered relative to each other, so this narrows, not removes, reordering.
  *                   It only reads the flow map: in full-path mode Go points prg_mf_flows at the
  *                   XDP split's prg_gs_mflows (same key and value layout).
+ *                   Reorder guard (mf.guard_ooo > 0, bpf/mflow.h): it also watches each split TCP
+ *                   flow's sequence numbers there and puts a flow that arrives out of order on
+ *                   hold (one path) for a while; the split programs read the hold.
  *
  * The flow key and hash are every program's (struct prg_flow, prg_flow_hash in bpf/parse.h), as
  * in grosplit.bpf.c, so a flow's first batch starts on the same slot in both modes.
@@ -37,6 +40,9 @@ struct mf_cfg {
 	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* vxlan.h */
 	__u32 cpus[MF_MAX_SLOTS]; /* ascending: the order of the RPS map */
 	struct mf_params mf;
+	__u32 guard_ooo;     /* reorder guard (bpf/mflow.h): out-of-order segments per window; 0 = off */
+	__u32 pad;
+	__u64 guard_hold_ns; /* first hold, doubled per further hold up to 16x */
 };
 
 struct mf_stats {
@@ -45,6 +51,7 @@ struct mf_stats {
 	__u64 passed;      /* not VXLAN, not parsed: untouched */
 	__u64 batches;
 	__u64 merged;      /* packets of split flows merged at a bridge port */
+	__u64 holds;       /* reorder guard: flows put on hold */
 	__u64 to_cpu[MF_MAX_CPUS];
 	__u64 batch_to_cpu[MF_MAX_CPUS];
 	__u64 merge_to_cpu[MF_MAX_CPUS];
@@ -149,7 +156,7 @@ int prg_mflow_port(struct __sk_buff *ctx)
 	struct prg_hdrs hd = {};
 	struct prg_pkt p;
 	int r;
-	if (!cfg->merge || n == 0 || n > MF_MAX_SLOTS)
+	if ((!cfg->merge && !cfg->guard_ooo) || n == 0 || n > MF_MAX_SLOTS)
 		return TCX_NEXT;
 	prg_pkt_tc(&p, ctx);
 	PRG_TC_PARSE(r, &p, ctx, prg_parse_frame(&p, 0, 0, &hd));
@@ -157,6 +164,17 @@ int prg_mflow_port(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	struct prg_flow f = hd.flow;
 	struct mf_flow_state *s = bpf_map_lookup_elem(&prg_mf_flows, &f);
+	if (s && cfg->guard_ooo && hd.flow.proto == PRG_IPPROTO_TCP && !hd.frag) {
+		__u8 *t = prg_at(&p, hd.l4_off, 13); /* ports, seq, ack, data offset */
+		if (t) {
+			__u32 seq = ((__u32)t[4] << 24) | ((__u32)t[5] << 16) | ((__u32)t[6] << 8) | t[7];
+			__u32 hl = hd.l4_off + (t[12] >> 4) * 4, len = ctx->len > hl ? ctx->len - hl : 0;
+			if (mf_guard_seg(s, cfg->guard_ooo, cfg->guard_hold_ns, bpf_ktime_get_coarse_ns(), seq, len))
+				st->holds++;
+		}
+	}
+	if (!cfg->merge)
+		return TCX_NEXT;
 	if (!s || !s->elephant) {
 		if (!cfg->mice_affine)
 			bpf_set_hash(ctx, 0); /* mice: the container stage stays where it was */

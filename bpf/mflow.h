@@ -22,6 +22,15 @@
  * per packet cost ~35 ns of the program's budget (issue 12), and a rate window is never shorter
  * than a tick anyway, since a window closes on the first packet after it elapsed.
  *
+ * Reorder guard: the merge point (prg_mflow_port, tcx egress of the pod's host-side veth, the
+ * last stage before the pod's transport) watches each split TCP flow's sequence numbers. A
+ * segment that starts below the highest sequence end already seen arrived out of order; when a
+ * flow gathers guard_ooo of them within one rate window, the flow is held on one path (taken as
+ * a mouse) for guard_hold_ns, doubled on every further hold up to 16x, so a flow the split keeps
+ * reordering spends most of its time unsplit and is tried again now and then. TCP pays for each
+ * out-of-order batch with SACK processing and, beyond RACK's reordering window (min_rtt/4, a few
+ * µs on a LAN), spurious retransmits; the guard keeps that from eating the split's gain.
+ *
  * internal/datapath/mflow/model.go mirrors mf_account and mf_slot; the tests compare them.
  */
 #ifndef PEREGRINE_MFLOW_H
@@ -46,6 +55,12 @@ struct mf_flow_state {
 	__u32 last_slot;  /* slot of the last split packet */
 	__u32 promotions; /* mouse -> elephant transitions (each may reorder a few packets) */
 	__u32 demotions;
+	/* Reorder guard (written at the merge point, read by mf_account). */
+	__u64 hold_until; /* coarse ns: until then the flow takes the normal path */
+	__u32 top_seq;    /* highest TCP sequence end seen at the merge point */
+	__u32 ooo;        /* out-of-order segments there in the current rate window */
+	__u32 ooo_total;  /* out-of-order segments there, all time */
+	__u32 holds;      /* times the guard put the flow back on one path */
 };
 
 /* Settings of the accounting; embedded in each program's config. */
@@ -96,13 +111,14 @@ static __always_inline int mf_account(struct mf_flow_state *s, const struct mf_p
 		s->win_start = now;
 		s->win_pkts = 0;
 		s->win_bytes = 0;
+		s->ooo = 0;
 	}
 	s->win_pkts += units;
 	s->win_bytes += bytes;
 	s->pkts += units;
 	s->bytes += bytes;
 	s->last_ns = now;
-	if (!s->elephant)
+	if (!s->elephant || now < s->hold_until)
 		return 0;
 	*seq = __sync_fetch_and_add(&s->seq, units);
 	return 1;
@@ -116,6 +132,35 @@ static __always_inline __u32 mf_slot(__u32 base, __u64 seq, __u64 units, __u32 b
 	__u64 b = seq / batch;
 	*opens = (seq % batch) == 0 || b != (seq + units - 1) / batch;
 	return (__u32)((base + b) % n);
+}
+
+/* mf_guard_seg records one TCP segment of a split flow at the merge point: seq is its first
+ * sequence number, len its payload length (host order). Returns 1 when it puts the flow on hold. */
+static __always_inline int mf_guard_seg(struct mf_flow_state *s, __u32 guard_ooo, __u64 hold_ns, __u64 now,
+					__u32 seq, __u32 len)
+{
+	__u32 end = seq + len;
+	if (len == 0)
+		return 0; /* a pure ACK says nothing about order */
+	if (s->top_seq == 0 && s->ooo_total == 0) {
+		s->top_seq = end;
+		return 0;
+	}
+	/* Only a split flow's disorder counts: held or a mouse, it is on one path (a retransmit
+	 * then is TCP's own business), but the top is kept current for when it splits again. */
+	if ((__s32)(seq - s->top_seq) < 0 && s->elephant && now >= s->hold_until) {
+		s->ooo_total++;
+		if (guard_ooo && ++s->ooo >= guard_ooo && now >= s->hold_until) {
+			__u32 sh = s->holds < 4 ? s->holds : 4;
+			s->holds++;
+			s->ooo = 0;
+			s->hold_until = now + (hold_ns << sh);
+			return 1;
+		}
+	}
+	if ((__s32)(end - s->top_seq) > 0)
+		s->top_seq = end;
+	return 0;
 }
 
 #endif

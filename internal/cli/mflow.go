@@ -20,9 +20,11 @@ type mflowFlags struct {
 	merge       bool
 	mice        string
 	queueSize   int
+	guard       int
+	guardHold   time.Duration
 }
 
-var mflowFlagNames = []string{"batch", "elephant-pps", "elephant-bps", "window", "split-at", "merge", "mice", "queue-size"}
+var mflowFlagNames = []string{"batch", "elephant-pps", "elephant-bps", "window", "split-at", "merge", "mice", "queue-size", "reorder-guard", "reorder-hold"}
 
 func (f *mflowFlags) add(c *cobra.Command) {
 	c.Flags().IntVar(&f.batch, "batch", mflow.DefaultBatch, "mflow: packets per micro-flow (batch); splitting CPUs are --cpus (default: 2)")
@@ -32,6 +34,8 @@ func (f *mflowFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.splitAt, "split-at", mflow.SplitFullPath, "mflow: full-path (IRQ split with XDP, before skb allocation) or device (before the VXLAN device, tcx + RPS)")
 	c.Flags().BoolVar(&f.merge, "merge", false, "mflow: run the transport of each split flow on ONE CPU (container veth RPS); narrows, does not remove, reordering")
 	c.Flags().StringVar(&f.mice, "mice", "pass", "mflow: flows below the threshold: pass (normal path) or affine (one splitting CPU per flow)")
+	c.Flags().IntVar(&f.guard, "reorder-guard", mflow.DefaultGuard, "mflow: reorder guard: this many out-of-order TCP segments of a split flow within one --window, seen where the flow enters the pod, put the flow back on one path for --reorder-hold (0 = off)")
+	c.Flags().DurationVar(&f.guardHold, "reorder-hold", mflow.DefaultGuardHold, "mflow: how long the reorder guard holds a flow on one path the first time; each further hold doubles it, up to 16x")
 	c.Flags().IntVar(&f.queueSize, "queue-size", 0, "mflow: cpumap ring per splitting CPU in frames (full-path; default 2048)")
 }
 

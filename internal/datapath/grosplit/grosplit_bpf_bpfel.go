@@ -85,6 +85,11 @@ type gsMfFlowState struct {
 	LastSlot   uint32
 	Promotions uint32
 	Demotions  uint32
+	HoldUntil  uint64
+	TopSeq     uint32
+	Ooo        uint32
+	OooTotal   uint32
+	Holds      uint32
 }
 
 type gsPrgFlow struct {

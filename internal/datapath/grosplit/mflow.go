@@ -84,7 +84,12 @@ type FlowState struct {
 	Batches      uint64
 	Promotions   uint32
 	Demotions    uint32
-	LastSlot     int
+	// Reorder guard: out-of-order TCP segments seen at the merge point, holds, and until when
+	// (CLOCK_MONOTONIC coarse) the flow is held on one path.
+	OutOfOrder uint32
+	Holds      uint32
+	HoldUntil  time.Duration
+	LastSlot   int
 	First, Last  time.Duration // CLOCK_MONOTONIC of the first and last packet
 }
 
@@ -111,7 +116,8 @@ func ReadFlows(pinDir string) ([]FlowState, error) {
 func flowState(k gsPrgFlow, v gsMfFlowState) FlowState {
 	return NewFlowState(k.Saddr, k.Daddr, k.Sport, k.Dport, k.Proto, RawFlow{FirstNs: v.FirstNs, LastNs: v.LastNs,
 		RatePps: v.RatePps, RateBps: v.RateBps, Pkts: v.Pkts, Bytes: v.Bytes, Seq: v.Seq, Batches: v.Batches,
-		Elephant: v.Elephant, LastSlot: v.LastSlot, Promotions: v.Promotions, Demotions: v.Demotions})
+		Elephant: v.Elephant, LastSlot: v.LastSlot, Promotions: v.Promotions, Demotions: v.Demotions,
+		HoldUntil: v.HoldUntil, OooTotal: v.OooTotal, Holds: v.Holds})
 }
 
 // RawFlow is the value of a flow map (struct mf_flow_state of bpf/mflow.h), for other packages
@@ -119,6 +125,8 @@ func flowState(k gsPrgFlow, v gsMfFlowState) FlowState {
 type RawFlow struct {
 	FirstNs, LastNs, RatePps, RateBps, Pkts, Bytes, Seq, Batches uint64
 	Elephant, LastSlot, Promotions, Demotions                    uint32
+	HoldUntil                                                    uint64
+	OooTotal, Holds                                              uint32
 }
 
 // NewFlowState decodes a flow key (struct prg_flow of bpf/parse.h: words and ports as loaded from
@@ -127,6 +135,7 @@ func NewFlowState(src, dst [4]uint32, sport, dport uint16, proto uint8, v RawFlo
 	f := FlowState{Src: addrOf(src), Dst: addrOf(dst), Proto: proto, Sport: portOf(sport), Dport: portOf(dport),
 		Elephant: v.Elephant != 0, RatePPS: v.RatePps, RateBPS: v.RateBps, Packets: v.Pkts, Bytes: v.Bytes,
 		Split: v.Seq, Batches: v.Batches, Promotions: v.Promotions, Demotions: v.Demotions,
+		OutOfOrder: v.OooTotal, Holds: v.Holds, HoldUntil: time.Duration(v.HoldUntil),
 		LastSlot: int(v.LastSlot), First: time.Duration(v.FirstNs), Last: time.Duration(v.LastNs)}
 	if isV6(src, dst) {
 		f.Src, f.Dst = addr6Of(src), addr6Of(dst)

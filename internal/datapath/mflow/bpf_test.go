@@ -204,3 +204,84 @@ func TestMergeOneCPUPerSplitFlow(t *testing.T) {
 		t.Errorf("merge off, yet the port program touched the flow: %+v", r)
 	}
 }
+
+// innerTCPSeq is innerTCP(sport) with sequence number seq and a 100-byte payload.
+func innerTCPSeq(sport uint16, seq uint32) []byte {
+	seg := frames.TCP(sport, 5201, make([]byte, 100))
+	binary.BigEndian.PutUint32(seg[4:], seq)
+	return append(eth(0x0800), ip4("198.19.0.2", "198.19.0.3", 6, seg)...)
+}
+
+func flowState(t *testing.T, o *mfObjects, sport uint16) mfMfFlowState {
+	t.Helper()
+	var s mfMfFlowState
+	if err := o.PrgMfFlows.Lookup(keyOf(sport), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestReorderGuard: at the merge point, in-order segments of a split flow leave it split;
+// guard_ooo out-of-order ones within a window put it on hold, and the device split then takes
+// it as a mouse (hash 0, no batch) until the hold ends. A mouse's disorder is not counted.
+func TestReorderGuard(t *testing.T) {
+	o := loadTest(t)
+	const guard = 3
+	configure(t, o, Config{CPUs: []int{0, 1}, Batch: 4, Window: time.Hour, Guard: guard, GuardHold: time.Hour})
+	const sp = 41000
+	if r := run(t, o, o.PrgMflowDev, vxlanFrame(innerTCP(sp)), 1); r.split != 1 {
+		t.Fatalf("thresholds off: the first packet must be split: %+v", r)
+	}
+	seq := uint32(1000)
+	for i := 0; i < 10; i++ { // in order: no hold
+		run(t, o, o.PrgMflowPort, innerTCPSeq(sp, seq), 1)
+		seq += 100
+	}
+	if s := flowState(t, o, sp); s.OooTotal != 0 || s.Holds != 0 || s.TopSeq != seq {
+		t.Fatalf("in-order segments: %+v, want no out-of-order, top %d", s, seq)
+	}
+	// A pure ACK (no payload) with an old sequence number is no disorder.
+	ack := append(eth(0x0800), ip4("198.19.0.2", "198.19.0.3", 6, frames.TCP(sp, 5201, nil))...)
+	run(t, o, o.PrgMflowPort, ack, 1)
+	for i := 1; i <= guard; i++ { // segments from a batch that landed late
+		run(t, o, o.PrgMflowPort, innerTCPSeq(sp, seq-uint32(400-100*i)), 1)
+		s := flowState(t, o, sp)
+		if s.OooTotal != uint32(i) {
+			t.Fatalf("late segment %d: out of order %d, want %d", i, s.OooTotal, i)
+		}
+		if held := s.Holds == 1 && s.HoldUntil > 0; held != (i == guard) {
+			t.Fatalf("after %d late segments (guard %d): holds %d until %d", i, guard, s.Holds, s.HoldUntil)
+		}
+	}
+	var st []mfMfStats
+	if err := o.PrgMfStats.Lookup(uint32(0), &st); err != nil {
+		t.Fatal(err)
+	}
+	var holds uint64
+	for _, v := range st {
+		holds += v.Holds
+	}
+	if holds != 1 {
+		t.Errorf("stats count %d holds, want 1", holds)
+	}
+	// Held: the device split leaves the flow on one path.
+	if r := run(t, o, o.PrgMflowDev, vxlanFrame(innerTCP(sp)), 1); r.split != 0 || r.mice != 1 {
+		t.Errorf("held flow was split: %+v", r)
+	}
+	// While held, disorder is not counted (the flow is on one path).
+	run(t, o, o.PrgMflowPort, innerTCPSeq(sp, 5), 1)
+	if s := flowState(t, o, sp); s.OooTotal != guard {
+		t.Errorf("held flow's disorder counted: %d, want %d", s.OooTotal, guard)
+	}
+
+	// Guard off: the port program watches nothing when it does not merge either.
+	o2 := loadTest(t)
+	configure(t, o2, Config{CPUs: []int{0, 1}, Batch: 4, Window: time.Hour})
+	run(t, o2, o2.PrgMflowDev, vxlanFrame(innerTCP(sp)), 1)
+	for _, q := range []uint32{5000, 1000, 900, 800, 700} {
+		run(t, o2, o2.PrgMflowPort, innerTCPSeq(sp, q), 1)
+	}
+	if s := flowState(t, o2, sp); s.OooTotal != 0 || s.Holds != 0 {
+		t.Errorf("guard off but the flow was watched: %+v", s)
+	}
+}

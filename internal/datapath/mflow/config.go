@@ -21,10 +21,12 @@ const (
 	OptMerge       = "merge"        // true: one CPU per split flow before the transport
 	OptMice        = "mice"         // pass | affine
 	OptQueue       = "queue_size"   // cpumap ring per splitting CPU (full-path)
+	OptGuard       = "reorder_guard" // out-of-order segments per window that put a flow on hold (0 = off)
+	OptGuardHold   = "reorder_hold"  // first hold, doubled per further hold up to 16x
 )
 
 // optionKeys are the Extra keys mflow takes; the splitting CPUs are attach's --cpus.
-var optionKeys = []string{OptBatch, OptElephantPPS, OptElephantBPS, OptWindow, OptSplitAt, OptMerge, OptMice, OptQueue}
+var optionKeys = []string{OptBatch, OptElephantPPS, OptElephantBPS, OptWindow, OptSplitAt, OptMerge, OptMice, OptQueue, OptGuard, OptGuardHold}
 
 // Split points.
 const (
@@ -40,6 +42,12 @@ const (
 	DefaultSplitCPUs   = 2
 	DefaultElephantPPS = 10000
 	DefaultWindow      = 20 * time.Millisecond
+	// Reorder guard: 8 out-of-order TCP segments within one window put a flow on one path for
+	// 500 ms (then 1 s, 2 s, ... 8 s while it keeps reordering). One batch landing late shows as
+	// a handful of such segments, so a clean split stays split.
+	DefaultGuard     = 8
+	DefaultGuardHold = 500 * time.Millisecond
+	MaxGuardHold     = time.Minute
 )
 
 // Config is mflow's settings after validation.
@@ -53,6 +61,10 @@ type Config struct {
 	Merge       bool          `json:"merge"`
 	MiceAffine  bool          `json:"mice_affine"`
 	QueueSize   int           `json:"queue_size"`
+	// Guard is the reorder guard's threshold (out-of-order segments per window, 0 = off) and
+	// GuardHold its first hold; bpf/mflow.h has the mechanism.
+	Guard     int           `json:"reorder_guard"`
+	GuardHold time.Duration `json:"reorder_hold"`
 }
 
 // ParseConfig reads mflow's settings; cpus are attach's --cpus (nil: the first online ones).
@@ -61,7 +73,8 @@ func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, err
 	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
 		return Config{}, err
 	}
-	c := Config{Batch: DefaultBatch, ElephantPPS: DefaultElephantPPS, Window: DefaultWindow, SplitAt: SplitFullPath}
+	c := Config{Batch: DefaultBatch, ElephantPPS: DefaultElephantPPS, Window: DefaultWindow, SplitAt: SplitFullPath,
+		Guard: DefaultGuard, GuardHold: DefaultGuardHold}
 	var err error
 	c.CPUs = slices.Clone(cpus)
 	if len(c.CPUs) == 0 {
@@ -135,6 +148,20 @@ func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, err
 			return c, fmt.Errorf("mflow: --mice %q: want pass (normal path) or affine (one splitting CPU per flow)", v)
 		}
 	}
+	if v, ok := extra[OptGuard]; ok {
+		g, err := strconv.Atoi(v)
+		if err != nil || g < 0 || g > 1<<20 {
+			return c, fmt.Errorf("mflow: --reorder-guard %q: want a number of out-of-order segments per window (0 turns the guard off)", v)
+		}
+		c.Guard = g
+	}
+	if v, ok := extra[OptGuardHold]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < grosplit.MinWindow || d > MaxGuardHold {
+			return c, fmt.Errorf("mflow: --reorder-hold %q: want a duration in %v..%v", v, grosplit.MinWindow, MaxGuardHold)
+		}
+		c.GuardHold = d
+	}
 	if v, ok := extra[OptQueue]; ok {
 		q, err := strconv.Atoi(v)
 		if err != nil || q < 1 || q > grosplit.MaxQueueSize {
@@ -144,6 +171,10 @@ func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, err
 	}
 	return c, nil
 }
+
+// watchesPorts tells whether the merge-point program runs on the pods' host-side veths: it
+// merges (--merge) and keeps the reorder guard's watch.
+func (c Config) watchesPorts() bool { return c.Merge || c.Guard > 0 }
 
 // parseRate reads "10000", "1.5M", "10G" (k, M, G are powers of 1000).
 func parseRate(s string) (uint64, error) {

@@ -29,6 +29,9 @@ type mfMfCfg struct {
 		ElephBps uint64
 		WindowNs uint64
 	}
+	GuardOoo    uint32
+	Pad         uint32
+	GuardHoldNs uint64
 }
 
 type mfMfFlowState struct {
@@ -48,6 +51,11 @@ type mfMfFlowState struct {
 	LastSlot   uint32
 	Promotions uint32
 	Demotions  uint32
+	HoldUntil  uint64
+	TopSeq     uint32
+	Ooo        uint32
+	OooTotal   uint32
+	Holds      uint32
 }
 
 type mfMfStats struct {
@@ -57,6 +65,7 @@ type mfMfStats struct {
 	Passed     uint64
 	Batches    uint64
 	Merged     uint64
+	Holds      uint64
 	ToCpu      [256]uint64
 	BatchToCpu [256]uint64
 	MergeToCpu [256]uint64

@@ -235,9 +235,9 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 				return fmt.Errorf("mflow: IRQ split on %s: %w", d, err)
 			}
 		}
-		if c.Merge {
+		if c.watchesPorts() {
 			if len(nics) > 1 {
-				t.Notes = append(t.Notes, "mflow: several underlays: --merge sees the elephants of the first one only")
+				t.Notes = append(t.Notes, "mflow: several underlays: --merge and the reorder guard see the elephants of the first one only")
 			}
 			if shared, err = ebpf.LoadPinnedMap(filepath.Join(ms.SplitDirs[0], "prg_gs_mflows"), nil); err != nil {
 				return fmt.Errorf("mflow: open the split's flow map: %w", err)
@@ -245,7 +245,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 			defer shared.Close()
 		}
 	}
-	if c.SplitAt == SplitDevice || c.Merge {
+	if c.SplitAt == SplitDevice || c.watchesPorts() {
 		objs, err := loadObjects(shared)
 		if err != nil {
 			return err
@@ -267,7 +267,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 				targets = append(targets, tcxTarget{objs.PrgMflowDev, false, d})
 			}
 		}
-		if c.Merge {
+		if c.watchesPorts() {
 			for _, d := range t.ByStage(datapath.StageVethHost) {
 				targets = append(targets, tcxTarget{objs.PrgMflowPort, true, d})
 			}

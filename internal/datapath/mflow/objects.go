@@ -56,6 +56,8 @@ func writeConfig(m *ebpf.Map, c Config, ports []uint16) error {
 	v.Mf.ElephPps = c.ElephantPPS
 	v.Mf.ElephBps = c.ElephantBPS
 	v.Mf.WindowNs = uint64(c.Window.Nanoseconds())
+	v.GuardOoo = uint32(c.Guard)
+	v.GuardHoldNs = uint64(c.GuardHold.Nanoseconds())
 	if err := m.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("mflow: write config: %w", err)
 	}

@@ -7,8 +7,10 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
@@ -18,6 +20,7 @@ import (
 // SkbStats are the counters of the skb-level programs (device split and merge), summed over CPUs.
 type SkbStats struct {
 	Split, Mice, Passed, Batches, Merged uint64
+	Holds                                uint64 // reorder guard: flows put on hold
 	ToCPU, BatchToCPU, MergeToCPU        map[int]uint64
 }
 
@@ -39,6 +42,7 @@ func ReadSkbStats(target string) (SkbStats, error) {
 		s.Passed += v.Passed
 		s.Batches += v.Batches
 		s.Merged += v.Merged
+		s.Holds += v.Holds
 		for i := range v.ToCpu {
 			s.ToCPU[i] += v.ToCpu[i]
 			s.BatchToCPU[i] += v.BatchToCpu[i]
@@ -108,8 +112,12 @@ func (Mode) Report(st *datapath.State) (string, error) {
 	if c.MiceAffine {
 		mice = "flow-affine on the splitting CPUs"
 	}
-	fmt.Fprintf(&b, "  mflow     split at %s on CPUs %v, batch %d, elephants %s, mice %s, merge %v\n",
-		c.SplitAt, c.CPUs, c.Batch, eleph, mice, c.Merge)
+	guard := "off"
+	if c.Guard > 0 {
+		guard = fmt.Sprintf("%d out-of-order segments per window hold a flow on one path for %v (doubling)", c.Guard, c.GuardHold)
+	}
+	fmt.Fprintf(&b, "  mflow     split at %s on CPUs %v, batch %d, elephants %s, mice %s, merge %v, reorder guard %s\n",
+		c.SplitAt, c.CPUs, c.Batch, eleph, mice, c.Merge, guard)
 	for _, d := range ms.SplitDirs {
 		s, err := grosplit.ReadStats(d)
 		if err != nil {
@@ -121,7 +129,7 @@ func (Mode) Report(st *datapath.State) (string, error) {
 		fmt.Fprintf(&b, "            drops: cpumap ring full %d; ring guard: diverted to another CPU %d, passed (every ring nearly full) %d; target missing (passed) %d\n",
 			t.Dropped, t.Diverted, t.Overflow, t.Missed)
 	}
-	if c.SplitAt == SplitDevice || c.Merge {
+	if c.SplitAt == SplitDevice || c.watchesPorts() {
 		s, err := ReadSkbStats(st.Target)
 		if err != nil {
 			return b.String(), err
@@ -131,6 +139,9 @@ func (Mode) Report(st *datapath.State) (string, error) {
 		}
 		if c.Merge {
 			fmt.Fprintf(&b, "  merge     packets of split flows merged %d: %s\n", s.Merged, perCPU(s.MergeToCPU))
+		}
+		if c.Guard > 0 {
+			fmt.Fprintf(&b, "  guard     holds %d (flows put back on one path after reordering)\n", s.Holds)
 		}
 	}
 	if sn, err := probe.ReadSoftnet(); err == nil && ms.SoftnetDropped != nil {
@@ -152,6 +163,7 @@ func (Mode) Report(st *datapath.State) (string, error) {
 		}
 	}
 	fmt.Fprintf(&b, "  flows     %d seen, %d split now (elephants)\n", len(flows), n)
+	now := coarseNow()
 	for i, f := range flows {
 		if i == 8 {
 			fmt.Fprintf(&b, "            ... %d more\n", len(flows)-i)
@@ -161,8 +173,11 @@ func (Mode) Report(st *datapath.State) (string, error) {
 		if f.Elephant {
 			state = "ELEPHANT"
 		}
-		fmt.Fprintf(&b, "            %s %s %s: %s pkt/s %s bit/s, %d pkts, %d split in %d batches, promoted %d demoted %d\n",
-			state, protoName(f.Proto), flowName(f), si(f.RatePPS), si(f.RateBPS), f.Packets, f.Split, f.Batches, f.Promotions, f.Demotions)
+		if f.Elephant && f.HoldUntil > now {
+			state = "HELD    "
+		}
+		fmt.Fprintf(&b, "            %s %s %s: %s pkt/s %s bit/s, %d pkts, %d split in %d batches, promoted %d demoted %d, out of order %d, holds %d\n",
+			state, protoName(f.Proto), flowName(f), si(f.RatePPS), si(f.RateBPS), f.Packets, f.Split, f.Batches, f.Promotions, f.Demotions, f.OutOfOrder, f.Holds)
 	}
 	var nss []string
 	for ns := range ms.Receivers {
@@ -227,4 +242,11 @@ func si(v uint64) string {
 		return fmt.Sprintf("%.1fk", float64(v)/1e3)
 	}
 	return fmt.Sprint(v)
+}
+
+// coarseNow is CLOCK_MONOTONIC_COARSE, the clock of bpf_ktime_get_coarse_ns (the holds' clock).
+func coarseNow() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return time.Duration(ts.Sec)*time.Second + time.Duration(ts.Nsec)
 }
