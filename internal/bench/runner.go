@@ -257,7 +257,13 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 // measureRep runs one repetition with the probes around it.
 func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]float64, sp *stage.Probe, devs map[stage.DevKey]stage.DeviceInfo) results.Rep {
 	rep := results.Rep{Started: time.Now()}
-	sampler := probe.NewSampler(probe.SamplerConfig{Namespaces: map[string][]string{tb.pair.receiver.Netns: probe.DefaultCounters}})
+	// The receiver's counters say what arrived out of order; the sender's how TCP paid for it
+	// (SACK reordering detected, retransmits, spurious RTOs).
+	nss := map[string][]string{tb.pair.receiver.Netns: probe.DefaultCounters}
+	if s := tb.pair.sender.Netns; s != tb.pair.receiver.Netns {
+		nss[s] = probe.DefaultCounters
+	}
+	sampler := probe.NewSampler(probe.SamplerConfig{Namespaces: nss})
 	if err := sampler.Start(); err != nil {
 		rep.Error = "probes: " + err.Error()
 		return rep
@@ -288,7 +294,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 		rep.Error = err.Error()
 	}
 	if serr == nil && rpt != nil {
-		fillProbes(&rep, rpt, tb.pair.receiver.Netns)
+		fillProbes(&rep, rpt, tb.pair.receiver.Netns, tb.pair.sender.Netns)
 	}
 	if sp != nil {
 		d := after.Sub(before)
@@ -300,7 +306,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 }
 
 // fillProbes copies the sampler's interval totals into the rep.
-func fillProbes(rep *results.Rep, r *probe.Report, recvNs string) {
+func fillProbes(rep *results.Rep, r *probe.Report, recvNs, sendNs string) {
 	t := r.Totals
 	if rep.Metrics == nil {
 		rep.Metrics = map[string]float64{}
@@ -332,6 +338,11 @@ func fillProbes(rep *results.Rep, r *probe.Report, recvNs string) {
 	}
 	for name, v := range t.Nstat[recvNs] {
 		rep.Counters["receiver."+name] = float64(v)
+	}
+	if sendNs != recvNs {
+		for name, v := range t.Nstat[sendNs] {
+			rep.Counters["sender."+name] = float64(v)
+		}
 	}
 }
 

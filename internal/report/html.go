@@ -65,6 +65,8 @@ type section struct {
 	Table      htmlTable
 	IRQs       htmlTable // NET_RX softirqs and interrupts per point
 	IRQLegend  string
+	Reorder    htmlTable // reordering counters per point
+	ReorderLeg string
 	FlowNote   string // how the run's flows share client/server pairs (results.FlowSharingNote)
 	Ratios     []ratioRow
 	Baseline   string
@@ -137,6 +139,7 @@ func buildSection(outDir, prefix string, run *results.Run) (section, error) {
 	s.Figures = figs
 	s.Table = pointsTable(v)
 	s.IRQs, s.IRQLegend = irqTable(v), irqLegend
+	s.Reorder, s.ReorderLeg = reorderTable(v, xTitle), reorderLegend
 	s.FlowNote = results.FlowSharingNote(run)
 	for _, r := range v.sortedRatios() {
 		change := changeWord(r)

@@ -71,11 +71,15 @@ func irqTableNamed(v *view, xName func(string) string) htmlTable {
 
 // irqTableText prints irqTable under the terminal table.
 func irqTableText(w io.Writer, v *view) error {
-	t := irqTableNamed(v, func(k string) string { return k })
+	return textBlock(w, "interrupts and softirqs", irqLegend, irqTableNamed(v, func(k string) string { return k }))
+}
+
+// textBlock prints a titled, explained table for the terminal; nothing when it has no rows.
+func textBlock(w io.Writer, title, legend string, t htmlTable) error {
 	if len(t.Rows) == 0 {
 		return nil
 	}
-	if _, err := fmt.Fprintf(w, "\ninterrupts and softirqs: %s\n", irqLegend); err != nil {
+	if _, err := fmt.Fprintf(w, "\n%s: %s\n", title, legend); err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

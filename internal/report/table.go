@@ -102,6 +102,9 @@ func table(w io.Writer, run *results.Run) error {
 	if err := irqTableText(w, v); err != nil {
 		return err
 	}
+	if err := reorderTableText(w, v); err != nil {
+		return err
+	}
 	return costTable(w, v)
 }
 

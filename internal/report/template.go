@@ -84,6 +84,12 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{range .IRQs.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
 </table>{{end}}
 
+{{if .Reorder.Rows}}<h3>Reordering</h3>
+<p class="sub">{{.ReorderLeg}}</p>
+<table><tr>{{range .Reorder.Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Reorder.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
+</table>{{end}}
+
 {{if .Cost.Rows}}<h3>Cost per delivered packet</h3>
 <p class="sub">CPU = all CPUs' busy time per delivered packet (sender included); RECEIVE = NET_RX softirq time charged to this path's devices, every stage (other traffic on a shared machine is not in it, but is in CPU and IRQ CPU); IRQ CPU = the IRQ CPUs' busy time; SENDER = the injector's own CPU per sent packet; BPF = the datapath's eBPF programs, net of an empty calibration program measured in the same rep; PROBE = the stage probe's own programs.</p>
 <table><tr>{{range .Cost.Head}}<th>{{.}}</th>{{end}}</tr>

@@ -1,0 +1,108 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// reorderColumns are the reordering figures of a point: what arrived out of order at the
+// receiver and what the sender paid for it. Modes that split a flow (mflow) or move its stages
+// (falcon, rps) can reorder; every result shows it rather than leaving it to the JSON.
+var reorderColumns = []struct {
+	key   string // a counter, or a metric with the "metric:" prefix
+	title string
+}{
+	{"receiver.TcpExt.TCPOFOQueue", "OFO queued (rx)"},
+	{"sender.TcpExt.TCPSACKReorder", "SACK reorder (tx)"},
+	{"metric:retransmits_count", "retransmits (tx)"},
+	{"sender.TcpExt.TCPSpuriousRTOs", "spurious RTOs (tx)"},
+	{"metric:reordered_count", "UDP reordered (rx)"},
+}
+
+// reorderLegend explains the block (terminal and HTML).
+const reorderLegend = "per repetition, medians. OFO queued = segments the receiving TCP put in its out-of-order queue; " +
+	"SACK reorder = reordering the sender's TCP detected; retransmits and spurious RTOs are the sender's (reordering beyond " +
+	"RACK's window shows up as retransmits); UDP reordered = datagrams the sink received after a later sequence number."
+
+// reorderTable has a row per point and only the columns some point has a non-zero value for;
+// it is empty when no point reordered anything.
+func reorderTable(v *view, xName func(string) string) htmlTable {
+	med := make([]map[string]float64, len(v.points))
+	used := make([]bool, len(reorderColumns))
+	for i, pv := range v.points {
+		med[i] = map[string]float64{}
+		for j, c := range reorderColumns {
+			var xs []float64
+			for _, r := range pv.p.Reps {
+				if r.Warmup || r.Error != "" {
+					continue
+				}
+				var val float64
+				var ok bool
+				if m, isMetric := strings.CutPrefix(c.key, "metric:"); isMetric {
+					val, ok = r.Metrics[m]
+				} else {
+					val, ok = r.Counters[c.key]
+				}
+				if ok {
+					xs = append(xs, val)
+				}
+			}
+			if len(xs) == 0 {
+				continue
+			}
+			sort.Float64s(xs)
+			m := xs[len(xs)/2]
+			if len(xs)%2 == 0 {
+				m = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+			}
+			med[i][c.key] = m
+			if m != 0 {
+				used[j] = true
+			}
+		}
+	}
+	t := htmlTable{Head: []string{"config"}}
+	for _, k := range v.varying {
+		t.Head = append(t.Head, xName(k))
+	}
+	any := false
+	for j, c := range reorderColumns {
+		if used[j] {
+			t.Head = append(t.Head, c.title)
+			any = true
+		}
+	}
+	if !any {
+		return htmlTable{}
+	}
+	for i, pv := range v.points {
+		row := []string{pv.p.Config}
+		for _, k := range v.varying {
+			if x, ok := pv.p.X[k]; ok {
+				row = append(row, xnum(x))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		for j, c := range reorderColumns {
+			if !used[j] {
+				continue
+			}
+			if m, ok := med[i][c.key]; ok {
+				row = append(row, fmt.Sprintf("%.0f", m))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		t.Rows = append(t.Rows, row)
+	}
+	return t
+}
+
+// reorderTableText prints reorderTable under the terminal table.
+func reorderTableText(w io.Writer, v *view) error {
+	return textBlock(w, "reordering", reorderLegend, reorderTable(v, func(k string) string { return k }))
+}
