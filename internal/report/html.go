@@ -235,14 +235,7 @@ func pointsTable(v *view) htmlTable {
 	}
 	t.Head = append(t.Head, "reps")
 	for _, pv := range v.points {
-		row := []string{pv.p.Config}
-		for _, k := range v.varying {
-			if x, ok := pv.p.X[k]; ok {
-				row = append(row, xnum(x))
-			} else {
-				row = append(row, "–")
-			}
-		}
+		row := v.rowStart(pv, "–")
 		for _, m := range v.metrics {
 			if st, ok := pv.sum[m]; ok {
 				row = append(row, formatStat(m, st))

@@ -49,14 +49,7 @@ func irqTableNamed(v *view, xName func(string) string) htmlTable {
 		t.Head = append(t.Head, c.title)
 	}
 	for _, pv := range v.points {
-		row := []string{pv.p.Config}
-		for _, k := range v.varying {
-			if x, ok := pv.p.X[k]; ok {
-				row = append(row, xnum(x))
-			} else {
-				row = append(row, "-")
-			}
-		}
+		row := v.rowStart(pv, "-")
 		for _, c := range irqColumns {
 			if st, ok := pv.sum[c.metric]; ok {
 				row = append(row, fmt.Sprintf("%.0f", st.Median))

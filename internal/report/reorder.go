@@ -79,14 +79,7 @@ func reorderTable(v *view, xName func(string) string) htmlTable {
 		return htmlTable{}
 	}
 	for i, pv := range v.points {
-		row := []string{pv.p.Config}
-		for _, k := range v.varying {
-			if x, ok := pv.p.X[k]; ok {
-				row = append(row, xnum(x))
-			} else {
-				row = append(row, "-")
-			}
-		}
+		row := v.rowStart(pv, "-")
 		for j, c := range reorderColumns {
 			if !used[j] {
 				continue

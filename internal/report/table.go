@@ -75,14 +75,7 @@ func table(w io.Writer, run *results.Run) error {
 	}
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, pv := range v.points {
-		row := []string{pv.p.Config}
-		for _, k := range v.varying {
-			if x, ok := pv.p.X[k]; ok {
-				row = append(row, xnum(x))
-			} else {
-				row = append(row, "-")
-			}
-		}
+		row := v.rowStart(pv, "-")
 		for _, m := range metrics {
 			if st, ok := pv.sum[m]; ok {
 				row = append(row, formatStat(m, st))

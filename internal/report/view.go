@@ -21,6 +21,20 @@ type view struct {
 	ratios   map[string]results.Ratio // ratioKey(metric, numerator, x)
 }
 
+// rowStart is a point's first cells: its config, then its value of each varying X key
+// (missing where the point lacks the key).
+func (v *view) rowStart(pv pointView, missing string) []string {
+	row := []string{pv.p.Config}
+	for _, k := range v.varying {
+		if x, ok := pv.p.X[k]; ok {
+			row = append(row, xnum(x))
+		} else {
+			row = append(row, missing)
+		}
+	}
+	return row
+}
+
 type pointView struct {
 	p   *results.Point
 	sum map[string]results.Stat
