@@ -268,6 +268,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 		rep.Error = "probes: " + err.Error()
 		return rep
 	}
+	other := startOtherLoad()
 	var before stage.Snapshot
 	if sp != nil {
 		before, _ = sp.Snapshot()
@@ -296,6 +297,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 	if serr == nil && rpt != nil {
 		fillProbes(&rep, rpt, tb.pair.receiver.Netns, tb.pair.sender.Netns)
 	}
+	other.finish(&rep)
 	if sp != nil {
 		d := after.Sub(before)
 		d.Annotate(devs)

@@ -68,6 +68,7 @@ type section struct {
 	Reorder    htmlTable // reordering counters per point
 	ReorderLeg string
 	FlowNote   string // how the run's flows share client/server pairs (results.FlowSharingNote)
+	OtherLoad  string // other processes that ran during the reps (results.OtherLoadNote)
 	Ratios     []ratioRow
 	Baseline   string
 	Stages     []stageTable
@@ -141,6 +142,7 @@ func buildSection(outDir, prefix string, run *results.Run) (section, error) {
 	s.IRQs, s.IRQLegend = irqTable(v), irqLegend
 	s.Reorder, s.ReorderLeg = reorderTable(v, xTitle), reorderLegend
 	s.FlowNote = results.FlowSharingNote(run)
+	s.OtherLoad = results.OtherLoadNote(run)
 	for _, r := range v.sortedRatios() {
 		change := changeWord(r)
 		s.Ratios = append(s.Ratios, ratioRow{

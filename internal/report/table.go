@@ -51,6 +51,9 @@ func table(w io.Writer, run *results.Run) error {
 	if n := results.FlowSharingNote(run); n != "" {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
+	if n := results.OtherLoadNote(run); n != "" {
+		fmt.Fprintf(&b, "!! %s\n", n)
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}

@@ -63,6 +63,7 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{end}}
 
 {{with .FlowNote}}<p class="sub"><b>Flows:</b> {{.}}</p>{{end}}
+{{with .OtherLoad}}<p class="problems"><b>Shared machine:</b> {{.}}</p>{{end}}
 
 {{if .Figures}}<h3>Charts</h3>{{end}}
 {{range .Figures}}<figure><img src="{{.File}}" alt="{{.Caption}}"><figcaption>{{.Caption}}</figcaption></figure>

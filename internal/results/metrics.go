@@ -27,6 +27,10 @@ const (
 	// MetricIRQs is every interrupt /proc/interrupts counted during the repetition, summed over
 	// CPUs and rows (device IRQs, IPIs, local timer, ...); IRQMetric names one kind of them.
 	MetricIRQs = "irqs_count"
+	// MetricOtherCPU is the CPU that processes outside the benchmark (not its own, not its
+	// agents, not in its lab's namespaces; kernel threads excluded) used during the repetition,
+	// in cores; Rep.Counters holds the largest by name as "other.<comm>".
+	MetricOtherCPU = "other_cpu_cores"
 )
 
 // IRQKinds are the kinds of Rep.Interrupts, in the order reports show them: device IRQs

@@ -86,11 +86,11 @@ type FlowState struct {
 	Demotions    uint32
 	// Reorder guard: out-of-order TCP segments seen at the merge point, holds, and until when
 	// (CLOCK_MONOTONIC coarse) the flow is held on one path.
-	OutOfOrder uint32
-	Holds      uint32
-	HoldUntil  time.Duration
-	LastSlot   int
-	First, Last  time.Duration // CLOCK_MONOTONIC of the first and last packet
+	OutOfOrder  uint32
+	Holds       uint32
+	HoldUntil   time.Duration
+	LastSlot    int
+	First, Last time.Duration // CLOCK_MONOTONIC of the first and last packet
 }
 
 // ReadFlows lists the flows of the MFLOW split pinned under pinDir (LRU: idle flows age out).

@@ -13,14 +13,14 @@ import (
 
 // Keys of datapath.Options.Extra that mflow reads (attach's flags, bench's "@key=value").
 const (
-	OptBatch       = "batch"        // packets per micro-flow
-	OptElephantPPS = "elephant_pps" // packets/s at or above which a flow is split (0 = off)
-	OptElephantBPS = "elephant_bps" // bits/s, with k/M/G suffixes (0 = off)
-	OptWindow      = "window"       // rate window of the elephant test
-	OptSplitAt     = "split_at"     // full-path | device
-	OptMerge       = "merge"        // true: one CPU per split flow before the transport
-	OptMice        = "mice"         // pass | affine
-	OptQueue       = "queue_size"   // cpumap ring per splitting CPU (full-path)
+	OptBatch       = "batch"         // packets per micro-flow
+	OptElephantPPS = "elephant_pps"  // packets/s at or above which a flow is split (0 = off)
+	OptElephantBPS = "elephant_bps"  // bits/s, with k/M/G suffixes (0 = off)
+	OptWindow      = "window"        // rate window of the elephant test
+	OptSplitAt     = "split_at"      // full-path | device
+	OptMerge       = "merge"         // true: one CPU per split flow before the transport
+	OptMice        = "mice"          // pass | affine
+	OptQueue       = "queue_size"    // cpumap ring per splitting CPU (full-path)
 	OptGuard       = "reorder_guard" // out-of-order segments per window that put a flow on hold (0 = off)
 	OptGuardHold   = "reorder_hold"  // first hold, doubled per further hold up to 16x
 )
