@@ -52,8 +52,8 @@ func TakeProcSnapshot(ours func(pid int) bool) (ProcSnapshot, error) {
 		if err != nil {
 			continue // gone since the listing
 		}
-		comm, ticks, kthread, err := parseProcStat(b)
-		if err != nil || kthread {
+		comm, ticks, skip, err := parseProcStat(b)
+		if err != nil || skip {
 			continue
 		}
 		s.Procs[pid] = ProcTimes{Comm: comm, Ticks: ticks}
@@ -61,9 +61,11 @@ func TakeProcSnapshot(ours func(pid int) bool) (ProcSnapshot, error) {
 	return s, nil
 }
 
-// parseProcStat reads comm, utime+stime and whether it is a kernel thread from a
-// /proc/PID/stat line. comm is in parentheses and may hold spaces and parentheses itself.
-func parseProcStat(b []byte) (comm string, ticks uint64, kthread bool, err error) {
+// parseProcStat reads comm, utime+stime and whether to skip the process from a /proc/PID/stat
+// line: kernel threads, and zombies (dead, not yet reaped: their namespace links are gone, so a
+// caller could not tell whose they were, and the time they show was spent before). comm is in
+// parentheses and may hold spaces and parentheses itself.
+func parseProcStat(b []byte) (comm string, ticks uint64, skip bool, err error) {
 	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
 	if open < 0 || end < open {
 		return "", 0, false, fmt.Errorf("probe: /proc/PID/stat without (comm)")
@@ -80,7 +82,8 @@ func parseProcStat(b []byte) (comm string, ticks uint64, kthread bool, err error
 	if err1 != nil || err2 != nil || err3 != nil {
 		return comm, 0, false, fmt.Errorf("probe: /proc/PID/stat of %q: bad flags or times", comm)
 	}
-	return comm, ut + st, flags&pfKthread != 0, nil
+	dead := len(f[0]) == 1 && (f[0][0] == 'Z' || f[0][0] == 'X')
+	return comm, ut + st, dead || flags&pfKthread != 0, nil
 }
 
 // ProcLoad is the CPU a process (or all processes of one name) used over an interval, in cores.

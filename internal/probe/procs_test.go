@@ -17,6 +17,9 @@ func TestParseProcStat(t *testing.T) {
 	if err != nil || !kt {
 		t.Errorf("ksoftirqd (flags 0x4208040) not a kernel thread: %v %v", kt, err)
 	}
+	if _, _, skip, _ := parseProcStat([]byte("99 (nginx) Z 1 99 99 0 -1 4194380 0 0 0 0 800 100 0 0 20 0 1 0 5 0 0")); !skip {
+		t.Error("a zombie is not skipped")
+	}
 	if _, _, _, err := parseProcStat([]byte("12 (short) R 1")); err == nil {
 		t.Error("short line accepted")
 	}
