@@ -19,12 +19,16 @@ var reorderColumns = []struct {
 	{"metric:retransmits_count", "retransmits (tx)"},
 	{"sender.TcpExt.TCPSpuriousRTOs", "spurious RTOs (tx)"},
 	{"metric:reordered_count", "UDP reordered (rx)"},
+	{"receiver.Tcp.RetransSegs", "retransmits (rx)"},
+	{"softnet.dropped", "backlog drops"},
 }
 
 // reorderLegend explains the block (terminal and HTML).
 const reorderLegend = "per repetition, medians. OFO queued = segments the receiving TCP put in its out-of-order queue; " +
 	"SACK reorder = reordering the sender's TCP detected; retransmits and spurious RTOs are the sender's (reordering beyond " +
-	"RACK's window shows up as retransmits); UDP reordered = datagrams the sink received after a later sequence number."
+	"RACK's window shows up as retransmits); UDP reordered = datagrams the sink received after a later sequence number; " +
+	"retransmits (rx) = the receiving side's own (request/response workloads send their data from there); backlog drops = " +
+	"packets every CPU's backlog refused (netdev_max_backlog), anywhere on the machine."
 
 // reorderTable has a row per point and only the columns some point has a non-zero value for;
 // it is empty when no point reordered anything.
@@ -97,5 +101,5 @@ func reorderTable(v *view, xName func(string) string) htmlTable {
 
 // reorderTableText prints reorderTable under the terminal table.
 func reorderTableText(w io.Writer, v *view) error {
-	return textBlock(w, "reordering", reorderLegend, reorderTable(v, func(k string) string { return k }))
+	return textBlock(w, "reordering and loss", reorderLegend, reorderTable(v, func(k string) string { return k }))
 }

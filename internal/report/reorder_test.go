@@ -48,7 +48,7 @@ func TestReorderingBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	if !strings.Contains(out, "reordering:") || !strings.Contains(out, "OFO QUEUED (RX)") {
+	if !strings.Contains(out, "reordering and loss:") || !strings.Contains(out, "OFO QUEUED (RX)") {
 		t.Fatalf("no reordering block:\n%s", out)
 	}
 	if strings.Contains(out, "SPURIOUS RTOS") {
@@ -67,7 +67,7 @@ func TestReorderingBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(page), "<h3>Reordering</h3>") {
+	if !strings.Contains(string(page), "<h3>Reordering and loss</h3>") {
 		t.Error("HTML report lacks the reordering block")
 	}
 
@@ -75,7 +75,7 @@ func TestReorderingBlock(t *testing.T) {
 	if err := Table(&b2, resultstest.SizeSweep()); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(b2.String(), "reordering:") {
+	if strings.Contains(b2.String(), "reordering and loss:") {
 		t.Error("reordering block printed for a run without reordering counters")
 	}
 }

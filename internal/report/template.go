@@ -85,7 +85,7 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{range .IRQs.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
 </table>{{end}}
 
-{{if .Reorder.Rows}}<h3>Reordering</h3>
+{{if .Reorder.Rows}}<h3>Reordering and loss</h3>
 <p class="sub">{{.ReorderLeg}}</p>
 <table><tr>{{range .Reorder.Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Reorder.Rows}}<tr>{{range .}}<td class="num">{{.}}</td>{{end}}</tr>{{end}}
