@@ -28,7 +28,7 @@ type testbed struct {
 func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i) }
 
 func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(string, ...any)) (*testbed, error) {
-	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs, ToR: o.ToR}
+	spec := lab.Spec{Name: labName(i), Style: cfg.Style, Hosts: 2, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs, ToR: o.ToR, NAPIThread: o.NAPIThread}
 	log("building lab %s for %s", spec.Name, cfg.Name())
 	l, err := lab.Up(ctx, spec, nil)
 	if err != nil {

@@ -31,6 +31,9 @@ type Options struct {
 	// ToR builds every lab with a top-of-rack switch per host (lab.Spec.ToR; mode ezpath needs
 	// them); the results' underlay is then "tor".
 	ToR bool
+	// NAPIThread runs each lab's underlay NAPI in a kernel thread pinned to RxCPUs
+	// (lab.Spec.NAPIThread): the NIC stage then runs on the emulated IRQ core, not the sender's.
+	NAPIThread bool
 	// NoBPFStats leaves the kernel's BPF run-time statistics off: no per-program costs, but no
 	// statistics overhead (~70 ns per program run) on the measured path either.
 	NoBPFStats bool
@@ -104,12 +107,17 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	run := &results.Run{
 		Schema: results.Schema, ID: fmt.Sprintf("%s-%s", sc.Name, time.Now().Format("20060102-150405")),
 		Started: time.Now(), Env: environment(o.Version),
-		Lab: results.Lab{Hosts: 2, Containers: sc.containers(), MTU: 1500, Underlay: o.underlayName(), RxCPUs: o.RxCPUs},
+		Lab: results.Lab{Hosts: 2, Containers: sc.containers(), MTU: 1500, Underlay: o.underlayName(), RxCPUs: o.RxCPUs, NAPIThread: o.NAPIThread},
 		Scenario: results.Scenario{Name: sc.Name, Workload: sc.def().workload, Repetitions: sc.Reps, Warmup: sc.Warmup,
 			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
 			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate, "background": sc.Background, "hp_rt": sc.HPRealTime, "injector": sc.Injector, "rates": sc.Rates}},
 		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs,
 			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
+	}
+	if o.NAPIThread {
+		run.Arrangement.Note += "; the underlay's NAPI (GRO, the NIC stage) runs in a kernel thread pinned to the IRQ CPUs"
+	} else {
+		run.Arrangement.Note += "; the underlay's NAPI (GRO) runs on the sending CPU, as veth does"
 	}
 	if sc.HPRealTime {
 		run.Arrangement.Note += fmt.Sprintf("; latency workload at real-time priority (SCHED_FIFO %d)", hpRealTimePriority)

@@ -121,8 +121,9 @@ func newLabUpCmd() *cobra.Command {
 	f.IntVar(&spec.MTU, "mtu", 1500, "underlay MTU; the overlay gets 50 bytes less")
 	f.StringVar(&rxCPUs, "rx-cpus", "", "pin the underlay's receive processing to these CPUs with RPS, e.g. 0 or 0-1 (default: the sender's CPU, as veth does)")
 	f.BoolVar(&noGRO, "no-gro", false, "leave GRO off on the underlay (veth without NAPI)")
+	f.BoolVar(&spec.NAPIThread, "napi-thread", false, "with --rx-cpus: run the underlay's receive NAPI (GRO, the NIC stage) in a kernel thread pinned to those CPUs, as a NIC's IRQ affinity does (a veth otherwise polls its peer on the sending CPU)")
 	f.BoolVar(&vethOffloads, "veth-offloads", false, "keep veth's TSO/checksum offload on the underlay: 64 KB super-packets cross unsegmented (faster, but no NIC delivers that)")
-	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port, tor, tor_cpus, tenants)")
+	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, napi_thread, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port, tor, tor_cpus, tenants)")
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
@@ -234,6 +235,9 @@ func printLab(l *lab.Lab) {
 	rx := "sender's CPU (no RPS)"
 	if len(s.RxCPUs) > 0 {
 		rx = "CPUs " + cpuset.Format(s.RxCPUs)
+		if s.NAPIThread {
+			rx += " (NAPI thread and RPS)"
+		}
 	}
 	wire := "wire-like frames (tx offload off)"
 	if s.WireFrames != nil && !*s.WireFrames {

@@ -191,6 +191,11 @@ func (b *builder) underlay() error {
 				return err
 			}
 		}
+		if s.NAPIThread {
+			if err := SetNAPIThread(s.ns(hostName(i)), "eth0", s.RxCPUs); err != nil {
+				return err
+			}
+		}
 		// Static ARP for the other hosts: nothing in the benchmarks should wait on resolution.
 		// Behind ToRs the other hosts are reached through the ToR's MAC (it routes).
 		for k := 1; k <= s.Hosts; k++ {

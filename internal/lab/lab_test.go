@@ -139,6 +139,7 @@ func TestSpecValidation(t *testing.T) {
 		"lab name":                 {Name: "Bad Name"},
 		"rx CPU":                   {RxCPUs: []int{4096}},
 		"overlap":                  {UnderlayCIDR: "198.18.0.0/15", OverlayCIDR: "198.19.0.0/16"},
+		"napi_thread":              {NAPIThread: true},
 	}
 	for want, s := range cases {
 		s.Defaults()

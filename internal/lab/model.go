@@ -71,6 +71,11 @@ type Spec struct {
 	RxCPUs []int `yaml:"rx_cpus" json:"rx_cpus"`
 	// GRO on the underlay (veth NAPI mode), like a real NIC. Pointer so YAML can turn it off.
 	GRO *bool `yaml:"gro" json:"gro"`
+	// NAPIThread runs the underlay's receive NAPI (GRO: the NIC stage) in a kernel thread
+	// pinned to RxCPUs, as a NIC's interrupt affinity places it. Without it a veth runs its
+	// peer's NAPI on the transmitting CPU, so the emulated remote sender pays for the receiver's
+	// NIC stage and RxCPUs only place what comes after RPS. Needs GRO and RxCPUs.
+	NAPIThread bool `yaml:"napi_thread" json:"napi_thread,omitempty"`
 	// WireFrames turns off transmit checksum offload (and with it TSO) on the hosts' underlay,
 	// so what crosses the "wire" is what a real link carries: MTU-sized frames with complete
 	// checksums, segmented by the sender. A veth with offloads passes 64 KB TSO super-packets

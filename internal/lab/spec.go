@@ -114,6 +114,9 @@ func (s *Spec) Validate() error {
 			return fmt.Errorf("rx CPU %d does not exist: this machine has CPUs 0-%d", c, runtime.NumCPU()-1)
 		}
 	}
+	if s.NAPIThread && (len(s.RxCPUs) == 0 || s.GRO == nil || !*s.GRO) {
+		return fmt.Errorf("napi_thread pins the underlay's NAPI thread to the rx CPUs: it needs rx CPUs (--rx-cpus) and GRO on (veth NAPI mode)")
+	}
 	for _, c := range s.ToRCPUs {
 		if c < 0 || c >= runtime.NumCPU() {
 			return fmt.Errorf("ToR CPU %d does not exist: this machine has CPUs 0-%d", c, runtime.NumCPU()-1)

@@ -66,6 +66,9 @@ type Lab struct {
 	// RxCPUs are the CPUs the underlay's receive is pinned to (the emulated IRQ cores); empty
 	// means receive runs wherever the sender's xmit runs.
 	RxCPUs []int `json:"rx_cpus,omitempty"`
+	// NAPIThread: the underlay's NAPI ran in a kernel thread pinned to RxCPUs (the NIC stage on
+	// the IRQ core); false: a veth polls its peer on the sending CPU.
+	NAPIThread bool `json:"napi_thread,omitempty"`
 }
 
 // Arrangement says which CPUs did what. On a small machine it decides the result, so every run
