@@ -57,7 +57,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
 	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
 	f.BoolVar(&b.noBPFStats, "no-bpf-stats", false, "leave the kernel's BPF run-time statistics off: no per-program ns per run, and none of their ~70 ns per program run on the measured path")
-	f.BoolVar(&b.napiThread, "napi-thread", false, "run each lab's underlay NAPI (GRO, the NIC stage) in a kernel thread pinned to --rx-cpus, as a NIC's IRQ affinity does; without it a veth polls its peer on the sending CPU, so the emulated sender's core pays for the receiver's NIC stage")
+	f.BoolVar(&b.napiThread, "napi-thread", false, "run each lab's underlay NAPI (GRO, the NIC stage) in a kernel thread pinned to --rx-cpus, as a NIC's IRQ affinity does; without it a veth polls its peer on the sending CPU, so the emulated sender's core pays for the receiver's NIC stage. Caveats: the thread's time is not NET_RX softirq time (the receive cost figures miss it), and a veth's NAPI ring holds only 256 frames, so a delayed thread drops (retransmits show in the reordering and loss block)")
 	f.BoolVar(&b.tor, "tor", false, "labs with a top-of-rack switch per host (lab up --tor), which mode ezpath needs; every config crosses the same switches")
 	f.BoolVar(&b.asJSON, "json", false, "print the result JSON on stdout instead of the table")
 	f.BoolVar(&b.noReport, "no-report", false, "do not write the HTML report")
