@@ -3,8 +3,9 @@ package report
 import (
 	"fmt"
 	"io"
-	"sort"
 	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/results"
 )
 
 // reorderColumns are the reordering figures of a point: what arrived out of order at the
@@ -39,14 +40,11 @@ func reorderTable(v *view, xName func(string) string) htmlTable {
 		med[i] = map[string]float64{}
 		for j, c := range reorderColumns {
 			var xs []float64
-			for _, r := range pv.p.Reps {
-				if r.Warmup || r.Error != "" {
-					continue
-				}
+			for _, r := range pv.p.MeasuredReps() {
 				var val float64
 				var ok bool
 				if m, isMetric := strings.CutPrefix(c.key, "metric:"); isMetric {
-					val, ok = r.Metrics[m]
+					val, ok = r.Value(m)
 				} else {
 					val, ok = r.Counters[c.key]
 				}
@@ -57,11 +55,7 @@ func reorderTable(v *view, xName func(string) string) htmlTable {
 			if len(xs) == 0 {
 				continue
 			}
-			sort.Float64s(xs)
-			m := xs[len(xs)/2]
-			if len(xs)%2 == 0 {
-				m = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
-			}
+			m := results.StatOf(xs).Median
 			med[i][c.key] = m
 			if m != 0 {
 				used[j] = true

@@ -16,10 +16,7 @@ func OtherLoadNote(r *Run) string {
 	busy, total, worst := 0, 0, 0.0
 	names := map[string]float64{}
 	for _, p := range r.Points {
-		for _, rep := range p.Reps {
-			if rep.Warmup || rep.Error != "" {
-				continue
-			}
+		for _, rep := range p.MeasuredReps() {
 			v, ok := rep.Metrics[MetricOtherCPU]
 			if !ok {
 				continue
