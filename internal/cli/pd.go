@@ -2,21 +2,25 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
-	"strings"
-
-	"github.com/peregrine-net/peregrine/internal/bench"
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/bench"
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/pipedevice"
-	"github.com/spf13/cobra"
+	"github.com/peregrine-net/peregrine/internal/report"
+	"github.com/peregrine-net/peregrine/internal/results"
 )
 
 func newPdCmd() *cobra.Command {
@@ -265,7 +269,7 @@ func newPdBenchCmd() *cobra.Command {
 	var transports string
 	var sizes, latSizes, scale []int
 	var asJSON bool
-	var out string
+	var out, reportDir string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Compare kernel TCP, the sockmap shortcut and PipeDevice (engine, direct) between two lab containers",
@@ -286,7 +290,8 @@ connections, and fairness (stddev/mean of --pairs client processes). The table e
 issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`,
 		Example: `  sudo peregrine pd bench
   sudo peregrine pd bench --engine-cpus 1 --time 5s --json > pd.json
-  sudo peregrine pd bench --transports tcp,pd-engine --sizes 65536 --scale 128,4096`,
+  sudo peregrine pd bench --transports tcp,pd-engine --sizes 65536 --scale 128,4096
+  sudo peregrine pd bench --results results/pd       # result files + HTML report with plots`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Transports = strings.Split(transports, ",")
@@ -294,9 +299,15 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 			o.Log = func(f string, a ...any) { stderrLog(f, a...) }
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			started := time.Now()
 			rep, err := bench.RunPD(ctx, o)
 			if rep == nil {
 				return err
+			}
+			if reportDir != "" {
+				if werr := writePDResults(reportDir, bench.PDRuns(rep, o, started, time.Now(), Version)); werr != nil {
+					return errors.Join(err, werr)
+				}
 			}
 			if out != "" {
 				b, _ := json.MarshalIndent(rep, "", "  ")
@@ -325,6 +336,7 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 	cmd.Flags().StringVar(&o.EngineCPUs, "engine-cpus", "", "the daemon's --engine-cpus (empty: one unpinned engine)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	cmd.Flags().StringVar(&out, "out", "", "also write the JSON report to this file")
+	cmd.Flags().StringVar(&reportDir, "results", "", "also write result files of the bench schema (one per test: throughput, latency, scale, fairness; docs/results-schema.md) and the HTML report with plots into this directory, as `peregrine bench` does")
 	return cmd
 }
 
@@ -386,4 +398,24 @@ func printPDReport(w io.Writer, rep *bench.PDReport) {
 			fmt.Fprintf(w, "  %-10s fairness over %d pairs: stddev/mean %.3f (target < 0.10)\n", tr, f.Conns, f.FairCV)
 		}
 	}
+}
+
+// writePDResults writes pd bench's runs as result files and one HTML report over them.
+func writePDResults(dir string, runs []*results.Run) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, r := range runs {
+		p := filepath.Join(dir, r.ID+".json")
+		if err := r.Write(p); err != nil {
+			return err
+		}
+		stderrLog("result: %s", p)
+	}
+	idx, err := report.HTML(filepath.Join(dir, "report-pd"), runs)
+	if err != nil {
+		return err
+	}
+	stderrLog("report: %s", idx)
+	return nil
 }

@@ -145,6 +145,9 @@ func arrangementText(a results.Arrangement) string {
 	add("stage CPUs", a.StageCPUs)
 	add("app CPU", a.AppCPUs)
 	if a.Note != "" {
+		if len(parts) == 0 {
+			return a.Note
+		}
 		return strings.Join(parts, ", ") + "; " + a.Note
 	}
 	return strings.Join(parts, ", ")

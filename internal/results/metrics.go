@@ -99,5 +99,6 @@ func LowerIsBetter(metric string) bool {
 	case UnitMicrosecond, UnitNanosecond, UnitFraction, UnitCores:
 		return true
 	}
-	return strings.HasPrefix(metric, "retransmits") || strings.HasPrefix(metric, "drops")
+	return strings.HasPrefix(metric, "retransmits") || strings.HasPrefix(metric, "drops") ||
+		strings.HasPrefix(metric, "fairness_") || strings.HasSuffix(metric, "_s_per_gib")
 }
