@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
@@ -128,42 +127,29 @@ func (bg *background) wait(m map[string]float64) error {
 	return nil
 }
 
-// modeExtra is the attach options of a mode in a benchmark: what --mode-opt gave, and for
-// prism a default rule set that makes the measured workload's port high priority in both
-// directions (replies cross the overlay too), so `bench compare --modes vanilla,prism` measures
-// the sync path without further setup.
+// modeExtra is the attach options of a mode in a benchmark: what --mode-opt gave (each mode
+// gets the keys it declares), completed by the mode's own bench defaults (datapath.BenchDefaulter:
+// e.g. prism makes the measured workload's port high priority in both directions, so
+// `bench compare --modes vanilla,prism` measures the sync path without further setup).
 func (o *Options) modeExtra(mode string) map[string]string {
-	m := datapath.FilterOptions(mode, o.ModeExtra) // run-wide: each mode gets the keys it takes
-	if mode == "ezpath" {
-		// The controller offloads the measured pair within a tenth of a second of its first
-		// traffic (the discarded warm-up) and keeps it offloaded across the interleaved
-		// repetitions of the other configs (idle timer 60 s).
-		for k, v := range map[string]string{"policy": "auto", "interval": "100ms", "active": "1", "idle": "600", "min_rate": "1"} {
-			if m[k] == "" {
-				m[k] = v
-			}
-		}
-	}
-	if mode != "prism" {
-		delete(m, "rules") // --prism-rules is prism's alone
-		return m
-	}
-	// Containers do not come and go during a benchmark: no agent, no periodic rescans.
-	m["agent"] = "off"
-	if m["rules"] == "" && m["rules_file"] == "" {
-		port := 0
-		switch o.Scenario.Name {
-		case "pingpong", "underload":
-			port = 11111 // sockperf's default
-		case "memcached":
-			port = 11211
-		case "nginx":
-			port = 8080
-		}
-		if port != 0 {
-			ps := strconv.Itoa(port)
-			m["rules"] = "dport=" + ps + ";sport=" + ps
+	m := datapath.FilterOptions(mode, o.ModeExtra)
+	if md, err := datapath.Lookup(mode); err == nil {
+		if bd, ok := md.(datapath.BenchDefaulter); ok {
+			m = bd.BenchOptions(datapath.BenchContext{Port: o.Scenario.port()}, m)
 		}
 	}
 	return m
+}
+
+// port is the measured workload's server port (0: none that a mode should single out).
+func (s *Scenario) port() int {
+	switch s.Name {
+	case "pingpong", "underload":
+		return 11111 // sockperf's default
+	case "memcached":
+		return 11211
+	case "nginx":
+		return 8080
+	}
+	return 0
 }

@@ -87,7 +87,7 @@ func ParseConfig(s string) (Config, error) {
 				}
 				spec.Extra[strings.ReplaceAll(k, "-", "_")] = v
 			}
-			if err := datapath.CheckOptionKeys(mode, spec.Extra); err != nil {
+			if err := datapath.CheckOptions(mode, spec.Extra); err != nil {
 				return Config{}, fmt.Errorf("config %q: %w", s, err)
 			}
 		}

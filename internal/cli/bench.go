@@ -28,7 +28,8 @@ type benchFlags struct {
 	proto, out                    string
 	noStage, asJSON, noReport     bool
 	noBPFStats                    bool
-	background, prismRules        string
+	background                    string
+	modeOpts                      []string
 	hpRT                          bool
 	injector, rates               string
 	tor, napiThread               bool
@@ -49,7 +50,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 		f.StringVar(&b.injector, "injector", "auto", "udp-inject sender: auto (xdp flat out, packet at an offered --rate/--rates: the XDP sender cannot pace smoothly), xdp (live-frame XDP, cheap per frame; needs GRO on the receiving underlay veth, as the lab sets) or packet (AF_PACKET sendmmsg, paces exactly)")
 		f.StringVar(&b.background, "background", "none", "latency scenarios: bulk iperf3 tcp|udp|none between a second container pair during the measurement (LP throughput recorded as lp_throughput_bps)")
 		f.BoolVar(&b.hpRT, "hp-rt", false, "pingpong/underload: run sockperf (both ends) at real-time priority (SCHED_FIFO 10), the stand-in for a latency application with a core of its own: the tail then shows what the network path queues, not the CPU scheduler (on 2 vCPUs a bulk background otherwise sets the p99 even with no overlay at all)")
-		f.StringVar(&b.prismRules, "prism-rules", "", "mode prism: HP rules separated by ';' (default: the measured workload's port, both directions)")
+		f.StringArrayVar(&b.modeOpts, "mode-opt", nil, "an option KEY=VALUE for every mode of the run that declares KEY (repeatable; `peregrine options MODE` lists them), e.g. --mode-opt \"rules=dport=11111;sport=11111\" for prism's HP rules (by default prism makes the measured workload's port HP, both directions)")
 	}
 	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
 	f.StringVar(&b.app, "app-cpus", "", "CPUs of the receiving application (default 1)")
@@ -85,8 +86,8 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 			return o, fmt.Errorf("--rates: %w", err)
 		}
 	}
-	if b.prismRules != "" {
-		o.ModeExtra = map[string]string{"rules": b.prismRules}
+	if o.ModeExtra, err = modeOptions(b.modeOpts, configs); err != nil {
+		return o, err
 	}
 	if b.sizes != "" {
 		if o.Scenario.Sizes, err = parseIntList(b.sizes); err != nil {
@@ -393,4 +394,37 @@ func parseIntList(s string) ([]int, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// modeOptions reads --mode-opt KEY=VALUE pairs; each must be declared by a mode of the run (a
+// suite's configs are checked when its steps run) and parse there.
+func modeOptions(pairs []string, configs []bench.Config) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range pairs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--mode-opt %q: want KEY=VALUE", kv)
+		}
+		m[strings.ReplaceAll(k, "-", "_")] = v
+	}
+	for k, v := range m {
+		declared := len(configs) == 0
+		for _, c := range configs {
+			for _, spec := range c.Stack {
+				if got := datapath.FilterOptions(spec.Mode, map[string]string{k: v}); len(got) == 1 {
+					if err := datapath.CheckOptions(spec.Mode, got); err != nil {
+						return nil, fmt.Errorf("--mode-opt: %w", err)
+					}
+					declared = true
+				}
+			}
+		}
+		if !declared {
+			return nil, fmt.Errorf("--mode-opt %s: no mode of this run declares option %s (see `peregrine options MODE`)", k, k)
+		}
+	}
+	return m, nil
 }

@@ -13,53 +13,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
-// ezpathFlags are attach's EZPath options (--interval is shared with falcon's flag).
-type ezpathFlags struct {
-	policy, classes string
-	tableSize       int
-	active, idle    int
-	minRate         float64
-	drain           time.Duration
-}
-
-func (f *ezpathFlags) add(c *cobra.Command) {
-	fl := c.Flags()
-	fl.StringVar(&f.policy, "policy", "auto", "ezpath: auto (the controller offloads hot pairs) or manual (only \"peregrine ezpath offload\")")
-	fl.IntVar(&f.tableSize, "table-size", ezpath.DefaultTableSize, "ezpath: entries of each ToR tunnel table (ezp_encap, ezp_decap): the switch SRAM")
-	fl.StringVar(&f.classes, "classes", "", "ezpath: priority class file, lines \"<container or IP> critical|high|normal|low|never\"")
-	fl.IntVar(&f.active, "active", ezpath.DefaultActive, "ezpath: intervals a pair must be active before it is offloaded (hysteresis k)")
-	fl.IntVar(&f.idle, "idle", ezpath.DefaultIdle, "ezpath: idle intervals before an auto-offloaded pair goes back to the overlay (hysteresis m)")
-	fl.Float64Var(&f.minRate, "min-rate", ezpath.DefaultMinRate, "ezpath: bytes/s (both directions) for a pair to count as active")
-	fl.DurationVar(&f.drain, "drain", ezpath.DefaultDrain, "ezpath: wait between removing the hosts' tag rules and the switch entries")
-}
-
-// extra puts the flags given into the mode's options; they are an error on other modes.
-func (f *ezpathFlags) extra(c *cobra.Command, mode string, tf *targetFlags, m map[string]string) error {
-	keys := map[string]string{"policy": ezpath.OptPolicy, "table-size": ezpath.OptTableSize, "classes": ezpath.OptClasses,
-		"active": ezpath.OptActive, "idle": ezpath.OptIdle, "min-rate": ezpath.OptMinRate, "drain": ezpath.OptDrain}
-	for flag, key := range keys {
-		fl := c.Flags().Lookup(flag)
-		if !fl.Changed {
-			continue
-		}
-		if mode != ezpath.ModeName {
-			return fmt.Errorf("--%s is an ezpath flag; mode %s does not take it", flag, mode)
-		}
-		m[key] = fl.Value.String()
-	}
-	if mode != ezpath.ModeName {
-		return nil
-	}
-	if fl := c.Flags().Lookup("interval"); fl != nil && fl.Changed {
-		m[ezpath.OptInterval] = fl.Value.String()
-	}
-	if tf.useLab {
-		m[ezpath.OptLab] = tf.labName
-	}
-	_, err := ezpath.ParseConfig(m)
-	return err
-}
-
 func newEzpathCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ezpath",

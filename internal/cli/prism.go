@@ -12,58 +12,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/prism" // registers mode "prism"
 )
 
-// prismFlags are attach's options for mode prism.
-type prismFlags struct {
-	rules     []string
-	rulesFile string
-	noAgent   bool
-	hpCPUs    string
-}
-
-func (f *prismFlags) add(c *cobra.Command) {
-	c.Flags().StringArrayVar(&f.rules, "rule", nil, `prism: a high-priority rule, e.g. "proto=tcp dport=11211" (repeatable; see "peregrine prism add --help")`)
-	c.Flags().StringVar(&f.rulesFile, "rules-file", "", "prism: a file of rules, one per line, '#' comments")
-	c.Flags().BoolVar(&f.noAgent, "no-agent", false, "prism: no node agent (the endpoint map is not updated as containers come and go)")
-	c.Flags().StringVar(&f.hpCPUs, "hp-cpus", "", "prism: CPUs reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3")
-}
-
-// extra adds the prism flags given to m; they are an error on another mode.
-func (f *prismFlags) extra(c *cobra.Command, mode string, m map[string]string) error {
-	for _, n := range []string{"rule", "rules-file", "no-agent", "hp-cpus"} {
-		if c.Flags().Lookup(n).Changed && mode != prism.Name {
-			return fmt.Errorf("--%s is a prism flag; mode %s does not take it", n, mode)
-		}
-	}
-	if mode != prism.Name {
-		return nil
-	}
-	if len(f.rules) > 0 {
-		m[prism.OptRules] = strings.Join(f.rules, ";")
-	}
-	if f.rulesFile != "" {
-		m[prism.OptRulesFile] = f.rulesFile
-	}
-	if f.noAgent {
-		m[prism.OptAgent] = "off"
-	}
-	if f.hpCPUs != "" {
-		m[prism.OptHPCPUs] = f.hpCPUs
-	}
-	// Validate before anything is discovered, so a typo fails fast and changes nothing.
-	text := m[prism.OptRules]
-	if f.rulesFile != "" {
-		b, err := os.ReadFile(f.rulesFile)
-		if err != nil {
-			return fmt.Errorf("--rules-file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	if _, err := prism.ParseRules(text); err != nil {
-		return err
-	}
-	return nil
-}
-
 const ruleSyntax = `A rule is "key=value" criteria separated by spaces or commas; every criterion given must
 hold, and the first matching rule counts the packet. Keys:
   proto    tcp, udp, sctp, icmp, icmpv6 or a number 0-255

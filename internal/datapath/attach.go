@@ -65,7 +65,7 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 		return nil, err
 	}
 	st := &State{Mode: m.Name(), Target: target, Attached: time.Now(), PID: os.Getpid(),
-		Options: optionsMap(o), Topology: topo, Knobs: knobs}
+		Options: frameworkOf(o), Topology: topo, Knobs: knobs}
 	if o.Config != nil {
 		st.Config, _ = json.Marshal(o.Config)
 	}
@@ -171,23 +171,6 @@ func removePins(st *State) error {
 	_ = os.Remove(PinDir(st.Target)) // only if empty
 	_ = os.Remove(PinRoot)
 	return errors.Join(errs...)
-}
-
-func optionsMap(o Options) map[string]string {
-	m := map[string]string{}
-	for k, v := range o.Extra { // Configure refused the framework's keys among them
-		m[k] = v
-	}
-	if o.Underlay != "" {
-		m[OptUnderlay] = o.Underlay
-	}
-	if len(o.CPUs) > 0 {
-		m[OptCPUs] = cpuset.Format(o.CPUs)
-	}
-	if o.KeepUnderlay {
-		m[OptKeepUnderlay] = "true"
-	}
-	return m
 }
 
 // ForgetNamespaces is lab's cleanup hook: attachments whose target namespace is being removed

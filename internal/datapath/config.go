@@ -3,13 +3,15 @@ package datapath
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
-	"sort"
 	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
-// Keys the framework saves in every record's Options (State.Options). They are not mode
-// options: a mode never takes them in Options.Extra (--cpus is Options.CPUs).
+// Keys of the framework's own settings. They are not mode options: a mode never declares
+// them, and giving one as a mode option is refused with the attach flag to use instead.
 const (
 	OptUnderlay     = "underlay"
 	OptCPUs         = "cpus" // Options.CPUs as a CPU list ("0-3,5")
@@ -18,82 +20,113 @@ const (
 
 var frameworkKeys = []string{OptUnderlay, OptCPUs, OptKeepUnderlay}
 
-// Configurer is a mode with typed settings. Configure parses the options once into the mode's
-// config; the framework first refuses any Extra key that is not one of OptionKeys. Attach calls
-// it before anything is discovered or changed, hands the result to Knobs and Load in
-// Options.Config, and saves it in the record (State.Config), where the mode's agent and its
-// status read it back (RecordedConfig). The CLI and the bench go through the same path.
-type Configurer interface {
-	OptionKeys() []string
-	Configure(o Options) (any, error)
+// Framework is the record's copy of the settings every mode shares (Options without the
+// mode's own, which the record keeps typed in State.Config).
+type Framework struct {
+	Underlay     string `json:"underlay,omitempty"`
+	CPUs         []int  `json:"cpus,omitempty"`
+	KeepUnderlay bool   `json:"keep_underlay,omitempty"`
 }
 
-// OptionKeys lists the Extra keys a mode takes (nil for a mode that does not say).
-func OptionKeys(mode string) []string {
-	if m, ok := modes[mode].(Configurer); ok {
-		return m.OptionKeys()
-	}
-	return nil
+func frameworkOf(o Options) Framework {
+	return Framework{Underlay: o.Underlay, CPUs: slices.Clone(o.CPUs), KeepUnderlay: o.KeepUnderlay}
 }
 
-// CheckOptionKeys refuses Extra keys mode does not take, and the framework's keys, in one error
-// that lists what the mode takes.
-func CheckOptionKeys(mode string, extra map[string]string) error {
+// Completer is a mode config that also depends on the framework's settings (attach's --cpus)
+// or on the machine (online CPUs): Configure calls it on the parsed config, before anything is
+// discovered or changed.
+type Completer interface {
+	Complete(o Options) error
+}
+
+// Schema is a mode's option declaration (option.Declare); a mode without options has an empty one.
+func Schema(mode string) (*option.Schema, error) {
 	m, err := Lookup(mode)
+	if err != nil {
+		return nil, err
+	}
+	if s := m.Options(); s != nil {
+		return s, nil
+	}
+	return &option.Schema{Mode: mode}, nil
+}
+
+// CheckOptions refuses what a mode would refuse of extra before anything runs: the framework's
+// keys, keys the mode does not declare and values that do not parse (one message format).
+func CheckOptions(mode string, extra map[string]string) error {
+	s, err := Schema(mode)
 	if err != nil {
 		return err
 	}
-	var bad []string
 	for k := range extra {
-		if slices.Contains(frameworkKeys, k) {
+		if slices.Contains(frameworkKeys, strings.ReplaceAll(k, "-", "_")) {
 			return fmt.Errorf("%s: %q is not a mode option: give it to attach itself (--%s)", mode, k, strings.ReplaceAll(k, "_", "-"))
 		}
-		if c, ok := m.(Configurer); ok && !slices.Contains(c.OptionKeys(), k) {
-			bad = append(bad, k)
-		}
 	}
-	if len(bad) == 0 {
-		return nil
-	}
-	sort.Strings(bad)
-	known := "none"
-	if keys := m.(Configurer).OptionKeys(); len(keys) > 0 {
-		known = strings.Join(keys, ", ")
-	}
-	return fmt.Errorf("mode %s does not take option(s) %s (it takes: %s)", mode, strings.Join(bad, ", "), known)
+	return s.Check(extra)
 }
 
-// FilterOptions keeps the keys of extra that mode takes (run-wide settings handed to several
-// modes); a mode that does not list its keys gets them all.
+// FilterOptions keeps the keys of extra that mode declares (run-wide settings handed to several
+// modes).
 func FilterOptions(mode string, extra map[string]string) map[string]string {
-	c, listed := modes[mode].(Configurer)
 	out := map[string]string{}
+	s, err := Schema(mode)
+	if err != nil {
+		return out
+	}
 	for k, v := range extra {
-		if !listed || slices.Contains(c.OptionKeys(), k) {
+		if _, ok := s.Lookup(k); ok {
 			out[k] = v
 		}
 	}
 	return out
 }
 
-// Configure checks o's keys and parses them into mode's typed config (nil for a mode without one).
+// Configure parses o.Extra into mode's typed config (a value of the mode's config type; nil for
+// a mode without options), completes it with the framework's settings and returns it. Attach
+// calls it before anything is discovered or changed, hands the result to Knobs and Load in
+// Options.Config and saves it in the record (State.Config). The CLI, the bench and the agent's
+// config file all come through here.
 func Configure(mode string, o Options) (any, error) {
-	if err := CheckOptionKeys(mode, o.Extra); err != nil {
+	if err := CheckOptions(mode, o.Extra); err != nil {
 		return nil, err
 	}
-	if c, ok := modes[mode].(Configurer); ok {
-		return c.Configure(o)
+	m, _ := Lookup(mode)
+	s := m.Options()
+	if s == nil {
+		return nil, nil
 	}
-	return nil, nil
+	ptr, err := s.Parse(o.Extra)
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := ptr.(Completer); ok {
+		if err := c.Complete(o); err != nil {
+			if strings.HasPrefix(err.Error(), mode+":") {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%s: %w", mode, err)
+		}
+	}
+	return reflect.ValueOf(ptr).Elem().Interface(), nil
 }
 
 // ConfigOf is a mode's typed config inside Knobs or Load: the one the framework parsed
-// (Options.Config), or parse(o) when the mode is called directly (tests).
-func ConfigOf[C any](o Options, parse func(Options) (C, error)) (C, error) {
+// (Options.Config), or parsed here when the mode is called directly (tests).
+func ConfigOf[C any](mode string, o Options) (C, error) {
 	if c, ok := o.Config.(C); ok {
 		return c, nil
 	}
-	return parse(o)
+	var zero C
+	v, err := Configure(mode, o)
+	if err != nil {
+		return zero, err
+	}
+	c, ok := v.(C)
+	if !ok {
+		return zero, fmt.Errorf("%s: config is %T, not %T", mode, v, zero)
+	}
+	return c, nil
 }
 
 // RecordedConfig decodes the typed config saved in a record into v.

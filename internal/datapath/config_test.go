@@ -22,9 +22,11 @@ func TestConfigureRefusesStrayOptions(t *testing.T) {
 	}
 }
 
-func TestOptionsRecordCPUList(t *testing.T) {
-	m := optionsMap(Options{CPUs: []int{3, 0, 1, 2}, Underlay: "eth0", Extra: map[string]string{"x": "y"}})
-	if m[OptCPUs] != "0-3" || m[OptUnderlay] != "eth0" || m["x"] != "y" {
-		t.Fatalf("saved options %v", m)
+func TestRecordKeepsFrameworkTyped(t *testing.T) {
+	o := Options{CPUs: []int{3, 0}, Underlay: "eth0", KeepUnderlay: true, Extra: map[string]string{"x": "y"}}
+	f := frameworkOf(o)
+	o.CPUs[0] = 9 // the record holds its own copy
+	if f.Underlay != "eth0" || !f.KeepUnderlay || len(f.CPUs) != 2 || f.CPUs[0] != 3 {
+		t.Fatalf("framework record %+v", f)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
 // Options are the settings shared by all modes; modes read their own keys from Extra.
@@ -15,9 +17,12 @@ type Options struct {
 	// KeepUnderlay leaves the underlay's receive knobs alone: in the lab they stand in for the
 	// NIC's RSS/IRQ affinity ("hardware"), which no software mode should rewrite.
 	KeepUnderlay bool
-	Extra        map[string]string
-	// Config is the mode's typed config, parsed from the above by the framework when the mode
-	// is a Configurer (see ConfigOf); nil otherwise.
+	// Lab names the lab whose hosts are the targets (attach --lab), for modes that work on a
+	// lab's switches; "" on a real node.
+	Lab   string
+	Extra map[string]string
+	// Config is the mode's typed config, parsed from the above by the framework (Configure,
+	// ConfigOf); nil for a mode without options.
 	Config any `json:"-"`
 }
 
@@ -27,6 +32,10 @@ type Options struct {
 type Mode interface {
 	Name() string
 	Summary() string
+	// Options is the mode's option declaration (option.Declare on its config type), or nil for
+	// a mode that takes none. Everything that sets options (attach's flags, bench strings, the
+	// agent's config file) is derived from it and parsed through Configure.
+	Options() *option.Schema
 	// Knobs plans the sysfs/procfs files to change (New filled in; Old is read by the framework).
 	Knobs(t *Topology, o Options) ([]Knob, error)
 	// Load attaches the mode's programs after the knobs are set, recording pins in st.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
 // rpsMode is the usual tuning advice: RPS across all CPUs on every stage device. It is the
@@ -18,9 +19,8 @@ func init() { Register(rpsMode{}) }
 
 func (rpsMode) Name() string { return ModeRPS }
 
-// OptionKeys: rps takes no options (only --cpus and the framework's own).
-func (rpsMode) OptionKeys() []string           { return nil }
-func (rpsMode) Configure(Options) (any, error) { return nil, nil }
+// Options: rps takes no options (only --cpus and the framework's own).
+func (rpsMode) Options() *option.Schema { return nil }
 func (rpsMode) Summary() string {
 	return "the usual tuning: RPS across the CPUs on every stage device (underlay, VXLAN, both veth ends)"
 }

@@ -21,12 +21,13 @@ var (
 
 // State records one attachment: everything needed to undo it from a fresh process.
 type State struct {
-	Mode     string            `json:"mode"`
-	Target   string            `json:"target"` // host namespace; "" = the one peregrine ran in
-	Attached time.Time         `json:"attached"`
-	PID      int               `json:"pid"`
-	Options  map[string]string `json:"options,omitempty"`
-	// Config is the mode's typed config as Configure returned it (Configurer modes).
+	Mode     string    `json:"mode"`
+	Target   string    `json:"target"` // host namespace; "" = the one peregrine ran in
+	Attached time.Time `json:"attached"`
+	PID      int       `json:"pid"`
+	// Options are the framework's settings of the attach (underlay, CPUs).
+	Options Framework `json:"options"`
+	// Config is the mode's typed config as Configure returned it (nil for a mode without options).
 	Config   json.RawMessage `json:"config,omitempty"`
 	Topology *Topology       `json:"topology"`
 	Knobs    []Knob          `json:"knobs"`

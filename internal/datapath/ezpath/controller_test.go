@@ -76,3 +76,13 @@ func TestConfigBudgetAndErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestDeclaredDefaults(t *testing.T) {
+	c, err := ParseConfig(map[string]string{OptLab: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Drain != DefaultDrain || c.TableSize != DefaultTableSize || c.Policy != "auto" {
+		t.Errorf("declared defaults %+v differ from the package's constants", c)
+	}
+}

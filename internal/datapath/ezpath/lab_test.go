@@ -132,7 +132,7 @@ func TestOffloadedPairIsTaggedToTheSwitchAndTunnelledBetweenSwitches(t *testing.
 			t.Fatalf("h%d dropped frames: host %v tor %v", i, hs, ts)
 		}
 	}
-	time.Sleep(DefaultInterval + 300*time.Millisecond) // the controller's next poll sees all of it
+	time.Sleep(time.Second + 300*time.Millisecond) // the controller's next poll sees all of it
 	views, err := Flows("ezoff", 300*time.Millisecond)
 	must(t, err)
 	var sawOff, sawOverlay bool

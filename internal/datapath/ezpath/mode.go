@@ -13,6 +13,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -44,17 +45,8 @@ type modeState struct {
 	Notes   []string `json:"notes,omitempty"`
 }
 
-// OptionKeys implements datapath.Configurer.
-func (mode) OptionKeys() []string {
-	return []string{OptLab, OptPolicy, OptInterval, OptTableSize, OptClasses, OptActive, OptIdle, OptMinRate, OptDrain}
-}
-
-// Configure implements datapath.Configurer.
-func (mode) Configure(o datapath.Options) (any, error) { return ParseConfig(o.Extra) }
-
-func configOf(o datapath.Options) (Config, error) {
-	return datapath.ConfigOf(o, func(o datapath.Options) (Config, error) { return ParseConfig(o.Extra) })
-}
+// Options declares ezpath's options (Config).
+func (mode) Options() *option.Schema { return schema }
 
 // Knobs: RPS on every container port (the bridge-side veth). A container's segments reach its
 // port from two CPUs (the application's sends, and sends clocked by ACKs in the receive

@@ -255,7 +255,7 @@ func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- s
 func (a *agent) rescan() error {
 	var underlay string
 	if st, err := datapath.LoadState(a.target, Name); err == nil && st != nil {
-		underlay = st.Options[datapath.OptUnderlay]
+		underlay = st.Options.Underlay
 	}
 	topo, err := datapath.Discover(a.target, underlay)
 	if err != nil {

@@ -4,64 +4,56 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
 
-// Keys of datapath.Options.Extra that falcon reads (the CLI's flags fill them). They are saved
-// with the attachment record, so the agent reads the same settings.
+// Option keys (declared on Config; exported for tests and callers that build options).
 const (
-	OptThreshold = "threshold"  // busy percent, 0..100 (default 80)
-	OptStatic    = "static"     // "true": first choice only (the paper's "static")
-	OptInterval  = "interval"   // load monitor period, e.g. 20ms
-	OptRepick    = "repick"     // idle time after which a flow's choice may be re-picked
-	OptSplitCPUs = "split_cpus" // GRO split CPUs (grosplit), CPU list
-	OptSplit     = "split"      // auto|on|off
-	OptLoad      = "load"       // load signal: kernel (default) or busy (the prototype's)
+	OptThreshold = "threshold"
+	OptStatic    = "static"
+	OptInterval  = "interval"
+	OptRepick    = "repick"
+	OptSplitCPUs = "split_cpus"
+	OptSplit     = "split"
+	OptLoad      = "load"
 )
 
-// optionKeys are the Extra keys falcon takes.
-var optionKeys = []string{OptThreshold, OptStatic, OptInterval, OptRepick, OptSplitCPUs, OptSplit, OptLoad}
-
-// Defaults. The paper's prototype updates its loads every 10 jiffies (10-40 ms at HZ 1000-250)
-// and found thresholds of 80-90 % best.
+// Defaults (the declaration on Config is what the CLI and the docs show). The paper's prototype
+// updates its loads every 10 jiffies (10-40 ms at HZ 1000-250) and found thresholds of 80-90 %
+// best. On a stock kernel a softirq runs ahead of application code, so application time is
+// room for packet stages (see probe.LoadKernel): the default signal is kernel.
 const (
-	DefaultThreshold = 80
-	DefaultInterval  = 20 * time.Millisecond
-	DefaultRepick    = 200 * time.Millisecond
-	// DefaultLoad: on a stock kernel a softirq runs ahead of application code, so application
-	// time is room for packet stages (see probe.LoadKernel).
-	DefaultLoad = probe.LoadKernel
+	DefaultRepick = 200 * time.Millisecond
 	// ewmaAlpha is the prototype's load = (4*load + busy)/5.
 	ewmaAlpha = 0.2
 )
 
-// Config is falcon's settings after validation (saved in the record as JSON).
+// Config is falcon's settings: the declared options, and what Complete derives from them and
+// from attach's --cpus (saved in the record as JSON).
 type Config struct {
-	CPUs      []int         `json:"cpus"` // the FALCON set, ascending
-	Threshold int           `json:"threshold"`
-	TwoChoice bool          `json:"two_choice"`
-	Interval  time.Duration `json:"interval"`
-	Repick    time.Duration `json:"repick"`
-	SplitCPUs []int         `json:"split_cpus,omitempty"`
-	Split     string        `json:"split"` // off, on, auto
-	// Load is the load signal (probe.LoadSignal); empty in records written before it existed,
-	// which read as the prototype's busy share.
-	Load probe.LoadSignal `json:"load,omitempty"`
+	Threshold int              `json:"threshold" opt:"threshold" default:"80" range:"0..100" help:"load threshold in percent: at or above it on average the gate closes, per CPU it rejects a first choice"`
+	Static    bool             `json:"static" opt:"static" help:"first choice only (the paper's \"static\"); default is two-choice (\"dynamic\")"`
+	Interval  time.Duration    `json:"interval" opt:"interval" default:"20ms" range:"1ms..10s" help:"load monitor period"`
+	Repick    time.Duration    `json:"repick" opt:"repick" default:"200ms" range:"1ms..1h" help:"idle time after which a flow's CPU choice may be re-picked"`
+	SplitCPUs []int            `json:"split_cpus,omitempty" opt:"split_cpus" help:"GRO split CPUs (XDP + cpumap on the underlay), e.g. 1"`
+	Split     string           `json:"split" opt:"split" enum:"off,on,auto" help:"GRO split; default on when split_cpus is given, else off. auto: the node agent attaches the split while the NIC core saturates and detaches it once it cools"`
+	Load      probe.LoadSignal `json:"load,omitempty" opt:"load" default:"kernel" enum:"kernel,busy" help:"what counts as a CPU's load: kernel (system+irq+softirq+steal; application time is room for packet stages) or busy (all non-idle time, the paper's prototype)"`
+
+	CPUs      []int `json:"cpus"`       // the FALCON set (attach's --cpus, default all online), ascending
+	TwoChoice bool  `json:"two_choice"` // !Static
 }
 
-// ParseConfig reads falcon's settings from attach options; unknown keys are refused.
-func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
-	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
-		return Config{}, err
-	}
-	c := Config{Threshold: DefaultThreshold, TwoChoice: true, Interval: DefaultInterval, Repick: DefaultRepick, Split: "off", Load: DefaultLoad}
-	c.CPUs = slices.Clone(cpus)
+var schema = option.Declare(Name, Config{})
+
+// Complete takes the FALCON set from --cpus and checks it and the split against the machine.
+func (c *Config) Complete(o datapath.Options) error {
+	c.TwoChoice = !c.Static
+	c.CPUs = slices.Clone(o.CPUs)
 	if len(c.CPUs) == 0 {
 		for i := 0; i < runtime.NumCPU(); i++ {
 			c.CPUs = append(c.CPUs, i)
@@ -70,65 +62,34 @@ func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
 	slices.Sort(c.CPUs)
 	c.CPUs = slices.Compact(c.CPUs)
 	if len(c.CPUs) > MaxCPUs {
-		return c, fmt.Errorf("falcon: %d CPUs in the set; at most %d", len(c.CPUs), MaxCPUs)
+		return fmt.Errorf("%d CPUs in the set; at most %d", len(c.CPUs), MaxCPUs)
 	}
 	for _, cpu := range c.CPUs {
 		if cpu < 0 || cpu >= MaxCPUID {
-			return c, fmt.Errorf("falcon: CPU %d is out of range 0..%d", cpu, MaxCPUID-1)
+			return fmt.Errorf("CPU %d is out of range 0..%d", cpu, MaxCPUID-1)
 		}
 	}
 	if err := cpuset.CheckOnline(c.CPUs); err != nil {
-		return c, fmt.Errorf("falcon: --cpus: %w", err)
+		return fmt.Errorf("--cpus: %w", err)
 	}
-	if v, ok := extra[OptThreshold]; ok {
-		t, err := strconv.Atoi(strings.TrimSuffix(v, "%"))
-		if err != nil || t < 0 || t > 100 {
-			return c, fmt.Errorf("falcon: --threshold %q: want a whole percentage in 0..100", v)
-		}
-		c.Threshold = t
+	if err := cpuset.CheckOnline(c.SplitCPUs); err != nil {
+		return fmt.Errorf("--split-cpus: %w", err)
 	}
-	if v, ok := extra[OptStatic]; ok {
-		s, err := strconv.ParseBool(v)
-		if err != nil {
-			return c, fmt.Errorf("falcon: --static %q: want true or false", v)
-		}
-		c.TwoChoice = !s
-	}
-	var err error
-	if v, ok := extra[OptLoad]; ok {
-		if c.Load, err = probe.ParseLoadSignal(v); err != nil {
-			return c, fmt.Errorf("falcon: --load: %w", err)
-		}
-	}
-	if c.Interval, err = duration(extra, OptInterval, DefaultInterval, time.Millisecond, 10*time.Second); err != nil {
-		return c, err
-	}
-	if c.Repick, err = duration(extra, OptRepick, DefaultRepick, time.Millisecond, time.Hour); err != nil {
-		return c, err
-	}
-	if v, ok := extra[OptSplit]; ok {
-		switch v {
-		case "off", "on", "auto":
-			c.Split = v
-		default:
-			return c, fmt.Errorf("falcon: --split %q: want auto, on or off", v)
-		}
-	}
-	if v := extra[OptSplitCPUs]; v != "" {
-		if c.SplitCPUs, err = cpuset.Parse(v); err != nil {
-			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
-		}
-		if err := cpuset.CheckOnline(c.SplitCPUs); err != nil {
-			return c, fmt.Errorf("falcon: --split-cpus: %w", err)
-		}
-		if c.Split == "off" && extra[OptSplit] == "" {
+	if c.Split == "" {
+		c.Split = "off"
+		if len(c.SplitCPUs) > 0 {
 			c.Split = "on" // naming split CPUs asks for the split
 		}
 	}
 	if c.Split != "off" && len(c.SplitCPUs) == 0 {
-		return c, fmt.Errorf("falcon: --split %s needs --split-cpus", c.Split)
+		return fmt.Errorf("--split %s needs --split-cpus", c.Split)
 	}
-	return c, nil
+	return nil
+}
+
+// ParseConfig reads falcon's settings from attach options (cpus: attach's --cpus).
+func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
+	return datapath.ConfigOf[Config](Name, datapath.Options{CPUs: cpus, Extra: extra})
 }
 
 // loadSignal is the configured signal; a record from before the option reads as busy.
@@ -139,22 +100,10 @@ func (c Config) loadSignal() probe.LoadSignal {
 	return c.Load
 }
 
-func duration(extra map[string]string, key string, def, lo, hi time.Duration) (time.Duration, error) {
-	v, ok := extra[key]
-	if !ok {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < lo || d > hi {
-		return 0, fmt.Errorf("falcon: --%s %q: want a duration in %v..%v", key, v, lo, hi)
-	}
-	return d, nil
-}
-
 // ConfigOfState is the config saved in a recorded attachment.
 func ConfigOfState(st *datapath.State) (Config, error) {
 	var c Config
 	return c, datapath.RecordedConfig(st, &c)
 }
 
-func configOf(o datapath.Options) (Config, error) { return ParseConfig(o.CPUs, o.Extra) }
+func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }

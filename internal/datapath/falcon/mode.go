@@ -9,6 +9,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
 // Mode is FALCON as a datapath mode.
@@ -21,9 +22,8 @@ const Name = "falcon"
 
 func (Mode) Name() string { return Name }
 
-// OptionKeys and Configure make falcon a datapath.Configurer: its options are parsed once.
-func (Mode) OptionKeys() []string                      { return optionKeys }
-func (Mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
+// Options declares falcon's options (Config).
+func (Mode) Options() *option.Schema { return schema }
 func (Mode) Summary() string {
 	return "FALCON: each stage (VXLAN, container veth) of a flow on its own CPU, two-choice balanced, load-gated"
 }
@@ -32,7 +32,7 @@ func (Mode) Summary() string {
 // every device whose RPS carries a stage transition: the VXLAN devices and the container veths.
 // The underlay's own receive CPU is the NIC's (RSS/IRQ affinity) and is left alone.
 func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	cfg, err := datapath.ConfigOf(o, configOf)
+	cfg, err := configOf(o)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func checkNotAttached(t *datapath.Topology) error {
 // Load loads and pins the programs, attaches them to the underlay (ingress) and every bridge
 // port (egress), and starts the node agent that runs the load monitor and follows containers.
 func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	cfg, err := datapath.ConfigOf(o, configOf)
+	cfg, err := configOf(o)
 	if err != nil {
 		return err
 	}

@@ -143,7 +143,7 @@ func (a *agent) flushFor(why string) {
 // sync re-reads the overlay and the pods: a changed overlay rewrites the config and forgets
 // every flow; changed pods get new endpoints (their flows forgotten) and new veths the programs.
 func (a *agent) sync(st *datapath.State) {
-	t, err := datapath.Discover(st.Target, st.Options["underlay"])
+	t, err := datapath.Discover(st.Target, st.Options.Underlay)
 	if err != nil {
 		a.lg.Printf("discover: %v", err)
 		return

@@ -17,46 +17,30 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
 // Name is the mode's name.
 const Name = "fastpath"
 
-// Options (datapath.Options.Extra; the CLI's flags fill them).
+// Option keys (declared on Config).
 const (
-	// OptAgent ("agent"): "off" runs no node agent (pods and devices are frozen at attach; flows
-	// still re-learn every few seconds).
-	OptAgent = "agent"
-	// OptOneWay ("one_way"): "true" lets a flow the normal path delivered to a pod take the
-	// ingress fast path without waiting for the pod's reply (one-way streams such as UDP
-	// telemetry). Off by default: a flow is fast only once the normal path carried it both ways.
+	OptAgent  = "agent"
 	OptOneWay = "one_way"
 )
 
-// Config is fastpath's typed configuration (datapath.Configurer), saved in the record.
+// Config is fastpath's typed configuration, saved in the record.
 type Config struct {
-	Agent  bool `json:"agent"`
-	OneWay bool `json:"one_way"`
+	Agent  bool `json:"agent" opt:"agent" default:"true" help:"run the node agent (false: pods and devices are frozen at attach; flows still re-learn every few seconds)"`
+	OneWay bool `json:"one_way" opt:"one_way" help:"a flow the normal path delivered to a pod takes the ingress fast path without waiting for the pod's reply (one-way streams such as UDP telemetry); default: only flows carried both ways"`
 }
 
-func parseConfig(o datapath.Options) (Config, error) {
-	c := Config{Agent: true}
-	for k, v := range o.Extra {
-		switch {
-		case k == OptAgent && (v == "on" || v == "off"):
-			c.Agent = v == "on"
-		case k == OptOneWay && (v == "true" || v == "false"):
-			c.OneWay = v == "true"
-		default:
-			return c, fmt.Errorf("fastpath: bad option %s=%s (fastpath takes agent=on|off and one_way=true|false)", k, v)
-		}
-	}
-	return c, nil
-}
+var schema = option.Declare(Name, Config{})
 
-// OptionKeys and Configure make fastpath a datapath.Configurer.
-func (mode) OptionKeys() []string                      { return []string{OptAgent, OptOneWay} }
-func (mode) Configure(o datapath.Options) (any, error) { return parseConfig(o) }
+// Options declares fastpath's options (Config).
+func (mode) Options() *option.Schema { return schema }
+
+func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }
 
 type mode struct{}
 
@@ -87,12 +71,12 @@ func readModeState(st *datapath.State) (modeState, error) {
 // Knobs: the fast path changes no sysfs knob. Unknown options are refused here, before anything
 // changes.
 func (mode) Knobs(_ *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	_, err := datapath.ConfigOf(o, parseConfig)
+	_, err := configOf(o)
 	return nil, err
 }
 
 func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	c, err := datapath.ConfigOf(o, parseConfig)
+	c, err := configOf(o)
 	if err != nil {
 		return err
 	}

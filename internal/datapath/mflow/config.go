@@ -3,30 +3,27 @@ package mflow
 import (
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
-// Keys of datapath.Options.Extra that mflow reads (attach's flags, bench's "@key=value").
+// Option keys (declared on Config).
 const (
-	OptBatch       = "batch"         // packets per micro-flow
-	OptElephantPPS = "elephant_pps"  // packets/s at or above which a flow is split (0 = off)
-	OptElephantBPS = "elephant_bps"  // bits/s, with k/M/G suffixes (0 = off)
-	OptWindow      = "window"        // rate window of the elephant test
-	OptSplitAt     = "split_at"      // full-path | device
-	OptMerge       = "merge"         // true: one CPU per split flow before the transport
-	OptMice        = "mice"          // pass | affine
-	OptQueue       = "queue_size"    // cpumap ring per splitting CPU (full-path)
-	OptGuard       = "reorder_guard" // out-of-order segments per window that put a flow on hold (0 = off)
-	OptGuardHold   = "reorder_hold"  // first hold, doubled per further hold up to 16x
+	OptBatch       = "batch"
+	OptElephantPPS = "elephant_pps"
+	OptElephantBPS = "elephant_bps"
+	OptWindow      = "window"
+	OptSplitAt     = "split_at"
+	OptMerge       = "merge"
+	OptMice        = "mice"
+	OptQueue       = "queue_size"
+	OptGuard       = "reorder_guard"
+	OptGuardHold   = "reorder_hold"
 )
-
-// optionKeys are the Extra keys mflow takes; the splitting CPUs are attach's --cpus.
-var optionKeys = []string{OptBatch, OptElephantPPS, OptElephantBPS, OptWindow, OptSplitAt, OptMerge, OptMice, OptQueue, OptGuard, OptGuardHold}
 
 // Split points.
 const (
@@ -36,166 +33,98 @@ const (
 
 // Defaults: the paper's batch 256 and 2 splitting cores. The paper does not say how elephants
 // are found; 10 kpps over 20 ms (200 packets) keeps request/response and keep-alive flows out
-// while any bulk transfer qualifies within one window.
+// while any bulk transfer qualifies within one window. Reorder guard: 8 out-of-order TCP
+// segments within one window put a flow on one path for 500 ms (then 1 s, 2 s, ... 8 s while it
+// keeps reordering); one batch landing late shows as a handful of such segments, so a clean
+// split stays split. The declaration on Config is what the CLI and the docs show.
 const (
 	DefaultBatch       = 256
 	DefaultSplitCPUs   = 2
 	DefaultElephantPPS = 10000
-	DefaultWindow      = 20 * time.Millisecond
-	// Reorder guard: 8 out-of-order TCP segments within one window put a flow on one path for
-	// 500 ms (then 1 s, 2 s, ... 8 s while it keeps reordering). One batch landing late shows as
-	// a handful of such segments, so a clean split stays split.
-	DefaultGuard     = 8
-	DefaultGuardHold = 500 * time.Millisecond
-	MaxGuardHold     = time.Minute
+	DefaultGuard       = 8
+	DefaultGuardHold   = 500 * time.Millisecond
 )
 
-// Config is mflow's settings after validation.
+// Config is mflow's settings: the declared options and the splitting CPUs (attach's --cpus).
 type Config struct {
-	CPUs        []int         `json:"cpus"` // splitting CPUs, ascending
-	Batch       int           `json:"batch"`
-	ElephantPPS uint64        `json:"elephant_pps"`
-	ElephantBPS uint64        `json:"elephant_bps"`
-	Window      time.Duration `json:"window"`
-	SplitAt     string        `json:"split_at"`
-	Merge       bool          `json:"merge"`
-	MiceAffine  bool          `json:"mice_affine"`
-	QueueSize   int           `json:"queue_size"`
+	Batch       int           `json:"batch" opt:"batch" default:"256" range:"1..65536" help:"packets per micro-flow (batch); the splitting CPUs are attach's --cpus (default: the first 2 online)"`
+	ElephantPPS uint64        `json:"elephant_pps" opt:"elephant_pps" kind:"rate" default:"10000" help:"split flows at or above this packet rate, e.g. 10000 or 50k (0 = no packet-rate test)"`
+	ElephantBPS uint64        `json:"elephant_bps" opt:"elephant_bps" kind:"rate" default:"0" help:"split flows at or above this bit rate, e.g. 500M (0 = no bit-rate test; both 0 = split every flow)"`
+	Window      time.Duration `json:"window" opt:"window" default:"20ms" range:"1ms..10s" help:"rate window of the elephant test"`
+	SplitAt     string        `json:"split_at" opt:"split_at" default:"full-path" enum:"full-path,device" alias:"full=full-path,irq=full-path" help:"full-path: IRQ split with XDP before skb allocation; device: before the VXLAN device (tcx + RPS)"`
+	Merge       bool          `json:"merge" opt:"merge" help:"run the transport of each split flow on ONE CPU (container veth RPS); narrows, does not remove, reordering"`
+	Mice        string        `json:"mice" opt:"mice" default:"pass" enum:"pass,affine" help:"flows below the threshold: pass (normal path) or affine (one splitting CPU per flow)"`
+	QueueSize   int           `json:"queue_size" opt:"queue_size" range:"1..16384" help:"cpumap ring per splitting CPU in frames (full-path; default 2048)"`
 	// Guard is the reorder guard's threshold (out-of-order segments per window, 0 = off) and
 	// GuardHold its first hold; bpf/mflow.h has the mechanism.
-	Guard     int           `json:"reorder_guard"`
-	GuardHold time.Duration `json:"reorder_hold"`
+	Guard     int           `json:"reorder_guard" opt:"reorder_guard" default:"8" range:"0..1048576" help:"this many out-of-order TCP segments of a split flow within one window, seen where the flow enters the pod, put the flow back on one path for reorder_hold (0 = off)"`
+	GuardHold time.Duration `json:"reorder_hold" opt:"reorder_hold" default:"500ms" range:"1ms..1m" help:"how long the reorder guard holds a flow on one path the first time; each further hold doubles it, up to 16x"`
+
+	CPUs       []int `json:"cpus"`        // splitting CPUs, ascending
+	MiceAffine bool  `json:"mice_affine"` // Mice == "affine"
 }
 
-// ParseConfig reads mflow's settings; cpus are attach's --cpus (nil: the first online ones).
-// Unknown keys are refused.
-func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, error) {
-	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
-		return Config{}, err
+var schema = option.Declare(Name, Config{})
+
+// Complete takes the splitting CPUs from --cpus (default: the first online ones).
+func (c *Config) Complete(o datapath.Options) error {
+	online, err := cpuset.Online()
+	if err != nil {
+		return err
 	}
-	c := Config{Batch: DefaultBatch, ElephantPPS: DefaultElephantPPS, Window: DefaultWindow, SplitAt: SplitFullPath,
-		Guard: DefaultGuard, GuardHold: DefaultGuardHold}
-	var err error
+	if err := c.complete(o.CPUs, online); err != nil {
+		return err
+	}
+	if err := cpuset.CheckOnline(c.CPUs); err != nil {
+		return fmt.Errorf("splitting CPUs: %w", err)
+	}
+	return nil
+}
+
+func (c *Config) complete(cpus, online []int) error {
+	c.MiceAffine = c.Mice == "affine"
 	c.CPUs = slices.Clone(cpus)
 	if len(c.CPUs) == 0 {
 		c.CPUs = slices.Clone(online[:min(DefaultSplitCPUs, len(online))])
 	}
 	slices.Sort(c.CPUs)
 	if len(slices.Compact(slices.Clone(c.CPUs))) != len(c.CPUs) {
-		return c, fmt.Errorf("mflow: splitting CPUs %v list a CPU twice", c.CPUs)
+		return fmt.Errorf("splitting CPUs %v list a CPU twice", c.CPUs)
 	}
 	if len(c.CPUs) < 2 {
-		return c, fmt.Errorf("mflow: %d splitting CPU(s) %v: micro-flows need at least 2 (one CPU only moves the stage: use falcon --split-cpus for that)", len(c.CPUs), c.CPUs)
+		return fmt.Errorf("%d splitting CPU(s) %v: micro-flows need at least 2 (one CPU only moves the stage: use falcon --split-cpus for that)", len(c.CPUs), c.CPUs)
 	}
 	if len(c.CPUs) > grosplit.MaxSplitCPUs {
-		return c, fmt.Errorf("mflow: %d splitting CPUs, at most %d", len(c.CPUs), grosplit.MaxSplitCPUs)
+		return fmt.Errorf("%d splitting CPUs, at most %d", len(c.CPUs), grosplit.MaxSplitCPUs)
 	}
 	for _, cpu := range c.CPUs {
 		if cpu < 0 || cpu > grosplit.MaxCPUID {
-			return c, fmt.Errorf("mflow: CPU %d out of range 0..%d", cpu, grosplit.MaxCPUID)
+			return fmt.Errorf("CPU %d out of range 0..%d", cpu, grosplit.MaxCPUID)
 		}
 	}
-	if v, ok := extra[OptBatch]; ok {
-		b, err := strconv.Atoi(v)
-		switch {
-		case err != nil:
-			return c, fmt.Errorf("mflow: --batch %q: want a whole number of packets", v)
-		case b < 1:
-			return c, fmt.Errorf("mflow: --batch %d: a micro-flow holds at least 1 packet (the paper's default is %d)", b, DefaultBatch)
-		case b > grosplit.MaxMFlowBatch:
-			return c, fmt.Errorf("mflow: --batch %d: more than %d packets is more than any flow has in flight, so batches would never rotate (the paper's default is %d)", b, grosplit.MaxMFlowBatch, DefaultBatch)
-		}
-		c.Batch = b
+	return nil
+}
+
+// ParseConfig reads mflow's settings against a given set of online CPUs (tests); cpus are
+// attach's --cpus (nil: the first online ones).
+func ParseConfig(cpus []int, extra map[string]string, online []int) (Config, error) {
+	if err := datapath.CheckOptions(Name, extra); err != nil {
+		return Config{}, err
 	}
-	if v, ok := extra[OptElephantPPS]; ok {
-		if c.ElephantPPS, err = parseRate(v); err != nil {
-			return c, fmt.Errorf("mflow: --elephant-pps %q: %w", v, err)
-		}
+	ptr, err := schema.Parse(extra)
+	if err != nil {
+		return Config{}, err
 	}
-	if v, ok := extra[OptElephantBPS]; ok {
-		if c.ElephantBPS, err = parseRate(v); err != nil {
-			return c, fmt.Errorf("mflow: --elephant-bps %q: %w", v, err)
-		}
+	c := ptr.(*Config)
+	if err := c.complete(cpus, online); err != nil {
+		return *c, fmt.Errorf("mflow: %w", err)
 	}
-	if v, ok := extra[OptWindow]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < grosplit.MinWindow || d > grosplit.MaxWindow {
-			return c, fmt.Errorf("mflow: --window %q: want a duration in %v..%v", v, grosplit.MinWindow, grosplit.MaxWindow)
-		}
-		c.Window = d
-	}
-	if v, ok := extra[OptSplitAt]; ok {
-		switch v {
-		case SplitFullPath, SplitDevice:
-			c.SplitAt = v
-		case "full", "irq":
-			c.SplitAt = SplitFullPath
-		default:
-			return c, fmt.Errorf("mflow: --split-at %q: want full-path (IRQ split before skb allocation) or device (before the VXLAN device)", v)
-		}
-	}
-	if v, ok := extra[OptMerge]; ok {
-		if c.Merge, err = strconv.ParseBool(v); err != nil {
-			return c, fmt.Errorf("mflow: --merge %q: want true or false", v)
-		}
-	}
-	if v, ok := extra[OptMice]; ok {
-		switch v {
-		case "pass":
-		case "affine":
-			c.MiceAffine = true
-		default:
-			return c, fmt.Errorf("mflow: --mice %q: want pass (normal path) or affine (one splitting CPU per flow)", v)
-		}
-	}
-	if v, ok := extra[OptGuard]; ok {
-		g, err := strconv.Atoi(v)
-		if err != nil || g < 0 || g > 1<<20 {
-			return c, fmt.Errorf("mflow: --reorder-guard %q: want a number of out-of-order segments per window (0 turns the guard off)", v)
-		}
-		c.Guard = g
-	}
-	if v, ok := extra[OptGuardHold]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < grosplit.MinWindow || d > MaxGuardHold {
-			return c, fmt.Errorf("mflow: --reorder-hold %q: want a duration in %v..%v", v, grosplit.MinWindow, MaxGuardHold)
-		}
-		c.GuardHold = d
-	}
-	if v, ok := extra[OptQueue]; ok {
-		q, err := strconv.Atoi(v)
-		if err != nil || q < 1 || q > grosplit.MaxQueueSize {
-			return c, fmt.Errorf("mflow: --queue-size %q: want 1..%d frames", v, grosplit.MaxQueueSize)
-		}
-		c.QueueSize = q
-	}
-	return c, nil
+	return *c, nil
 }
 
 // watchesPorts tells whether the merge-point program runs on the pods' host-side veths: it
 // merges (--merge) and keeps the reorder guard's watch.
 func (c Config) watchesPorts() bool { return c.Merge || c.Guard > 0 }
-
-// parseRate reads "10000", "1.5M", "10G" (k, M, G are powers of 1000).
-func parseRate(s string) (uint64, error) {
-	mult := 1.0
-	t := strings.TrimSpace(s)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'k', 'K':
-			mult, t = 1e3, t[:n-1]
-		case 'm', 'M':
-			mult, t = 1e6, t[:n-1]
-		case 'g', 'G':
-			mult, t = 1e9, t[:n-1]
-		}
-	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f < 0 || f*mult > 1e15 {
-		return 0, fmt.Errorf("want a non-negative rate like 10000, 500k, 2M or 10G")
-	}
-	return uint64(f * mult), nil
-}
 
 // checkOverlap refuses splitting CPUs that are all IRQ CPUs: batches would be "split" onto the
 // CPU(s) that already run the whole path. Overlap with some of them is allowed (on a 2-CPU

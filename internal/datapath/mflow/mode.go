@@ -16,6 +16,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
@@ -30,9 +31,8 @@ const Name = "mflow"
 
 func (Mode) Name() string { return Name }
 
-// OptionKeys and Configure make mflow a datapath.Configurer: its options are parsed once.
-func (Mode) OptionKeys() []string                      { return optionKeys }
-func (Mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
+// Options declares mflow's options (Config).
+func (Mode) Options() *option.Schema { return schema }
 func (Mode) Summary() string {
 	return "MFLOW: elephant flows cut into micro-flows (batches) processed on several CPUs; IRQ split (XDP) or device split"
 }
@@ -72,25 +72,11 @@ func saveModeState(st *datapath.State, ms modeState) error {
 var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "TcpExt.TCPTSReorder",
 	"TcpExt.TCPDSACKRecv", "Tcp.RetransSegs", "TcpExt.TCPSpuriousRTOs"}
 
-// configOf reads the settings from attach options; online CPUs fill the default split set.
-func configOf(o datapath.Options) (Config, error) {
-	online, err := cpuset.Online()
-	if err != nil {
-		return Config{}, err
-	}
-	c, err := ParseConfig(o.CPUs, o.Extra, online)
-	if err != nil {
-		return c, err
-	}
-	if err := cpuset.CheckOnline(c.CPUs); err != nil {
-		return c, fmt.Errorf("mflow: splitting CPUs: %w", err)
-	}
-	return c, nil
-}
+func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }
 
 // Knobs validates, refuses to stack, and plans the RPS masks (see the package doc).
 func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	c, err := datapath.ConfigOf(o, configOf)
+	c, err := configOf(o)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +189,7 @@ func irqCPUs(nics []datapath.Dev) ([]int, error) {
 
 // Load attaches the split (XDP or tcx), the merge pieces, and records it all.
 func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	c, err := datapath.ConfigOf(o, configOf)
+	c, err := configOf(o)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func runAgent(ctx context.Context, target string) error {
 			lg.Printf("attachment gone, stopping")
 			return nil
 		}
-		if t, err := datapath.Discover(cur.Target, cur.Options[datapath.OptUnderlay]); err != nil {
+		if t, err := datapath.Discover(cur.Target, cur.Options.Underlay); err != nil {
 			lg.Printf("discover: %v", err)
 		} else {
 			if err := followVXLAN(cur, t, objs, lg); err != nil {
@@ -203,7 +203,7 @@ func Sync(target string) (added, updated, gone int, err error) {
 		return 0, 0, 0, err
 	}
 	defer objs.Close()
-	t, err := datapath.Discover(st.Target, st.Options[datapath.OptUnderlay])
+	t, err := datapath.Discover(st.Target, st.Options.Underlay)
 	if err != nil {
 		return 0, 0, 0, err
 	}

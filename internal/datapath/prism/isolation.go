@@ -16,8 +16,7 @@ import (
 // reserved CPU (HP) or to one of the other CPUs (everything else). See bpf/prism.bpf.c and the
 // package documentation for what this isolates and what it cannot.
 
-// OptHPCPUs is the Options.Extra key of --hp-cpus: the CPUs reserved for HP flows ("1", "2-3";
-// lists with ',' too, where the caller's syntax allows).
+// OptHPCPUs is the option key of --hp-cpus: the CPUs reserved for HP flows ("1", "2-3").
 const OptHPCPUs = "hp_cpus"
 
 // maxIsoCPUs is the largest RPS set the program indexes (PR_MAX_CPUS).
@@ -34,8 +33,8 @@ type isoConfig struct {
 // reserved ones, or every other online CPU. Reserving every CPU is refused: LP traffic would then
 // share the reserved CPUs' backlogs, which is exactly what isolation exists to prevent (without
 // --hp-cpus, prism's sync mode alone is that configuration).
-func parseIsolation(cpus []int, extra map[string]string) (*isoConfig, error) {
-	v := strings.TrimSpace(extra[OptHPCPUs])
+func parseIsolation(cpus []int, hpCPUs string) (*isoConfig, error) {
+	v := strings.TrimSpace(hpCPUs)
 	if v == "" {
 		return nil, nil
 	}

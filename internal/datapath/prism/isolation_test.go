@@ -293,7 +293,7 @@ func TestParseIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, err := parseIsolation(nil, map[string]string{}); c != nil || err != nil {
+	if c, err := parseIsolation(nil, ""); c != nil || err != nil {
 		t.Errorf("no --hp-cpus: %+v %v", c, err)
 	}
 	last := online[len(online)-1]
@@ -306,14 +306,14 @@ func TestParseIsolation(t *testing.T) {
 		fmt.Sprint(last + 1):  "offline or absent",
 	}
 	for v, want := range bad {
-		if _, err := parseIsolation(nil, map[string]string{OptHPCPUs: v}); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := parseIsolation(nil, v); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("--hp-cpus %q: %v, want an error saying %q", v, err, want)
 		}
 	}
 	if len(online) < 2 {
 		t.Skip("needs 2 online CPUs")
 	}
-	c, err := parseIsolation(nil, map[string]string{OptHPCPUs: fmt.Sprint(last)})
+	c, err := parseIsolation(nil, fmt.Sprint(last))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,10 +321,10 @@ func TestParseIsolation(t *testing.T) {
 		t.Errorf("plan %+v", c)
 	}
 	// --cpus bounds where LP goes; reserving all of --cpus is refused.
-	if _, err := parseIsolation([]int{last}, map[string]string{OptHPCPUs: fmt.Sprint(last)}); err == nil {
+	if _, err := parseIsolation([]int{last}, fmt.Sprint(last)); err == nil {
 		t.Error("reserving every CPU of --cpus was accepted")
 	}
-	c, err = parseIsolation([]int{online[0]}, map[string]string{OptHPCPUs: fmt.Sprint(last)})
+	c, err = parseIsolation([]int{online[0]}, fmt.Sprint(last))
 	if err != nil || !slices.Equal(c.LP, []int{online[0]}) || !slices.Equal(c.Set, []int{online[0], last}) {
 		t.Errorf("with --cpus: %+v %v", c, err)
 	}

@@ -11,51 +11,49 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
-// Keys of datapath.Options.Extra that prism reads (the CLI's flags fill them); they are saved
-// with the attachment record.
+// Option keys (declared on Config).
 const (
 	OptRules     = "rules"      // rules separated by ';' (see ParseRule)
 	OptRulesFile = "rules_file" // a file of rules, one per line, '#' comments
-	OptAgent     = "agent"      // "off": no node agent (endpoints are frozen at attach)
-	// OptHPCPUs ("hp_cpus", isolation.go): CPUs reserved for HP flows.
+	OptAgent     = "agent"      // false: no node agent (endpoints are frozen at attach)
 )
 
 // Name is the mode's name.
 const Name = "prism"
 
-var optionKeys = []string{OptRules, OptRulesFile, OptAgent, OptHPCPUs}
-
-// Config is prism's settings after validation (saved in the record as JSON).
+// Config is prism's settings: the declared options and the rules and CPU plan Complete derives
+// from them (saved in the record as JSON).
 type Config struct {
+	RuleText  []string `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
+	RulesFile string   `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
+	Agent     bool     `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
+	HPCPUs    string   `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
+
 	Rules     []Rule     `json:"rules"`
-	Isolation *isoConfig `json:"isolation,omitempty"` // --hp-cpus; nil without it
-	Agent     bool       `json:"agent"`
+	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
+}
+
+var schema = option.Declare(Name, Config{})
+
+// Complete reads the rules (text and file) and plans HP isolation against attach's --cpus.
+func (c *Config) Complete(o datapath.Options) error {
+	var err error
+	if c.Rules, err = readRules(strings.Join(c.RuleText, ";"), c.RulesFile); err != nil {
+		return err
+	}
+	c.Isolation, err = parseIsolation(o.CPUs, c.HPCPUs)
+	return err
 }
 
 // ParseConfig reads prism's options; unknown keys, bad rules and bad CPU lists are refused.
 func ParseConfig(cpus []int, extra map[string]string) (Config, error) {
-	c := Config{Agent: true}
-	if err := datapath.CheckOptionKeys(Name, extra); err != nil {
-		return c, err
-	}
-	switch extra[OptAgent] {
-	case "", "on":
-	case "off":
-		c.Agent = false
-	default:
-		return c, fmt.Errorf("prism: --agent %q: want on or off", extra[OptAgent])
-	}
-	var err error
-	if c.Rules, err = rulesFromOptions(extra); err != nil {
-		return c, err
-	}
-	c.Isolation, err = parseIsolation(cpus, extra)
-	return c, err
+	return configOf(datapath.Options{CPUs: cpus, Extra: extra})
 }
 
-func configOf(o datapath.Options) (Config, error) { return ParseConfig(o.CPUs, o.Extra) }
+func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }
 
 type mode struct{}
 
@@ -63,9 +61,8 @@ func init() { datapath.Register(mode{}) }
 
 func (mode) Name() string { return Name }
 
-// OptionKeys and Configure make prism a datapath.Configurer: its options are parsed once.
-func (mode) OptionKeys() []string                      { return optionKeys }
-func (mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
+// Options declares prism's options (Config).
+func (mode) Options() *option.Schema { return schema }
 func (mode) Summary() string {
 	return "PRISM sync mode: inner-header rules pick high-priority flows, which skip the bridge and veth backlog (bpf_redirect_peer)"
 }
@@ -95,10 +92,9 @@ func readModeState(st *datapath.State) (modeState, error) {
 	return ms, datapath.ReadModeState(st, &ms)
 }
 
-// rulesFromOptions reads the rules given at attach.
-func rulesFromOptions(extra map[string]string) ([]Rule, error) {
-	text := extra[OptRules]
-	if f := extra[OptRulesFile]; f != "" {
+// readRules reads the rules given at attach: text, and a file's.
+func readRules(text, f string) ([]Rule, error) {
+	if f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("prism: rules file: %w", err)
@@ -118,7 +114,7 @@ func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
 		return nil, err
 	}
-	c, err := datapath.ConfigOf(o, configOf)
+	c, err := configOf(o)
 	if err != nil || c.Isolation == nil {
 		return nil, err
 	}
@@ -126,7 +122,7 @@ func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 }
 
 func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
-	c, err := datapath.ConfigOf(o, configOf)
+	c, err := configOf(o)
 	if err != nil {
 		return err
 	}
