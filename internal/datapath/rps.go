@@ -55,3 +55,9 @@ func (rpsMode) Knobs(t *Topology, o Options) ([]Knob, error) {
 
 func (rpsMode) Load(context.Context, *Topology, Options, *State) error { return nil }
 func (rpsMode) Unload(context.Context, *State) error                   { return nil }
+
+// Example shows the mode in `attach --help`.
+func (rpsMode) Example() string {
+	return `  sudo peregrine attach rps --lab
+  sudo peregrine attach rps --netns prg-lab-h2 --cpus 1`
+}

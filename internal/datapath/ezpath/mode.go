@@ -373,3 +373,9 @@ func otherHostsAttached(labName, self string) bool {
 	}
 	return false
 }
+
+// Example shows the mode in `attach --help`.
+func (mode) Example() string {
+	return `  sudo peregrine attach ezpath --lab --policy auto --table-size 64   # a lab built with --tor
+  sudo peregrine attach ezpath --lab --policy manual                 # then: peregrine ezpath offload`
+}

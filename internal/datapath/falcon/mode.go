@@ -153,3 +153,10 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 
 // RunAgent is `peregrine agent falcon --target NS`.
 func (Mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+
+// Example shows the mode in `attach --help`.
+func (Mode) Example() string {
+	return `  sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
+  sudo peregrine attach falcon --static                          # first choice only (no two-choice balancing)
+  sudo peregrine attach falcon --lab --split-cpus 1 --split auto # GRO split only while the NIC core saturates`
+}

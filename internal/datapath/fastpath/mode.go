@@ -154,3 +154,10 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Example shows the mode in `attach --help`.
+func (mode) Example() string {
+	return `  sudo peregrine attach fastpath --lab          # every lab host (start here)
+  sudo peregrine attach fastpath                # this node's overlay (flannel.1/cni0 or docker's vxlan0/br0)
+  sudo peregrine attach fastpath --one-way      # one-way streams take the ingress fast path too`
+}

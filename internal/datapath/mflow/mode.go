@@ -328,3 +328,9 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Example shows the mode in `attach --help`.
+func (Mode) Example() string {
+	return `  sudo peregrine attach mflow --lab --cpus 0-1 --batch 256 --elephant-pps 10000
+  sudo peregrine attach mflow --split-at device --merge`
+}

@@ -488,3 +488,9 @@ func label(ns string) string {
 	}
 	return ns
 }
+
+// Example shows the mode in `attach --help`.
+func (mode) Example() string {
+	return `  sudo peregrine attach prism --lab --rule "proto=tcp dport=11211"
+  sudo peregrine attach prism --rules-file hp.rules --hp-cpus 1   # HP flows on a reserved CPU`
+}
