@@ -37,10 +37,7 @@ func setupTestbed(ctx context.Context, i int, cfg Config, o *Options, log func(s
 	tb := &testbed{cfg: cfg, lab: l, knobs: map[string]string{}}
 	for _, spec := range cfg.Stack {
 		for _, h := range l.Hosts {
-			opts := datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Extra: mergeExtra(o.modeExtra(spec.Mode), spec.Extra)}
-			if spec.Mode == "ezpath" {
-				opts.Extra["lab"] = l.Spec.Name // the switches it programs are the lab's
-			}
+			opts := datapath.Options{KeepUnderlay: len(o.RxCPUs) > 0, Lab: l.Spec.Name, Extra: mergeExtra(o.modeExtra(spec.Mode), spec.Extra)}
 			st, err := datapath.Attach(ctx, h.Netns, spec.Mode, opts)
 			if err != nil {
 				tb.teardown()
