@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * EZPath's host side (seed 003): what the paper's OVS rules do, as tcx programs. For an offloaded
+ * EZPath's host side: what the paper's OVS rules do, as tcx programs. For an offloaded
  * flow the host only pushes or pops an 802.1Q tag (VID = the tenant on this host-ToR link); the
  * ToR switch does the VXLAN work (ezpath_tor.bpf.c). Everything else (ARP, broadcast, flows not
  * offloaded) returns TCX_NEXT and takes the overlay as before.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * EZPath's top-of-rack switch data plane (seed 003; research/ezpath_pipedevice.md A.3, C.1).
+ * EZPath's top-of-rack switch data plane (docs/modes/ezpath.md; the P4 contract is docs/ezpath_tor.p4).
  *
  * The paper's ToR is a Tofino running P4; here it is a namespace whose ports run these tc
  * programs, with maps named after the reconstructed P4 tables and max_entries standing in for

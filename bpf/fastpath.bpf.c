@@ -75,7 +75,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define FP_F_IN 2   /* the normal path delivered the flow to the pod */
 
 /* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
- * Keep in step with stats.go. */
+ * Keep in step with the names in internal/datapath/fastpath/view.go. */
 enum {
 	FP_R_HIT,    /* took the fast path */
 	FP_R_MISS,   /* flow not (yet) learned both ways: normal path */

@@ -31,7 +31,7 @@
  * out-of-order batch with SACK processing and, beyond RACK's reordering window (min_rtt/4, a few
  * µs on a LAN), spurious retransmits; the guard keeps that from eating the split's gain.
  *
- * internal/datapath/mflow/model.go mirrors mf_account and mf_slot; the tests compare them.
+ * The models in mflow/fuzz_test.go and grosplit/mflow_test.go mirror mf_account and mf_slot.
  */
 #ifndef PEREGRINE_MFLOW_H
 #define PEREGRINE_MFLOW_H

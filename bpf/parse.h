@@ -7,7 +7,7 @@
  *     __u32 fh = prg_flow_hash(&h.flow);
  * Step by step: prg_parse_eth -> prg_parse_ip (prg_parse_ipv4 / prg_parse_ipv6) -> prg_parse_ports.
  *
- * Rules every program shares (the Go model in internal/datapath/pktmodel mirrors them):
+ * Rules every program shares (the Go model in internal/datapath/flow mirrors them):
  *  - IPv4: version 4, ihl >= 5, the header (options included) present, tot_len >= ihl * 4.
  *  - IPv6: hop-by-hop, routing, destination options and fragment headers are walked, at most
  *    PRG_IPV6_MAX_EXT of them; a longer chain is PRG_NO (the normal path takes it).

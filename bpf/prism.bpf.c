@@ -70,7 +70,7 @@ char LICENSE[] SEC("license") = "GPL";
 /* Endpoint flags. */
 #define PR_EP_GONE 1 /* the container vanished: drop its HP frames */
 
-/* Counters (prg_prism_stat index). Keep in step with stats.go. */
+/* Counters (prg_prism_stat index). Keep in step with the Go side's names. */
 enum {
 	PR_ST_SEEN,     /* frames at the VXLAN device */
 	PR_ST_UNPARSED, /* not IPv4/IPv6, VLAN-tagged, short or malformed: normal path */

@@ -17,7 +17,7 @@ func newEzpathCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ezpath",
 		Short: "EZPath: move container pairs between the overlay and the ToR switch path, list flows",
-		Long: `EZPath (seed 003) offloads selected container flows to the top-of-rack switches of a lab built
+		Long: `EZPath offloads selected container flows to the top-of-rack switches of a lab built
 with "lab up --tor": the hosts only push or pop an 802.1Q tag (VID = tenant on the link) and the
 switches do the VXLAN encapsulation. "attach ezpath --lab" loads the switch and host programs and
 starts the controller (policy auto offloads hot pairs by itself); these commands change or show

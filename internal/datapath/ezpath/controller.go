@@ -6,8 +6,7 @@ import (
 	"time"
 )
 
-// The controller (the paper's "real-time migration" logic; research digest A.3 "Controller
-// loop"): every interval it reads the switches' flow registers, turns them into per-pair byte
+// The controller (the paper's "real-time migration" logic, docs/modes/ezpath.md): every interval it reads the switches' flow registers, turns them into per-pair byte
 // rates, and
 //   - offloads a pair active (rate >= MinRate) for Active consecutive intervals, highest score
 //     (rate x class weight) first, while every switch table it needs stays within the budget;

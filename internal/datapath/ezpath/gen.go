@@ -1,4 +1,4 @@
-// Package ezpath is EZPath (seed 003) on one machine: selected container flows skip the hosts'
+// Package ezpath is EZPath on one machine: selected container flows skip the hosts'
 // VXLAN stack because the top-of-rack switches (namespaces of a `lab up --tor` lab, with an eBPF
 // data plane shaped like the paper's P4 tables) do the encapsulation, and the hosts only push or
 // pop an 802.1Q tag. bpf/ezpath_tor.bpf.c and bpf/ezpath_host.bpf.c explain the data planes;
