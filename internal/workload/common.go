@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -146,12 +147,21 @@ func jsonErrorField(s string) string {
 	return doc.Error
 }
 
-// portOrDefault returns p, or def when p is zero.
-func portOrDefault(p, def int) int {
-	if p == 0 {
-		return def
+// percentiles maps a percentile (99.9 for p99.9) to the result field that holds its latency.
+type percentiles map[float64]*float64
+
+// set stores v in the field for the percentile a tool printed as label ("99", "99.000", "99.900");
+// it returns the percentile, or false when label is not a number or not one the result keeps.
+func (p percentiles) set(label string, v float64) (float64, bool) {
+	pct, err := strconv.ParseFloat(label, 64)
+	if err != nil {
+		return 0, false
 	}
-	return p
+	f, ok := p[pct]
+	if ok {
+		*f = v
+	}
+	return pct, ok
 }
 
 // secondsCeil turns a duration into whole seconds for tools that only take integers,

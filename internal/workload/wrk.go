@@ -49,6 +49,7 @@ var (
 func ParseWrk(out string) (WrkResult, error) {
 	var r WrkResult
 	var have struct{ rps, p50, total bool }
+	pcts := percentiles{50: &r.P50Us, 75: &r.P75Us, 90: &r.P90Us, 99: &r.P99Us}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		l := strings.TrimSpace(sc.Text())
@@ -69,16 +70,10 @@ func ParseWrk(out string) (WrkResult, error) {
 		case wrkPct.MatchString(l):
 			m := wrkPct.FindStringSubmatch(l)
 			var v float64
-			v, err = wrkTimeUs(m[2])
-			switch m[1] {
-			case "50":
-				r.P50Us, have.p50 = v, true
-			case "75":
-				r.P75Us = v
-			case "90":
-				r.P90Us = v
-			case "99":
-				r.P99Us = v
+			if v, err = wrkTimeUs(m[2]); err == nil {
+				if p, ok := pcts.set(m[1], v); ok && p == 50 {
+					have.p50 = true
+				}
 			}
 		case wrkTotal.MatchString(l):
 			m := wrkTotal.FindStringSubmatch(l)
