@@ -68,28 +68,14 @@ type Interval struct {
 func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (Interval, []error) {
 	iv := Interval{StartS: prev.Time.Sub(origin).Seconds(), DurationS: cur.Time.Sub(prev.Time).Seconds()}
 	var errs []error
-	if c, err := CPUDelta(prev.CPU, cur.CPU); err == nil {
-		iv.CPU = &c
-	} else {
-		errs = append(errs, fmt.Errorf("cpu: %w", err))
-	}
-	if d, err := SoftirqDeltas(prev.Softirqs, cur.Softirqs); err == nil {
-		iv.Softirqs = &d
-	} else {
-		errs = append(errs, fmt.Errorf("softirqs: %w", err))
-	}
+	iv.CPU = partDelta(&errs, "cpu", CPUDelta, prev.CPU, cur.CPU)
+	iv.Softirqs = partDelta(&errs, "softirqs", SoftirqDeltas, prev.Softirqs, cur.Softirqs)
 	if prev.Interrupts.Rows == nil || cur.Interrupts.Rows == nil {
 		errs = append(errs, fmt.Errorf("interrupts: /proc/interrupts not read"))
-	} else if d, err := InterruptDeltas(prev.Interrupts, cur.Interrupts); err == nil {
-		iv.Interrupts = &d
 	} else {
-		errs = append(errs, fmt.Errorf("interrupts: %w", err))
+		iv.Interrupts = partDelta(&errs, "interrupts", InterruptDeltas, prev.Interrupts, cur.Interrupts)
 	}
-	if d, err := SoftnetDeltas(prev.Softnet, cur.Softnet); err == nil {
-		iv.Softnet = &d
-	} else {
-		errs = append(errs, fmt.Errorf("softnet: %w", err))
-	}
+	iv.Softnet = partDelta(&errs, "softnet", SoftnetDeltas, prev.Softnet, cur.Softnet)
 	for _, ns := range sortedKeys(counters) {
 		p, ok1 := prev.Nstat[ns]
 		c, ok2 := cur.Nstat[ns]
@@ -108,6 +94,17 @@ func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (I
 		iv.Nstat[ns] = d
 	}
 	return iv, errs
+}
+
+// partDelta computes one part of an interval. A failed part is left out (nil) and its error is
+// added to errs under the part's name, so one bad file does not cost the other parts.
+func partDelta[S, D any](errs *[]error, part string, delta func(prev, cur S) (D, error), prev, cur S) *D {
+	d, err := delta(prev, cur)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", part, err))
+		return nil
+	}
+	return &d
 }
 
 // SamplerConfig says what a Sampler records.
