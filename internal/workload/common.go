@@ -59,9 +59,13 @@ func Require(tools ...string) error {
 	return errors.Join(errs...)
 }
 
-// checkNamespaces fails early, with a clear message, on a namespace that does not exist;
-// otherwise `ip netns exec` would fail later with a less obvious error.
-func checkNamespaces(names ...string) error {
+// prepare starts every Run: it fills in the config's defaults and validates it (defaults), then
+// fails early, with a clear message, on a namespace that does not exist; otherwise
+// `ip netns exec` would fail later with a less obvious error.
+func prepare(defaults func() error, names ...string) error {
+	if err := defaults(); err != nil {
+		return err
+	}
 	for _, n := range names {
 		if !netnsutil.Exists(n) {
 			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", n)

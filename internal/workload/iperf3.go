@@ -105,10 +105,7 @@ func (c *Iperf3Config) defaults() error {
 
 // Run starts `iperf3 -s` in the server namespace, runs the client and parses its JSON.
 func (c Iperf3Config) Run(ctx context.Context) (Iperf3Result, error) {
-	if err := c.defaults(); err != nil {
-		return Iperf3Result{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return Iperf3Result{}, err
 	}
 	port := strconv.Itoa(c.Port)

@@ -81,10 +81,7 @@ func (c *MemcachedConfig) defaults() error {
 
 // Run starts memcached, preloads the key space, then drives the get/set mix for Duration.
 func (c MemcachedConfig) Run(ctx context.Context) (MemcachedResult, error) {
-	if err := c.defaults(); err != nil {
-		return MemcachedResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return MemcachedResult{}, err
 	}
 	cpus, err := parseCPUList(c.ClientCPUs)

@@ -50,10 +50,7 @@ func (c *NginxConfig) defaults() error {
 // Run writes the file and config into a temp dir, starts nginx in the foreground, runs wrk
 // --latency and parses its report. The temp dir is removed afterwards.
 func (c NginxConfig) Run(ctx context.Context) (WrkResult, error) {
-	if err := c.defaults(); err != nil {
-		return WrkResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return WrkResult{}, err
 	}
 	dir, err := os.MkdirTemp("", "peregrine-nginx-")

@@ -93,10 +93,7 @@ func (c *SockperfConfig) defaults() error {
 
 // Run starts `sockperf server`, runs the client test and parses its summary.
 func (c SockperfConfig) Run(ctx context.Context) (SockperfResult, error) {
-	if err := c.defaults(); err != nil {
-		return SockperfResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return SockperfResult{}, err
 	}
 	port := strconv.Itoa(c.Port)
