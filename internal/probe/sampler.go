@@ -3,8 +3,8 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 )
@@ -76,7 +76,7 @@ func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (I
 		iv.Interrupts = partDelta(&errs, "interrupts", InterruptDeltas, prev.Interrupts, cur.Interrupts)
 	}
 	iv.Softnet = partDelta(&errs, "softnet", SoftnetDeltas, prev.Softnet, cur.Softnet)
-	for _, ns := range sortedKeys(counters) {
+	for _, ns := range slices.Sorted(maps.Keys(counters)) {
 		p, ok1 := prev.Nstat[ns]
 		c, ok2 := cur.Nstat[ns]
 		if !ok1 || !ok2 {
@@ -173,7 +173,7 @@ func (s *Sampler) Start() error {
 	if s.state != 0 {
 		return errors.New("probe: sampler already started")
 	}
-	snap, err := TakeSnapshot(sortedKeys(s.cfg.Namespaces))
+	snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.cfg.Namespaces)))
 	if err != nil {
 		return err
 	}
@@ -211,7 +211,7 @@ func (s *Sampler) loop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			snap, err := TakeSnapshot(sortedKeys(s.counters))
+			snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.counters)))
 			s.mu.Lock()
 			if err != nil {
 				s.addErr(fmt.Errorf("sample: %w", err))
@@ -268,7 +268,7 @@ func (s *Sampler) Stop() (*Report, error) {
 		close(s.stop)
 		<-s.done
 	}
-	snap, err := TakeSnapshot(sortedKeys(s.counters))
+	snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.counters)))
 	if err != nil {
 		return nil, fmt.Errorf("final snapshot: %w", err)
 	}
@@ -298,13 +298,4 @@ func (s *Sampler) Stop() (*Report, error) {
 		}
 	}
 	return r, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	k := make([]string, 0, len(m))
-	for n := range m {
-		k = append(k, n)
-	}
-	sort.Strings(k)
-	return k
 }
