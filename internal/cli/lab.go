@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/lab"
@@ -71,8 +72,9 @@ func newLabUpCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				mergeSpec(cmd, &fromFile, &spec)
-				spec = fromFile
+				if err := overrideFileSpec(cmd.Flags(), &spec, fromFile); err != nil {
+					return err
+				}
 			}
 			if rxCPUs != "" {
 				cpus, err := parseCPUList(rxCPUs)
@@ -131,33 +133,20 @@ func newLabUpCmd() *cobra.Command {
 	return c
 }
 
-// mergeSpec lets flags given explicitly override the topology file.
-func mergeSpec(cmd *cobra.Command, dst, flags *lab.Spec) {
-	f := cmd.Flags()
-	if f.Changed("name") || dst.Name == "" {
-		dst.Name = flags.Name
+// overrideFileSpec makes the topology file's spec the one the flags write into (*spec) and then
+// sets every flag given on the command line again from its own text, so those win over the file.
+// Re-applying the flags themselves needs no list of Spec fields to keep in step with the flags.
+// (A slice-valued flag would append instead of replace; TestLabUpFlagsAreScalar keeps them out.)
+func overrideFileSpec(f *pflag.FlagSet, spec *lab.Spec, fromFile lab.Spec) error {
+	given := map[*pflag.Flag]string{}
+	f.Visit(func(fl *pflag.Flag) { given[fl] = fl.Value.String() })
+	*spec = fromFile
+	for fl, v := range given {
+		if err := fl.Value.Set(v); err != nil {
+			return fmt.Errorf("--%s: %w", fl.Name, err)
+		}
 	}
-	if f.Changed("style") {
-		dst.Style = flags.Style
-	}
-	if f.Changed("hosts") {
-		dst.Hosts = flags.Hosts
-	}
-	if f.Changed("containers") {
-		dst.Containers = flags.Containers
-	}
-	if f.Changed("underlay") {
-		dst.Underlay = flags.Underlay
-	}
-	if f.Changed("mtu") {
-		dst.MTU = flags.MTU
-	}
-	if f.Changed("tor") {
-		dst.ToR = flags.ToR
-	}
-	if f.Changed("tenants") || dst.Tenants == 0 {
-		dst.Tenants = flags.Tenants
-	}
+	return nil
 }
 
 func newLabDownCmd() *cobra.Command {

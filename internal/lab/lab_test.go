@@ -151,23 +151,19 @@ func TestSpecValidation(t *testing.T) {
 }
 
 func TestAddressing(t *testing.T) {
-	s := Spec{Style: StyleFlannel}
-	s.Defaults()
-	if got := s.ContainerAddr(2, 1).String(); got != "198.19.2.2/24" {
-		t.Errorf("flannel container addr = %s", got)
-	}
-	if got := s.FlannelAddr(3).String(); got != "198.19.3.0/32" {
-		t.Errorf("flannel.1 addr = %s", got)
-	}
+	f := Spec{Style: StyleFlannel}
+	f.Defaults()
 	d := Spec{Style: StyleDocker}
 	d.Defaults()
-	if got := d.ContainerAddr(1, 2).String(); got != "198.19.1.3/16" {
-		t.Errorf("docker container addr = %s", got)
-	}
-	if got := d.HostAddr(2).String(); got != "198.18.0.2/24" {
-		t.Errorf("host addr = %s", got)
-	}
-	if got := CPUMask([]int{0, 1, 33}); got != "2,00000003" {
-		t.Errorf("CPUMask = %s", got)
+	for _, c := range []struct{ what, got, want string }{
+		{"flannel container addr", f.ContainerAddr(2, 1).String(), "198.19.2.2/24"},
+		{"flannel.1 addr", f.FlannelAddr(3).String(), "198.19.3.0/32"},
+		{"docker container addr", d.ContainerAddr(1, 2).String(), "198.19.1.3/16"},
+		{"host addr", d.HostAddr(2).String(), "198.18.0.2/24"},
+		{"CPUMask", CPUMask([]int{0, 1, 33}), "2,00000003"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %s, want %s", c.what, c.got, c.want)
+		}
 	}
 }

@@ -46,28 +46,11 @@ func (b *builder) dockerTenant(i, t int) error {
 		return err
 	}
 	for j := 1; j <= s.Containers; j++ {
-		c, err := b.newNs(ContainerName(i, t, j))
-		if err != nil {
-			return err
-		}
-		port := fmt.Sprintf("veth%d", j)
 		index := 0
 		if t > 1 {
 			index = TenantPortIndex(t, j)
 		}
-		if err := ov.vethAt(port, index, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
-			return err
-		}
-		if err := ov.master(port, "br0"); err != nil {
-			return err
-		}
-		if err := ov.up(port); err != nil {
-			return err
-		}
-		if err := c.addr("eth0", s.ContainerAddr(i, j)); err != nil {
-			return err
-		}
-		if err := c.up("eth0"); err != nil {
+		if _, err := b.bridgedContainer(ov, "br0", ContainerName(i, t, j), i, j, index); err != nil {
 			return err
 		}
 	}
@@ -85,6 +68,35 @@ func (b *builder) dockerTenant(i, t int) error {
 		}
 	}
 	return nil
+}
+
+// bridgedContainer creates container j of host i in namespace name: its eth0 (the container's MAC
+// and overlay address, up) is a veth whose peer vethJ sits in n, enslaved to bridge br and up, as
+// Docker's overlay driver and the CNI bridge plugin wire a container. index is the ifindex of
+// vethJ (0: the kernel picks).
+func (b *builder) bridgedContainer(n *nsLinks, br, name string, i, j, index int) (*nsLinks, error) {
+	s := b.s
+	c, err := b.newNs(name)
+	if err != nil {
+		return nil, err
+	}
+	port := fmt.Sprintf("veth%d", j)
+	if err := n.vethAt(port, index, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
+		return nil, err
+	}
+	if err := n.master(port, br); err != nil {
+		return nil, err
+	}
+	if err := n.up(port); err != nil {
+		return nil, err
+	}
+	if err := c.addr("eth0", s.ContainerAddr(i, j)); err != nil {
+		return nil, err
+	}
+	if err := c.up("eth0"); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // flannelHost builds flannel's VXLAN backend on host i: flannel.1 in the host namespace, the cni0
@@ -114,24 +126,8 @@ func (b *builder) flannelHost(i int) error {
 		return err
 	}
 	for j := 1; j <= s.Containers; j++ {
-		c, err := b.newNs(containerName(i, j))
+		c, err := b.bridgedContainer(host, "cni0", containerName(i, j), i, j, 0)
 		if err != nil {
-			return err
-		}
-		port := fmt.Sprintf("veth%d", j)
-		if err := host.veth(port, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
-			return err
-		}
-		if err := host.master(port, "cni0"); err != nil {
-			return err
-		}
-		if err := host.up(port); err != nil {
-			return err
-		}
-		if err := c.addr("eth0", s.ContainerAddr(i, j)); err != nil {
-			return err
-		}
-		if err := c.up("eth0"); err != nil {
 			return err
 		}
 		if err := c.route("eth0", netipPrefixZero, s.GatewayAddr(i).Addr(), false); err != nil {

@@ -2,11 +2,8 @@ package probe
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -39,22 +36,12 @@ type CPUStat struct {
 }
 
 // CPUs returns the CPU ids of the snapshot in order.
-func (s CPUStat) CPUs() []int {
-	ids := make([]int, len(s.PerCPU))
-	for i, t := range s.PerCPU {
-		ids[i] = t.CPU
-	}
-	return ids
-}
+func (s CPUStat) CPUs() []int { return cpuIDs(s.PerCPU, CPUTimes.cpu) }
+
+func (t CPUTimes) cpu() int { return t.CPU }
 
 // ReadCPUStat reads /proc/stat.
-func ReadCPUStat() (CPUStat, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return CPUStat{}, err
-	}
-	return ParseCPUStat(bytes.NewReader(b))
-}
+func ReadCPUStat() (CPUStat, error) { return readProcFile("/proc/stat", ParseCPUStat) }
 
 // ParseCPUStat parses the cpu lines of /proc/stat text and ignores the rest (intr, ctxt, ...).
 func ParseCPUStat(r io.Reader) (CPUStat, error) {
@@ -83,11 +70,8 @@ func ParseCPUStat(r io.Reader) (CPUStat, error) {
 	if !seenAll || len(s.PerCPU) == 0 {
 		return CPUStat{}, fmt.Errorf("/proc/stat: no cpu lines")
 	}
-	slices.SortFunc(s.PerCPU, func(a, b CPUTimes) int { return a.CPU - b.CPU })
-	for i := 1; i < len(s.PerCPU); i++ {
-		if s.PerCPU[i].CPU == s.PerCPU[i-1].CPU {
-			return CPUStat{}, fmt.Errorf("/proc/stat: cpu%d listed twice", s.PerCPU[i].CPU)
-		}
+	if err := sortByCPU(s.PerCPU, CPUTimes.cpu, "/proc/stat"); err != nil {
+		return CPUStat{}, err
 	}
 	return s, nil
 }

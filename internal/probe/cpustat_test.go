@@ -3,7 +3,6 @@ package probe
 import (
 	"errors"
 	"math"
-	"strings"
 	"testing"
 	"time"
 )
@@ -26,15 +25,6 @@ cpu1 2719 0 1163 20728 751 0 70 8 5 0
 intr 209380 0 0 0 0
 ctxt 389601
 `
-
-func mustParseStat(t *testing.T, s string) CPUStat {
-	t.Helper()
-	st, err := ParseCPUStat(strings.NewReader(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
@@ -71,7 +61,7 @@ func checkShareInvariants(t *testing.T, sh CPUShares) {
 }
 
 func TestParseCPUStat(t *testing.T) {
-	s := mustParseStat(t, statA)
+	s := mustParse(t, ParseCPUStat, statA)
 	if got := s.CPUs(); len(got) != 2 || got[0] != 0 || got[1] != 1 {
 		t.Fatalf("cpus %v", got)
 	}
@@ -90,25 +80,21 @@ func TestParseCPUStat(t *testing.T) {
 
 func TestParseCPUStatOldKernelAndErrors(t *testing.T) {
 	// 2.4-era lines: only user nice system idle.
-	s := mustParseStat(t, "cpu 10 0 5 85\ncpu0 10 0 5 85\n")
+	s := mustParse(t, ParseCPUStat, "cpu 10 0 5 85\ncpu0 10 0 5 85\n")
 	if s.PerCPU[0].Idle != 85 || s.PerCPU[0].IOWait != 0 {
 		t.Errorf("old layout parsed as %+v", s.PerCPU[0])
 	}
-	for name, in := range map[string]string{
+	assertParseFails(t, ParseCPUStat, map[string]string{
 		"no cpu lines":  "intr 1 2 3\n",
 		"short line":    "cpu 1 2 3\ncpu0 1 2 3\n",
 		"bad number":    "cpu 1 2 3 x\ncpu0 1 2 3 4\n",
 		"bad label":     "cpu 1 2 3 4\ncpuX 1 2 3 4\n",
 		"duplicate cpu": "cpu 1 2 3 4\ncpu0 1 2 3 4\ncpu0 1 2 3 4\n",
-	} {
-		if _, err := ParseCPUStat(strings.NewReader(in)); err == nil {
-			t.Errorf("%s: no error", name)
-		}
-	}
+	})
 }
 
 func TestCPUDelta(t *testing.T) {
-	sh, err := CPUDelta(mustParseStat(t, statA), mustParseStat(t, statB))
+	sh, err := CPUDelta(mustParse(t, ParseCPUStat, statA), mustParse(t, ParseCPUStat, statB))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +117,7 @@ func TestCPUDelta(t *testing.T) {
 }
 
 func TestCPUDeltaOddInput(t *testing.T) {
-	a := mustParseStat(t, statA)
+	a := mustParse(t, ParseCPUStat, statA)
 
 	// Same snapshot twice: nothing accounted, shares undefined.
 	if _, err := CPUDelta(a, a); !errors.Is(err, ErrEmptyInterval) {
@@ -139,14 +125,14 @@ func TestCPUDeltaOddInput(t *testing.T) {
 	}
 
 	// A CPU went offline between the snapshots.
-	b := mustParseStat(t, statB)
+	b := mustParse(t, ParseCPUStat, statB)
 	b.PerCPU = b.PerCPU[:1]
 	if _, err := CPUDelta(a, b); !errors.Is(err, ErrCPUSetChanged) {
 		t.Errorf("cpu missing: err %v, want ErrCPUSetChanged", err)
 	}
 
 	// iowait stepping back (a known tickless-kernel quirk) is clamped, not fatal.
-	b = mustParseStat(t, statB)
+	b = mustParse(t, ParseCPUStat, statB)
 	b.PerCPU[1].IOWait = a.PerCPU[1].IOWait - 3
 	sh, err := CPUDelta(a, b)
 	if err != nil {

@@ -1,10 +1,8 @@
 package probe
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,13 +33,7 @@ const (
 var IRQKinds = []string{IRQKindDevice, IRQKindCAL, IRQKindRES, IRQKindTLB, IRQKindLOC, IRQKindOther}
 
 // ReadInterrupts reads /proc/interrupts.
-func ReadInterrupts() (Interrupts, error) {
-	b, err := os.ReadFile("/proc/interrupts")
-	if err != nil {
-		return Interrupts{}, err
-	}
-	return ParseInterrupts(bytes.NewReader(b))
-}
+func ReadInterrupts() (Interrupts, error) { return readProcFile("/proc/interrupts", ParseInterrupts) }
 
 // ParseInterrupts parses /proc/interrupts text: a header of "CPUn" labels, then rows
 // "LABEL: c0 c1 ... [chip hwirq name | description]". A row with fewer counts than CPUs (ERR,

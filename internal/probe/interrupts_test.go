@@ -23,32 +23,19 @@ MIS:          0
 PIN:          0          0   Posted-interrupt notification event
 `
 
-const interruptsB = `           CPU0       CPU1       
- 24:          1          0  IO-APIC   5-edge      ACPI:Ged
- 41:       2131          0 PCI-MSIX-0000:00:04.0   1-edge      virtio3-rx
- 42:          0       4204 PCI-MSIX-0000:00:04.0   2-edge      virtio3-tx
-NMI:          0          0   Non-maskable interrupts
-LOC:    1880290    3762505   Local timer interrupts
-IWI:         32         67   IRQ work interrupts
-RES:     104978    1547163   Rescheduling interrupts
-CAL:   15824200          4   Function call interrupts
-TLB:      84901      70401   TLB shootdowns
-ERR:          3
-MIS:          0
-PIN:          0          0   Posted-interrupt notification event
-`
-
-func mustParseInterrupts(t *testing.T, s string) Interrupts {
-	t.Helper()
-	v, err := ParseInterrupts(strings.NewReader(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
+// interruptsB changes only the rows that moved, so the fixture says what the deltas must find.
+var interruptsB = strings.NewReplacer(
+	" 41:       2121", " 41:       2131",
+	"LOC:    1880190    3762405", "LOC:    1880290    3762505",
+	"IWI:         31", "IWI:         32",
+	"RES:     104878    1547063", "RES:     104978    1547163",
+	"CAL:   15823200 4294967290", "CAL:   15824200          4",
+	"TLB:      84900", "TLB:      84901",
+	"ERR:          0", "ERR:          3",
+).Replace(interruptsA)
 
 func TestParseInterrupts(t *testing.T) {
-	in := mustParseInterrupts(t, interruptsA)
+	in := mustParse(t, ParseInterrupts, interruptsA)
 	if len(in.CPUs) != 2 || in.CPUs[1] != 1 {
 		t.Fatalf("cpus %v", in.CPUs)
 	}
@@ -71,15 +58,16 @@ func TestParseInterrupts(t *testing.T) {
 	if IRQKind("IPI0", "Rescheduling interrupts") != IRQKindRES || IRQKind("IPI1", "Function call interrupts") != IRQKindCAL {
 		t.Error("arm64 IPI rows should be classified by their description")
 	}
-	for _, bad := range []string{"", "CPU0 CPUx\n", "CPU0\nLOC 5\n", "CPU0\nLOC: x\n"} {
-		if _, err := ParseInterrupts(strings.NewReader(bad)); err == nil {
-			t.Errorf("input %q should fail to parse", bad)
-		}
-	}
+	assertParseFails(t, ParseInterrupts, map[string]string{
+		"empty":         "",
+		"bad header":    "CPU0 CPUx\n",
+		"row without :": "CPU0\nLOC 5\n",
+		"no counts":     "CPU0\nLOC: x\n",
+	})
 }
 
 func TestInterruptDeltas(t *testing.T) {
-	d, err := InterruptDeltas(mustParseInterrupts(t, interruptsA), mustParseInterrupts(t, interruptsB))
+	d, err := InterruptDeltas(mustParse(t, ParseInterrupts, interruptsA), mustParse(t, ParseInterrupts, interruptsB))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +84,8 @@ func TestInterruptDeltas(t *testing.T) {
 	if len(d.Devices) != 1 || d.Devices["41 virtio3-rx"] != 10 {
 		t.Fatalf("devices %v, want only 41 virtio3-rx: 10", d.Devices)
 	}
-	other := mustParseInterrupts(t, "           CPU0\nLOC: 5 Local timer interrupts\n")
-	if _, err := InterruptDeltas(mustParseInterrupts(t, interruptsA), other); !errors.Is(err, ErrCPUSetChanged) {
+	other := mustParse(t, ParseInterrupts, "           CPU0\nLOC: 5 Local timer interrupts\n")
+	if _, err := InterruptDeltas(mustParse(t, ParseInterrupts, interruptsA), other); !errors.Is(err, ErrCPUSetChanged) {
 		t.Fatalf("different CPU sets: %v", err)
 	}
 }

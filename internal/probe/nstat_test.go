@@ -72,25 +72,17 @@ func TestParseNstat(t *testing.T) {
 			t.Errorf("default counter %s not in fixture", n)
 		}
 	}
-	for name, in := range map[string]string{
+	assertParseFails(t, ParseSNMP, map[string]string{
 		"header only":     "Udp: InDatagrams NoPorts\n",
 		"count mismatch":  "Udp: InDatagrams NoPorts\nUdp: 1\n",
 		"group mismatch":  "Udp: InDatagrams\nTcp: 1\n",
 		"not a number":    "Udp: InDatagrams\nUdp: x\n",
 		"above int64 max": "Udp: InDatagrams\nUdp: 18446744073709551615\n",
-	} {
-		if _, err := ParseSNMP(strings.NewReader(in)); err == nil {
-			t.Errorf("%s: no error", name)
-		}
-	}
-	for name, in := range map[string]string{
+	})
+	assertParseFails(t, ParseSNMP6, map[string]string{
 		"no group": "InReceives 1\n",
 		"3 fields": "Ip6InReceives 1 2\n",
-	} {
-		if _, err := ParseSNMP6(strings.NewReader(in)); err == nil {
-			t.Errorf("snmp6 %s: no error", name)
-		}
-	}
+	})
 }
 
 func TestCounterDeltas(t *testing.T) {

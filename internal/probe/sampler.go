@@ -3,8 +3,8 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 )
@@ -68,29 +68,15 @@ type Interval struct {
 func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (Interval, []error) {
 	iv := Interval{StartS: prev.Time.Sub(origin).Seconds(), DurationS: cur.Time.Sub(prev.Time).Seconds()}
 	var errs []error
-	if c, err := CPUDelta(prev.CPU, cur.CPU); err == nil {
-		iv.CPU = &c
-	} else {
-		errs = append(errs, fmt.Errorf("cpu: %w", err))
-	}
-	if d, err := SoftirqDeltas(prev.Softirqs, cur.Softirqs); err == nil {
-		iv.Softirqs = &d
-	} else {
-		errs = append(errs, fmt.Errorf("softirqs: %w", err))
-	}
+	iv.CPU = partDelta(&errs, "cpu", CPUDelta, prev.CPU, cur.CPU)
+	iv.Softirqs = partDelta(&errs, "softirqs", SoftirqDeltas, prev.Softirqs, cur.Softirqs)
 	if prev.Interrupts.Rows == nil || cur.Interrupts.Rows == nil {
 		errs = append(errs, fmt.Errorf("interrupts: /proc/interrupts not read"))
-	} else if d, err := InterruptDeltas(prev.Interrupts, cur.Interrupts); err == nil {
-		iv.Interrupts = &d
 	} else {
-		errs = append(errs, fmt.Errorf("interrupts: %w", err))
+		iv.Interrupts = partDelta(&errs, "interrupts", InterruptDeltas, prev.Interrupts, cur.Interrupts)
 	}
-	if d, err := SoftnetDeltas(prev.Softnet, cur.Softnet); err == nil {
-		iv.Softnet = &d
-	} else {
-		errs = append(errs, fmt.Errorf("softnet: %w", err))
-	}
-	for _, ns := range sortedKeys(counters) {
+	iv.Softnet = partDelta(&errs, "softnet", SoftnetDeltas, prev.Softnet, cur.Softnet)
+	for _, ns := range slices.Sorted(maps.Keys(counters)) {
 		p, ok1 := prev.Nstat[ns]
 		c, ok2 := cur.Nstat[ns]
 		if !ok1 || !ok2 {
@@ -108,6 +94,17 @@ func Diff(prev, cur Snapshot, counters map[string][]string, origin time.Time) (I
 		iv.Nstat[ns] = d
 	}
 	return iv, errs
+}
+
+// partDelta computes one part of an interval. A failed part is left out (nil) and its error is
+// added to errs under the part's name, so one bad file does not cost the other parts.
+func partDelta[S, D any](errs *[]error, part string, delta func(prev, cur S) (D, error), prev, cur S) *D {
+	d, err := delta(prev, cur)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", part, err))
+		return nil
+	}
+	return &d
 }
 
 // SamplerConfig says what a Sampler records.
@@ -176,7 +173,7 @@ func (s *Sampler) Start() error {
 	if s.state != 0 {
 		return errors.New("probe: sampler already started")
 	}
-	snap, err := TakeSnapshot(sortedKeys(s.cfg.Namespaces))
+	snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.cfg.Namespaces)))
 	if err != nil {
 		return err
 	}
@@ -214,7 +211,7 @@ func (s *Sampler) loop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			snap, err := TakeSnapshot(sortedKeys(s.counters))
+			snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.counters)))
 			s.mu.Lock()
 			if err != nil {
 				s.addErr(fmt.Errorf("sample: %w", err))
@@ -271,7 +268,7 @@ func (s *Sampler) Stop() (*Report, error) {
 		close(s.stop)
 		<-s.done
 	}
-	snap, err := TakeSnapshot(sortedKeys(s.counters))
+	snap, err := TakeSnapshot(slices.Sorted(maps.Keys(s.counters)))
 	if err != nil {
 		return nil, fmt.Errorf("final snapshot: %w", err)
 	}
@@ -301,13 +298,4 @@ func (s *Sampler) Stop() (*Report, error) {
 		}
 	}
 	return r, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	k := make([]string, 0, len(m))
-	for n := range m {
-		k = append(k, n)
-	}
-	sort.Strings(k)
-	return k
 }

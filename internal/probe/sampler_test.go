@@ -163,10 +163,10 @@ func TestSamplerBadNamespace(t *testing.T) {
 }
 
 func TestDiffReportsPartialFailure(t *testing.T) {
-	a := Snapshot{Time: time.Unix(100, 0), CPU: mustParseStat(t, statA), Softirqs: mustParseSoftirqs(t, softirqsA),
-		Softnet: mustParseSoftnet(t, softnet15A), Interrupts: mustParseInterrupts(t, interruptsA), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
-	b := Snapshot{Time: time.Unix(101, 0), CPU: mustParseStat(t, statB), Softirqs: mustParseSoftirqs(t, softirqsB),
-		Softnet: mustParseSoftnet(t, softnet13A), Interrupts: mustParseInterrupts(t, interruptsB), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
+	a := Snapshot{Time: time.Unix(100, 0), CPU: mustParse(t, ParseCPUStat, statA), Softirqs: mustParse(t, ParseSoftirqs, softirqsA),
+		Softnet: mustParse(t, ParseSoftnet, softnet15A), Interrupts: mustParse(t, ParseInterrupts, interruptsA), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
+	b := Snapshot{Time: time.Unix(101, 0), CPU: mustParse(t, ParseCPUStat, statB), Softirqs: mustParse(t, ParseSoftirqs, softirqsB),
+		Softnet: mustParse(t, ParseSoftnet, softnet13A), Interrupts: mustParse(t, ParseInterrupts, interruptsB), Nstat: map[string]Counters{"x": fixtureCounters(t)}}
 	iv, errs := Diff(a, b, map[string][]string{"x": DefaultCounters}, time.Unix(99, 0))
 	if len(errs) != 1 || iv.Softnet != nil {
 		t.Errorf("softnet layout change: errs %v, softnet %v", errs, iv.Softnet)

@@ -1,10 +1,8 @@
 package probe
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 )
@@ -17,13 +15,7 @@ type Softirqs struct {
 }
 
 // ReadSoftirqs reads /proc/softirqs.
-func ReadSoftirqs() (Softirqs, error) {
-	b, err := os.ReadFile("/proc/softirqs")
-	if err != nil {
-		return Softirqs{}, err
-	}
-	return ParseSoftirqs(bytes.NewReader(b))
-}
+func ReadSoftirqs() (Softirqs, error) { return readProcFile("/proc/softirqs", ParseSoftirqs) }
 
 // ParseSoftirqs parses /proc/softirqs text: a header of "CPUn" labels, then "NAME: c0 c1 ..." rows.
 func ParseSoftirqs(r io.Reader) (Softirqs, error) {

@@ -2,7 +2,6 @@ package probe
 
 import (
 	"errors"
-	"strings"
 	"testing"
 )
 
@@ -34,17 +33,8 @@ const softirqsB = `                    CPU0       CPU1
          RCU:       8413      10768
 `
 
-func mustParseSoftirqs(t *testing.T, s string) Softirqs {
-	t.Helper()
-	v, err := ParseSoftirqs(strings.NewReader(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 func TestParseSoftirqs(t *testing.T) {
-	s := mustParseSoftirqs(t, softirqsA)
+	s := mustParse(t, ParseSoftirqs, softirqsA)
 	if len(s.CPUs) != 2 || s.CPUs[1] != 1 {
 		t.Fatalf("cpus %v", s.CPUs)
 	}
@@ -54,21 +44,17 @@ func TestParseSoftirqs(t *testing.T) {
 	if got := s.Counts["NET_RX"]; got[0] != 3886 || got[1] != 4294967290 {
 		t.Errorf("NET_RX %v", got)
 	}
-	for name, in := range map[string]string{
+	assertParseFails(t, ParseSoftirqs, map[string]string{
 		"empty":         "",
 		"bad header":    "CPU0 XPU1\nHI: 0 0\n",
 		"short row":     "CPU0 CPU1\nHI: 0\n",
 		"row without :": "CPU0 CPU1\nHI 0 0\n",
 		"bad number":    "CPU0 CPU1\nHI: 0 -1\n",
-	} {
-		if _, err := ParseSoftirqs(strings.NewReader(in)); err == nil {
-			t.Errorf("%s: no error", name)
-		}
-	}
+	})
 }
 
 func TestSoftirqDeltas(t *testing.T) {
-	d, err := SoftirqDeltas(mustParseSoftirqs(t, softirqsA), mustParseSoftirqs(t, softirqsB))
+	d, err := SoftirqDeltas(mustParse(t, ParseSoftirqs, softirqsA), mustParse(t, ParseSoftirqs, softirqsB))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +71,8 @@ func TestSoftirqDeltas(t *testing.T) {
 	}
 
 	// A CPU column disappearing is refused.
-	one := mustParseSoftirqs(t, "CPU0\nNET_RX: 5\n")
-	if _, err := SoftirqDeltas(mustParseSoftirqs(t, softirqsA), one); !errors.Is(err, ErrCPUSetChanged) {
+	one := mustParse(t, ParseSoftirqs, "CPU0\nNET_RX: 5\n")
+	if _, err := SoftirqDeltas(mustParse(t, ParseSoftirqs, softirqsA), one); !errors.Is(err, ErrCPUSetChanged) {
 		t.Errorf("cpu missing: err %v", err)
 	}
 }

@@ -2,11 +2,8 @@ package probe
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -66,22 +63,14 @@ type Softnet struct {
 }
 
 // CPUs returns the CPU ids of the snapshot in order.
-func (s Softnet) CPUs() []int {
-	ids := make([]int, len(s.PerCPU))
-	for i, r := range s.PerCPU {
-		ids[i] = r.CPU
-	}
-	return ids
-}
+func (s Softnet) CPUs() []int { return cpuIDs(s.PerCPU, SoftnetCPU.cpu) }
+
+func (c SoftnetCPU) cpu() int { return c.CPU }
 
 // ReadSoftnet reads /proc/net/softnet_stat. The file is not per network namespace (it is the
 // per-CPU backlog of the whole machine), so the reading thread's namespace does not matter.
 func ReadSoftnet() (Softnet, error) {
-	b, err := os.ReadFile("/proc/net/softnet_stat")
-	if err != nil {
-		return Softnet{}, err
-	}
-	return ParseSoftnet(bytes.NewReader(b))
+	return readProcFile("/proc/net/softnet_stat", ParseSoftnet)
 }
 
 // ParseSoftnet parses softnet_stat text of any layout with at least 10 columns.
@@ -135,11 +124,8 @@ func ParseSoftnet(r io.Reader) (Softnet, error) {
 	if row == 0 {
 		return Softnet{}, fmt.Errorf("softnet_stat: empty")
 	}
-	slices.SortFunc(s.PerCPU, func(a, b SoftnetCPU) int { return a.CPU - b.CPU })
-	for i := 1; i < len(s.PerCPU); i++ {
-		if s.PerCPU[i].CPU == s.PerCPU[i-1].CPU {
-			return Softnet{}, fmt.Errorf("softnet_stat: cpu %d listed twice", s.PerCPU[i].CPU)
-		}
+	if err := sortByCPU(s.PerCPU, SoftnetCPU.cpu, "softnet_stat"); err != nil {
+		return Softnet{}, err
 	}
 	return s, nil
 }

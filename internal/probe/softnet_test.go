@@ -30,17 +30,8 @@ const softnet11 = `0a1b2c3d 00000005 0000002a 00000000 00000000 00000000 0000000
 00fedcba 00000000 00000003 00000000 00000000 00000000 00000000 00000000 00000000 000000c8 00000000
 `
 
-func mustParseSoftnet(t *testing.T, s string) Softnet {
-	t.Helper()
-	v, err := ParseSoftnet(strings.NewReader(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 func TestParseSoftnetLayouts(t *testing.T) {
-	s := mustParseSoftnet(t, softnet15B)
+	s := mustParse(t, ParseSoftnet, softnet15B)
 	if s.Columns != 15 || !s.CPUIndexed {
 		t.Fatalf("15-col: columns %d indexed %v", s.Columns, s.CPUIndexed)
 	}
@@ -53,7 +44,7 @@ func TestParseSoftnetLayouts(t *testing.T) {
 		t.Errorf("15-col cpu1 = %+v", s.PerCPU[1])
 	}
 
-	s = mustParseSoftnet(t, softnet13A)
+	s = mustParse(t, ParseSoftnet, softnet13A)
 	if s.Columns != 13 || !s.CPUIndexed {
 		t.Fatalf("13-col: columns %d indexed %v", s.Columns, s.CPUIndexed)
 	}
@@ -64,7 +55,7 @@ func TestParseSoftnetLayouts(t *testing.T) {
 		t.Errorf("13-col cpu2 = %+v", s.PerCPU[1])
 	}
 
-	s = mustParseSoftnet(t, softnet11)
+	s = mustParse(t, ParseSoftnet, softnet11)
 	if s.Columns != 11 || s.CPUIndexed {
 		t.Fatalf("11-col: columns %d indexed %v", s.Columns, s.CPUIndexed)
 	}
@@ -78,21 +69,17 @@ func TestParseSoftnetLayouts(t *testing.T) {
 }
 
 func TestParseSoftnetErrors(t *testing.T) {
-	for name, in := range map[string]string{
+	assertParseFails(t, ParseSoftnet, map[string]string{
 		"empty":          "",
 		"too few cols":   "00000001 00000000 00000000\n",
 		"ragged rows":    softnet11 + "00000001 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000\n",
 		"not hex":        strings.Replace(softnet11, "0a1b2c3d", "0a1b2c3z", 1),
 		"duplicate cpus": softnet13A + strings.SplitAfter(softnet13A, "\n")[1],
-	} {
-		if _, err := ParseSoftnet(strings.NewReader(in)); err == nil {
-			t.Errorf("%s: no error", name)
-		}
-	}
+	})
 }
 
 func TestSoftnetDeltas(t *testing.T) {
-	d, err := SoftnetDeltas(mustParseSoftnet(t, softnet15A), mustParseSoftnet(t, softnet15B))
+	d, err := SoftnetDeltas(mustParse(t, ParseSoftnet, softnet15A), mustParse(t, ParseSoftnet, softnet15B))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +94,7 @@ func TestSoftnetDeltas(t *testing.T) {
 	}
 
 	// 13-col: CPU0 processed wraps from 0xfffffff0 to 0x10 = 0x20 packets.
-	d, err = SoftnetDeltas(mustParseSoftnet(t, softnet13A), mustParseSoftnet(t, softnet13B))
+	d, err = SoftnetDeltas(mustParse(t, ParseSoftnet, softnet13A), mustParse(t, ParseSoftnet, softnet13B))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,15 +103,15 @@ func TestSoftnetDeltas(t *testing.T) {
 	}
 
 	// Layout change and CPU set change are errors.
-	if _, err := SoftnetDeltas(mustParseSoftnet(t, softnet11), mustParseSoftnet(t, softnet13A)); err == nil {
+	if _, err := SoftnetDeltas(mustParse(t, ParseSoftnet, softnet11), mustParse(t, ParseSoftnet, softnet13A)); err == nil {
 		t.Error("layout change: no error")
 	}
-	if _, err := SoftnetDeltas(mustParseSoftnet(t, softnet15A), mustParseSoftnet(t, softnet13A)); err == nil {
+	if _, err := SoftnetDeltas(mustParse(t, ParseSoftnet, softnet15A), mustParse(t, ParseSoftnet, softnet13A)); err == nil {
 		t.Error("15 -> 13 columns: no error")
 	}
-	b := mustParseSoftnet(t, softnet15B)
+	b := mustParse(t, ParseSoftnet, softnet15B)
 	b.PerCPU = b.PerCPU[1:]
-	if _, err := SoftnetDeltas(mustParseSoftnet(t, softnet15A), b); !errors.Is(err, ErrCPUSetChanged) {
+	if _, err := SoftnetDeltas(mustParse(t, ParseSoftnet, softnet15A), b); !errors.Is(err, ErrCPUSetChanged) {
 		t.Errorf("cpu missing: err %v", err)
 	}
 }

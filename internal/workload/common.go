@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,9 +59,13 @@ func Require(tools ...string) error {
 	return errors.Join(errs...)
 }
 
-// checkNamespaces fails early, with a clear message, on a namespace that does not exist;
-// otherwise `ip netns exec` would fail later with a less obvious error.
-func checkNamespaces(names ...string) error {
+// prepare starts every Run: it fills in the config's defaults and validates it (defaults), then
+// fails early, with a clear message, on a namespace that does not exist; otherwise
+// `ip netns exec` would fail later with a less obvious error.
+func prepare(defaults func() error, names ...string) error {
+	if err := defaults(); err != nil {
+		return err
+	}
 	for _, n := range names {
 		if !netnsutil.Exists(n) {
 			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", n)
@@ -146,12 +151,21 @@ func jsonErrorField(s string) string {
 	return doc.Error
 }
 
-// portOrDefault returns p, or def when p is zero.
-func portOrDefault(p, def int) int {
-	if p == 0 {
-		return def
+// percentiles maps a percentile (99.9 for p99.9) to the result field that holds its latency.
+type percentiles map[float64]*float64
+
+// set stores v in the field for the percentile a tool printed as label ("99", "99.000", "99.900");
+// it returns the percentile, or false when label is not a number or not one the result keeps.
+func (p percentiles) set(label string, v float64) (float64, bool) {
+	pct, err := strconv.ParseFloat(label, 64)
+	if err != nil {
+		return 0, false
 	}
-	return p
+	f, ok := p[pct]
+	if ok {
+		*f = v
+	}
+	return pct, ok
 }
 
 // secondsCeil turns a duration into whole seconds for tools that only take integers,

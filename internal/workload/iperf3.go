@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -83,13 +84,9 @@ type Iperf3CPU struct {
 }
 
 func (c *Iperf3Config) defaults() error {
-	c.Port = portOrDefault(c.Port, 5201)
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.Streams == 0 {
-		c.Streams = 1
-	}
+	c.Port = cmp.Or(c.Port, 5201)
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	c.Streams = cmp.Or(c.Streams, 1)
 	if c.ServerAddr == "" {
 		return errors.New("iperf3: server address is required")
 	}
@@ -108,10 +105,7 @@ func (c *Iperf3Config) defaults() error {
 
 // Run starts `iperf3 -s` in the server namespace, runs the client and parses its JSON.
 func (c Iperf3Config) Run(ctx context.Context) (Iperf3Result, error) {
-	if err := c.defaults(); err != nil {
-		return Iperf3Result{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return Iperf3Result{}, err
 	}
 	port := strconv.Itoa(c.Port)

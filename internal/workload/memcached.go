@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,28 +57,14 @@ type MemcachedResult struct {
 }
 
 func (c *MemcachedConfig) defaults() error {
-	c.Port = portOrDefault(c.Port, 11211)
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.Threads == 0 {
-		c.Threads = 1
-	}
-	if c.MemoryMB == 0 {
-		c.MemoryMB = 64
-	}
-	if c.Connections == 0 {
-		c.Connections = 8
-	}
-	if c.Keys == 0 {
-		c.Keys = 10000
-	}
-	if c.ValueSize == 0 {
-		c.ValueSize = 64
-	}
-	if c.GetRatio == 0 {
-		c.GetRatio = 0.9
-	}
+	c.Port = cmp.Or(c.Port, 11211)
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	c.Threads = cmp.Or(c.Threads, 1)
+	c.MemoryMB = cmp.Or(c.MemoryMB, 64)
+	c.Connections = cmp.Or(c.Connections, 8)
+	c.Keys = cmp.Or(c.Keys, 10000)
+	c.ValueSize = cmp.Or(c.ValueSize, 64)
+	c.GetRatio = cmp.Or(c.GetRatio, 0.9)
 	switch {
 	case c.ServerAddr == "":
 		return errors.New("memcached: server address is required")
@@ -94,10 +81,7 @@ func (c *MemcachedConfig) defaults() error {
 
 // Run starts memcached, preloads the key space, then drives the get/set mix for Duration.
 func (c MemcachedConfig) Run(ctx context.Context) (MemcachedResult, error) {
-	if err := c.defaults(); err != nil {
-		return MemcachedResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return MemcachedResult{}, err
 	}
 	cpus, err := parseCPUList(c.ClientCPUs)

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -29,22 +30,12 @@ type NginxConfig struct {
 }
 
 func (c *NginxConfig) defaults() error {
-	c.Port = portOrDefault(c.Port, 8080)
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.FileSize == 0 {
-		c.FileSize = 1024
-	}
-	if c.Workers == 0 {
-		c.Workers = 1
-	}
-	if c.Threads == 0 {
-		c.Threads = 1
-	}
-	if c.Connections == 0 {
-		c.Connections = 16
-	}
+	c.Port = cmp.Or(c.Port, 8080)
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	c.FileSize = cmp.Or(c.FileSize, 1024)
+	c.Workers = cmp.Or(c.Workers, 1)
+	c.Threads = cmp.Or(c.Threads, 1)
+	c.Connections = cmp.Or(c.Connections, 16)
 	switch {
 	case c.ServerAddr == "":
 		return errors.New("nginx: server address is required")
@@ -59,10 +50,7 @@ func (c *NginxConfig) defaults() error {
 // Run writes the file and config into a temp dir, starts nginx in the foreground, runs wrk
 // --latency and parses its report. The temp dir is removed afterwards.
 func (c NginxConfig) Run(ctx context.Context) (WrkResult, error) {
-	if err := c.defaults(); err != nil {
-		return WrkResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return WrkResult{}, err
 	}
 	dir, err := os.MkdirTemp("", "peregrine-nginx-")

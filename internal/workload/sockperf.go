@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,22 +69,16 @@ type SockperfResult struct {
 }
 
 func (c *SockperfConfig) defaults() error {
-	c.Port = portOrDefault(c.Port, 11111)
-	if c.Mode == "" {
-		c.Mode = SockperfPingPong
-	}
+	c.Port = cmp.Or(c.Port, 11111)
+	c.Mode = cmp.Or(c.Mode, SockperfPingPong)
 	if c.Mode != SockperfPingPong && c.Mode != SockperfUnderLoad {
 		return fmt.Errorf("sockperf: unknown mode %q (want %s or %s)", c.Mode, SockperfPingPong, SockperfUnderLoad)
 	}
-	if c.MsgSize == 0 {
-		c.MsgSize = 64
-	}
+	c.MsgSize = cmp.Or(c.MsgSize, 64)
 	if c.MsgSize < 14 || c.MsgSize > 65507 {
 		return fmt.Errorf("sockperf: message size %d outside 14..65507", c.MsgSize)
 	}
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
 	if c.Mode == SockperfUnderLoad && c.MPS == 0 {
 		c.MPS = 10000
 	}
@@ -98,10 +93,7 @@ func (c *SockperfConfig) defaults() error {
 
 // Run starts `sockperf server`, runs the client test and parses its summary.
 func (c SockperfConfig) Run(ctx context.Context) (SockperfResult, error) {
-	if err := c.defaults(); err != nil {
-		return SockperfResult{}, err
-	}
-	if err := checkNamespaces(c.ServerNS, c.ClientNS); err != nil {
+	if err := prepare(c.defaults, c.ServerNS, c.ClientNS); err != nil {
 		return SockperfResult{}, err
 	}
 	port := strconv.Itoa(c.Port)
@@ -162,6 +154,8 @@ var (
 func ParseSockperf(out string) (SockperfResult, error) {
 	var r SockperfResult
 	var haveAvg, haveP50, haveMax bool
+	pcts := percentiles{25: &r.P25Us, 50: &r.P50Us, 75: &r.P75Us, 90: &r.P90Us, 99: &r.P99Us,
+		99.9: &r.P999Us, 99.99: &r.P9999Us}
 	sc := bufio.NewScanner(strings.NewReader(stripANSI(out)))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -189,22 +183,8 @@ func ParseSockperf(out string) (SockperfResult, error) {
 			r.MinUs = atof(m[1])
 		}
 		if m := spPct.FindStringSubmatch(l); m != nil {
-			v := atof(m[2])
-			switch m[1] {
-			case "25.000":
-				r.P25Us = v
-			case "50.000":
-				r.P50Us, haveP50 = v, true
-			case "75.000":
-				r.P75Us = v
-			case "90.000":
-				r.P90Us = v
-			case "99.000":
-				r.P99Us = v
-			case "99.900":
-				r.P999Us = v
-			case "99.990":
-				r.P9999Us = v
+			if p, ok := pcts.set(m[1], atof(m[2])); ok && p == 50 {
+				haveP50 = true
 			}
 		}
 	}

@@ -49,6 +49,7 @@ var (
 func ParseWrk(out string) (WrkResult, error) {
 	var r WrkResult
 	var have struct{ rps, p50, total bool }
+	pcts := percentiles{50: &r.P50Us, 75: &r.P75Us, 90: &r.P90Us, 99: &r.P99Us}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		l := strings.TrimSpace(sc.Text())
@@ -69,16 +70,10 @@ func ParseWrk(out string) (WrkResult, error) {
 		case wrkPct.MatchString(l):
 			m := wrkPct.FindStringSubmatch(l)
 			var v float64
-			v, err = wrkTimeUs(m[2])
-			switch m[1] {
-			case "50":
-				r.P50Us, have.p50 = v, true
-			case "75":
-				r.P75Us = v
-			case "90":
-				r.P90Us = v
-			case "99":
-				r.P99Us = v
+			if v, err = wrkTimeUs(m[2]); err == nil {
+				if p, ok := pcts.set(m[1], v); ok && p == 50 {
+					have.p50 = true
+				}
 			}
 		case wrkTotal.MatchString(l):
 			m := wrkTotal.FindStringSubmatch(l)
@@ -122,43 +117,49 @@ func (r WrkResult) check() error {
 	return nil
 }
 
-// wrkTimeUs converts wrk's time strings ("211.00us", "1.23ms", "1.10s", "2.00m") to µs.
-func wrkTimeUs(s string) (float64, error) {
-	units := []struct {
-		suffix string
-		us     float64
-	}{{"us", 1}, {"ms", 1e3}, {"s", 1e6}, {"m", 60e6}, {"h", 3600e6}}
-	for _, u := range units {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, fmt.Errorf("bad time %q", s)
-			}
-			return f * u.us, nil
-		}
-	}
-	return 0, fmt.Errorf("bad time %q", s)
+// unit is a suffix wrk prints after a number and what one of it is worth in the unit we store.
+type unit struct {
+	suffix string
+	mult   float64
 }
 
-// wrkBytes converts wrk's binary-unit sizes ("48.79MB", "512.00B") to bytes (1 KB = 1024 B).
-func wrkBytes(s string) (float64, error) {
-	units := []struct {
-		suffix string
-		mult   float64
-	}{{"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"TB", 1 << 40}, {"PB", 1 << 50}, {"B", 1}}
+// The first suffix s ends in wins, so a suffix comes before the shorter ones it ends in ("ms"
+// before "s", "MB" before "B"). Sizes are binary: 1 KB = 1024 B.
+var (
+	wrkTimeUnits = []unit{{"us", 1}, {"ms", 1e3}, {"s", 1e6}, {"m", 60e6}, {"h", 3600e6}}
+	wrkSizeUnits = []unit{{"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"TB", 1 << 40}, {"PB", 1 << 50}, {"B", 1}}
+)
+
+// scaled parses s as a number followed by the first suffix of units that s ends in; found is
+// false when s ends in none of them.
+func scaled(s string, units []unit) (v float64, found bool, err error) {
 	for _, u := range units {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, fmt.Errorf("bad size %q", s)
-			}
-			return f * u.mult, nil
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(num, 64)
+			return f * u.mult, true, err
 		}
 	}
-	// Small values carry no unit at all in some wrk builds.
-	f, err := strconv.ParseFloat(s, 64)
+	return 0, false, nil
+}
+
+// wrkTimeUs converts wrk's time strings ("211.00us", "1.23ms", "1.10s", "2.00m") to µs.
+func wrkTimeUs(s string) (float64, error) {
+	v, found, err := scaled(s, wrkTimeUnits)
+	if !found || err != nil {
+		return 0, fmt.Errorf("bad time %q", s)
+	}
+	return v, nil
+}
+
+// wrkBytes converts wrk's binary-unit sizes ("48.79MB", "512.00B") to bytes.
+func wrkBytes(s string) (float64, error) {
+	v, found, err := scaled(s, wrkSizeUnits)
+	if !found {
+		// Small values carry no unit at all in some wrk builds.
+		v, err = strconv.ParseFloat(s, 64)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
-	return f, nil
+	return v, nil
 }

@@ -13,6 +13,7 @@
 package inject
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -103,9 +104,7 @@ type Config struct {
 // filled in by Run once the device is known.
 func (c Config) WithDefaults() (Config, error) {
 	if !c.Plain {
-		if c.DstPort == 0 {
-			c.DstPort = PortIANA
-		}
+		c.DstPort = cmp.Or(c.DstPort, PortIANA)
 		if c.SrcPortMin == 0 && c.SrcPortMax == 0 {
 			c.SrcPortMin, c.SrcPortMax = DefaultSrcPortMin, DefaultSrcPortMax
 		}
@@ -114,24 +113,12 @@ func (c Config) WithDefaults() (Config, error) {
 			c.InnerSrcMAC = MAC{0x02, 0x42, ip[0], ip[1], ip[2], ip[3]} // docker's scheme
 		}
 	}
-	if c.InnerSrcPort == 0 {
-		c.InnerSrcPort = 10000
-	}
-	if c.PayloadSize == 0 {
-		c.PayloadSize = PayloadMin
-	}
-	if c.Flows == 0 {
-		c.Flows = 1
-	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
-	if c.Method == "" {
-		c.Method = MethodXDP
-	}
-	if c.StallTimeout == 0 {
-		c.StallTimeout = 2 * time.Second
-	}
+	c.InnerSrcPort = cmp.Or(c.InnerSrcPort, 10000)
+	c.PayloadSize = cmp.Or(c.PayloadSize, PayloadMin)
+	c.Flows = cmp.Or(c.Flows, 1)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
+	c.Method = cmp.Or(c.Method, MethodXDP)
+	c.StallTimeout = cmp.Or(c.StallTimeout, 2*time.Second)
 
 	var errs []error
 	if c.Device == "" {

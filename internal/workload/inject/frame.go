@@ -1,6 +1,10 @@
 package inject
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
+)
 
 // Frame layouts (no VLAN tags, no IP options). VXLAN mode: outer Ethernet | outer IPv4 | outer
 // UDP | VXLAN | inner Ethernet | inner IPv4 | inner UDP | payload. Plain mode: Ethernet | IPv4 |
@@ -82,12 +86,7 @@ func flowHash(words ...uint32) uint32 {
 		h = h<<13 | h>>19
 		h = h*5 + 0xe6546b64
 	}
-	h ^= h >> 16
-	h *= 0x85ebca6b
-	h ^= h >> 13
-	h *= 0xc2b2ae35
-	h ^= h >> 16
-	return h
+	return flow.Fmix32(h)
 }
 
 // BuildFrame returns the complete frame of one flow with sequence 0 in its payload. c must have

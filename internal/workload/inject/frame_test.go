@@ -353,13 +353,6 @@ func TestConfigValidation(t *testing.T) {
 		"too many flows": func(c *Config) { c.InnerSrcPort, c.Flows = 65530, 10 },
 		"port range":     func(c *Config) { c.SrcPortMin, c.SrcPortMax = 5, 4 },
 	}
-	for name, mod := range bad {
-		c := testConfig(t, nil)
-		mod(&c)
-		if _, err := c.WithDefaults(); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
 	badPlain := map[string]func(*Config){
 		"no device":      func(c *Config) { c.Device = "" },
 		"no dst mac":     func(c *Config) { c.DstMAC = MAC{} },
@@ -369,11 +362,17 @@ func TestConfigValidation(t *testing.T) {
 		"huge payload":   func(c *Config) { c.PayloadSize = PayloadMax + 1 },
 		"too many flows": func(c *Config) { c.InnerSrcPort, c.Flows = 65530, 10 },
 	}
-	for name, mod := range badPlain {
-		c := plainConfig(t, nil)
-		mod(&c)
-		if _, err := c.WithDefaults(); err == nil {
-			t.Errorf("plain, %s: accepted", name)
+	for _, set := range []struct {
+		mode string
+		base func(*testing.T, func(*Config)) Config
+		bad  map[string]func(*Config)
+	}{{"vxlan", testConfig, bad}, {"plain", plainConfig, badPlain}} {
+		for name, mod := range set.bad {
+			c := set.base(t, nil)
+			mod(&c)
+			if _, err := c.WithDefaults(); err == nil {
+				t.Errorf("%s, %s: accepted", set.mode, name)
+			}
 		}
 	}
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/workload/pinned"
 )
 
 // ErrStalled is returned (wrapped) when the kernel accepted no frame for Config.StallTimeout.
@@ -43,33 +44,19 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 			c.FrameLen(), l, c.Device, sock.mtu)
 	}
 
-	// The send loop runs on its own locked thread so that pinning it (sched_setaffinity acts on a
-	// thread) pins exactly the sender. The goroutine returns without unlocking: the runtime then
-	// retires the thread, and its affinity never leaks to other goroutines.
-	type result struct {
-		st  Stats
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		st := Stats{CPU: -1, Method: MethodPacket}
+	// The send loop runs on its own locked thread so that pinning it pins exactly the sender.
+	st := Stats{CPU: -1, Method: MethodPacket}
+	err = pinned.Do(c.CPU, "sender", func() error {
 		if c.CPU != nil {
-			var set unix.CPUSet
-			set.Set(*c.CPU)
-			if err := unix.SchedSetaffinity(0, &set); err != nil {
-				done <- result{st, fmt.Errorf("pin sender to CPU %d: %w", *c.CPU, err)}
-				return
-			}
 			st.CPU = *c.CPU
 		}
 		cpu0 := threadCPUTime()
-		st, err := sendLoop(ctx, c, sock, st)
+		var err error
+		st, err = sendLoop(ctx, c, sock, st)
 		st.SenderCPUNs = threadCPUTime() - cpu0
-		done <- result{st, err}
-	}()
-	r := <-done
-	return r.st, r.err
+		return err
+	})
+	return st, err
 }
 
 // sender holds the prebuilt frames and the message vectors of one batch.

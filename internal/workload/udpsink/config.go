@@ -7,6 +7,7 @@
 package udpsink
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -39,12 +40,8 @@ func (c Config) withDefaults() (Config, error) {
 	if !c.Addr.IsValid() {
 		c.Addr = netip.IPv4Unspecified()
 	}
-	if c.RcvBuf == 0 {
-		c.RcvBuf = DefaultRcvBuf
-	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
+	c.RcvBuf = cmp.Or(c.RcvBuf, DefaultRcvBuf)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	var errs []error
 	if !c.Addr.Is4() {
 		errs = append(errs, fmt.Errorf("addr %s: only IPv4 is supported", c.Addr))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/workload/inject"
+	"github.com/peregrine-net/peregrine/internal/workload/pinned"
 )
 
 // Sink is a bound UDP socket waiting for Run. Listen and Run are separate so a caller can start
@@ -90,30 +90,16 @@ func (s *Sink) Run(ctx context.Context) (Stats, error) {
 		return Stats{CPU: -1}, errors.New("udpsink: Run called twice or after Close")
 	}
 	s.used = true
-	type result struct {
-		st  Stats
-		err error
-	}
-	done := make(chan result, 1)
-	// A dedicated locked thread so the CPU pin applies to the receive loop alone; the goroutine
-	// exits still locked, so the runtime retires the pinned thread.
-	go func() {
-		runtime.LockOSThread()
-		st := Stats{CPU: -1}
+	// A dedicated locked thread so the CPU pin applies to the receive loop alone.
+	st := Stats{CPU: -1}
+	err := pinned.Do(s.cfg.CPU, "receiver", func() error {
 		if s.cfg.CPU != nil {
-			var set unix.CPUSet
-			set.Set(*s.cfg.CPU)
-			if err := unix.SchedSetaffinity(0, &set); err != nil {
-				done <- result{st, fmt.Errorf("pin receiver to CPU %d: %w", *s.cfg.CPU, err)}
-				return
-			}
 			st.CPU = *s.cfg.CPU
 		}
-		st, err := s.loop(ctx, st)
-		done <- result{st, err}
-	}()
-	r := <-done
-	st, err := r.st, r.err
+		var err error
+		st, err = s.loop(ctx, st)
+		return err
+	})
 	st.RcvBuf = s.rcvbuf
 	if d, derr := socketDrops(s.fd); derr == nil {
 		st.SocketDrops = d
