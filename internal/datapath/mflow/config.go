@@ -47,7 +47,7 @@ const (
 
 // Config is mflow's settings: the declared options and the splitting CPUs (attach's --cpus).
 type Config struct {
-	Batch       int           `json:"batch" opt:"batch" default:"256" range:"1..65536" help:"packets per micro-flow (batch); the splitting CPUs are attach's --cpus (default: the first 2 online)"`
+	Batch       int           `json:"batch" opt:"batch" default:"256" help:"packets per micro-flow (batch), 1..65536; the splitting CPUs are attach's --cpus (default: the first 2 online)"`
 	ElephantPPS uint64        `json:"elephant_pps" opt:"elephant_pps" kind:"rate" default:"10000" help:"split flows at or above this packet rate, e.g. 10000 or 50k (0 = no packet-rate test)"`
 	ElephantBPS uint64        `json:"elephant_bps" opt:"elephant_bps" kind:"rate" default:"0" help:"split flows at or above this bit rate, e.g. 500M (0 = no bit-rate test; both 0 = split every flow)"`
 	Window      time.Duration `json:"window" opt:"window" default:"20ms" range:"1ms..10s" help:"rate window of the elephant test"`
@@ -65,6 +65,17 @@ type Config struct {
 }
 
 var schema = option.Declare(Name, Config{})
+
+// Validate explains the batch's bounds (a bare range would not say why).
+func (c *Config) Validate() error {
+	switch {
+	case c.Batch < 1:
+		return fmt.Errorf("--batch %d: a micro-flow holds at least 1 packet (the paper's default is %d)", c.Batch, DefaultBatch)
+	case c.Batch > grosplit.MaxMFlowBatch:
+		return fmt.Errorf("--batch %d: more than %d packets is more than any flow has in flight, so batches would never rotate (the paper's default is %d)", c.Batch, grosplit.MaxMFlowBatch, DefaultBatch)
+	}
+	return nil
+}
 
 // Complete takes the splitting CPUs from --cpus (default: the first online ones).
 func (c *Config) Complete(o datapath.Options) error {
