@@ -14,8 +14,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/probe"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
-	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 	"github.com/peregrine-net/peregrine/internal/workload"
 )
 
@@ -242,7 +242,7 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 					failures++
 					status = " FAILED: " + firstLine(rep.Error)
 				} else if v, ok := rep.Metrics[sc.def().primary]; ok {
-					status = " " + report.FormatValue(sc.def().primary, v)
+					status = " " + format.Value(sc.def().primary, v)
 				}
 				warm := ""
 				if rep.Warmup {

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 )
 
 // The projection answers "what would a bigger machine do" from what a small one measured. It is
@@ -240,7 +241,7 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 			}
 			check, errTxt := "-", "-"
 			if !math.IsInf(pp.check, 1) {
-				check = FormatValue("x_pps", pp.check) + fmt.Sprintf(" (cpu%d)", pp.checkCPU)
+				check = format.Value("x_pps", pp.check) + fmt.Sprintf(" (cpu%d)", pp.checkCPU)
 				if pp.sat {
 					e := (pp.check - pp.measured) / pp.measured
 					errs = append(errs, math.Abs(e))
@@ -249,9 +250,9 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 					errTxt = "not bound"
 				}
 			}
-			row := []string{pp.config, results.XKey(pp.x), strings.Join(st, " "), FormatValue("x_pps", pp.measured), check, errTxt}
+			row := []string{pp.config, results.XKey(pp.x), strings.Join(st, " "), format.Value("x_pps", pp.measured), check, errTxt}
 			for _, c := range cores {
-				row = append(row, FormatValue("x_pps", projectRate(pp, c)))
+				row = append(row, format.Value("x_pps", projectRate(pp, c)))
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
