@@ -188,21 +188,3 @@ func netRxNs(d stage.Snapshot) []uint64 {
 	}
 	return out
 }
-
-// costMetricsCompared are the cost figures every run also states as ratios against the
-// baseline: the whole machine's and the receive path's ns per delivered packet.
-var costMetricsCompared = []string{results.MetricCostReceive, results.MetricCostCPU, results.MetricCostBPF}
-
-// costRatios compares the cost figures of every config with the baseline's, where measured.
-func costRatios(run *results.Run) []results.Ratio {
-	var out []results.Ratio
-	for _, m := range costMetricsCompared {
-		if m == run.Scenario.Primary {
-			continue
-		}
-		if rs, err := results.ComputeRatios(run, m, run.Scenario.Baseline); err == nil {
-			out = append(out, rs...)
-		}
-	}
-	return out
-}

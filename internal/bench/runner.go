@@ -132,14 +132,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if err != nil {
 		run.Complete, run.Error = false, err.Error()
 	}
-	run.ComputeCosts()
-	run.SummarizeAll()
-	if len(run.Points) > 0 {
-		if rs, rerr := results.ComputeRatios(run, sc.def().primary, run.Scenario.Baseline); rerr == nil {
-			run.Ratios = rs
-		}
-		run.Ratios = append(run.Ratios, costRatios(run)...)
-	}
+	run.Derive()
 	for _, p := range run.Validate() {
 		run.Notes = append(run.Notes, "validation: "+p.Error())
 	}
