@@ -163,7 +163,7 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		if o.Given != nil {
 			tb := givenTestbed(o.Given, o)
 			beds = append(beds, tb)
-			run.Configs = append(run.Configs, results.Config{Name: tb.cfg.Name(), Style: StyleGiven, Mode: "as found"})
+			run.Configs = append(run.Configs, results.Config{Name: tb.cfg.Name(), Style: StyleGiven, Mode: "as found", Placement: results.PlacementUnknown})
 			break
 		}
 		tb, err := setupTestbed(ctx, i, c, o, o.logf)
@@ -172,7 +172,15 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		}
 		beds = append(beds, tb)
 		run.Lab.Styles = appendUnique(run.Lab.Styles, c.Style)
-		run.Configs = append(run.Configs, results.Config{Name: c.Name(), Style: c.Style, Mode: c.Mode, Knobs: tb.knobs, Offloads: tb.offloads})
+		var stack []string
+		for _, m := range c.Stack {
+			stack = append(stack, m.Mode)
+		}
+		pl, note := placementOf(c.Name(), stack)
+		if note != "" {
+			run.Notes = append(run.Notes, note)
+		}
+		run.Configs = append(run.Configs, results.Config{Name: c.Name(), Style: c.Style, Mode: c.Mode, Knobs: tb.knobs, Offloads: tb.offloads, Placement: pl})
 	}
 	var sp *stage.Probe
 	var devs map[stage.DevKey]stage.DeviceInfo

@@ -1,6 +1,7 @@
 package results_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/results"
@@ -79,5 +80,32 @@ func TestMedianOver(t *testing.T) {
 	}
 	if _, ok := p.MedianOver(func(*results.Rep) (float64, bool) { return 0, false }); ok {
 		t.Error("a median of nothing")
+	}
+}
+
+func TestStackPlacement(t *testing.T) {
+	for _, c := range []struct {
+		in   []results.Placement
+		want results.Placement
+	}{
+		{nil, results.PlacementOneCore},
+		{[]results.Placement{results.PlacementStagePerCore, results.PlacementOneCore}, results.PlacementStagePerCore},
+		{[]results.Placement{results.PlacementStagePerCore, results.PlacementSplitAfterNIC}, results.PlacementSplitAfterNIC},
+		{[]results.Placement{results.PlacementSecondCore, results.PlacementUnknown}, results.PlacementUnknown},
+		{[]results.Placement{"made-up"}, results.PlacementUnknown},
+	} {
+		if got := results.StackPlacement(c.in...); got != c.want {
+			t.Errorf("StackPlacement(%v) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	run := twoMetricRun()
+	run.Schema = results.Schema
+	run.Configs[1].Placement = "made-up"
+	found := false
+	for _, e := range run.Validate() {
+		found = found || strings.Contains(e.Error(), `unknown placement class "made-up"`)
+	}
+	if !found {
+		t.Errorf("Validate accepts an unknown placement class: %v", run.Validate())
 	}
 }
