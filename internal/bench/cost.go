@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/bpfstats"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
@@ -22,8 +23,8 @@ import (
 type costProbe struct {
 	sw    *bpfstats.Switch
 	probe []ebpf.ProgramID // the stage probe's programs
-	calib map[*testbed]*bpfstats.Calibration
-	progs map[*testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
+	calib map[*testbed.Testbed]*bpfstats.Calibration
+	progs map[*testbed.Testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
 	notes []string
 }
 
@@ -32,30 +33,30 @@ var enableStats = bpfstats.Enable
 
 // startCost switches the statistics on and attaches the calibration programs. On failure it
 // returns what it undid and an error; the run then goes on without program costs.
-func startCost(beds []*testbed, sp *stage.Probe) (*costProbe, error) {
+func startCost(beds []*testbed.Testbed, sp *stage.Probe) (*costProbe, error) {
 	sw, err := enableStats()
 	if err != nil {
 		return nil, fmt.Errorf("BPF run-time statistics unavailable: %w", err)
 	}
-	c := &costProbe{sw: sw, calib: map[*testbed]*bpfstats.Calibration{}, progs: map[*testbed][]ebpf.ProgramID{}}
+	c := &costProbe{sw: sw, calib: map[*testbed.Testbed]*bpfstats.Calibration{}, progs: map[*testbed.Testbed][]ebpf.ProgramID{}}
 	if sp != nil {
 		c.probe, _ = sp.ProgramIDs()
 	}
 	for _, tb := range beds {
-		for _, ns := range tb.attached {
+		for _, ns := range tb.Attached {
 			ids, err := bpfstats.PinnedPrograms(datapath.PinDir(ns))
 			if err != nil {
-				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.cfg.Name(), ns, err))
+				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.Config, ns, err))
 			}
 			c.progs[tb] = append(c.progs[tb], ids...)
 		}
-		ns := tb.receiveHostNetns()
+		ns := tb.ReceiveHostNetns()
 		if ns == "" {
 			continue
 		}
 		cal, err := bpfstats.AttachCalibration(ns, "eth0")
 		if err != nil {
-			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.cfg.Name(), err))
+			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.Config, err))
 			continue
 		}
 		c.calib[tb] = cal
@@ -77,7 +78,7 @@ func (c *costProbe) close() error {
 }
 
 // ids are the programs to sample for a testbed, with their roles.
-func (c *costProbe) ids(tb *testbed) map[ebpf.ProgramID]string {
+func (c *costProbe) ids(tb *testbed.Testbed) map[ebpf.ProgramID]string {
 	out := map[ebpf.ProgramID]string{}
 	for _, id := range c.probe {
 		out[id] = results.RoleProbe
@@ -92,7 +93,7 @@ func (c *costProbe) ids(tb *testbed) map[ebpf.ProgramID]string {
 }
 
 // sample reads the testbed's programs now (nil on a nil probe).
-func (c *costProbe) sample(tb *testbed) map[ebpf.ProgramID]bpfstats.Sample {
+func (c *costProbe) sample(tb *testbed.Testbed) map[ebpf.ProgramID]bpfstats.Sample {
 	if c == nil {
 		return nil
 	}
@@ -106,7 +107,7 @@ func (c *costProbe) sample(tb *testbed) map[ebpf.ProgramID]bpfstats.Sample {
 }
 
 // programRuns turns two samples into the rep's program rows, ordered by role then name.
-func (c *costProbe) programRuns(tb *testbed, before, after map[ebpf.ProgramID]bpfstats.Sample) []results.ProgramRuns {
+func (c *costProbe) programRuns(tb *testbed.Testbed, before, after map[ebpf.ProgramID]bpfstats.Sample) []results.ProgramRuns {
 	if c == nil {
 		return nil
 	}
@@ -131,23 +132,6 @@ func (c *costProbe) programRuns(tb *testbed, before, after map[ebpf.ProgramID]bp
 		return int(a.ID) - int(b.ID)
 	})
 	return out
-}
-
-// receiveHostNetns is the namespace of the receiving host, whose underlay eth0 takes the
-// emulated NIC's receive; "" for given namespaces (no lab of ours to attach to).
-func (tb *testbed) receiveHostNetns() string {
-	if tb.given || tb.lab == nil {
-		return ""
-	}
-	r := tb.pair.receiver
-	if r.Host == "" {
-		return r.Netns
-	}
-	h, err := tb.lab.Node(r.Host)
-	if err != nil {
-		return ""
-	}
-	return h.Netns
 }
 
 // Metrics the injector reports about itself, moved into the rep's own fields by takeSender.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -37,19 +36,5 @@ func (g *Given) validate(scenario string) error {
 	return nil
 }
 
-// givenTestbed wraps given namespaces as a testbed: nothing is built, attached or torn down.
-func givenTestbed(g *Given, o *Options) *testbed {
-	name := "given:" + g.ClientNS + "->" + g.ServerNS
-	return &testbed{
-		cfg:    Config{Style: StyleGiven, Mode: name},
-		given:  true,
-		stages: map[string]string{},
-		knobs:  map[string]string{},
-		pair: pair{
-			sender:     lab.Node{Name: g.ClientNS, Netns: g.ClientNS},
-			receiver:   lab.Node{Name: g.ServerNS, Netns: g.ServerNS, Addr: g.ServerAddr},
-			appCPUs:    o.AppCPUs,
-			senderCPUs: o.SenderCPUs,
-		},
-	}
-}
+// name is the one config of a run on given namespaces.
+func (g *Given) name() string { return "given:" + g.ClientNS + "->" + g.ServerNS }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/probe"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
@@ -74,7 +75,8 @@ func (o *Options) DefaultArrangement() {
 	}
 }
 
-func (o *Options) logf(format string, args ...any) {
+// Logf writes a progress line to Log, if any.
+func (o *Options) Logf(format string, args ...any) {
 	if o.Log != nil {
 		fmt.Fprintf(o.Log, format+"\n", args...)
 	}
@@ -91,7 +93,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 		if err := o.Given.validate(o.Scenario.Name); err != nil {
 			return nil, "", err
 		}
-		o.Configs = []Config{{Style: StyleGiven, Mode: givenTestbed(o.Given, &o).cfg.Mode}}
+		o.Configs = []Config{{Style: StyleGiven, Mode: o.Given.name()}}
 	}
 	if len(o.Configs) == 0 {
 		return nil, "", errors.New("no configuration to measure")
@@ -151,46 +153,26 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 
 func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 	sc := &o.Scenario
-	var beds []*testbed
+	var beds []bed
 	defer func() {
-		for _, tb := range beds {
-			if terr := tb.teardown(); terr != nil {
-				err = errors.Join(err, fmt.Errorf("teardown %s: %w", tb.cfg.Name(), terr))
+		for _, b := range beds {
+			if terr := b.Teardown(); terr != nil {
+				err = errors.Join(err, fmt.Errorf("teardown %s: %w", b.Config, terr))
 			}
 		}
 	}()
-	for i, c := range o.Configs {
-		if o.Given != nil {
-			tb := givenTestbed(o.Given, o)
-			beds = append(beds, tb)
-			run.Configs = append(run.Configs, results.Config{Name: tb.cfg.Name(), Style: StyleGiven, Mode: "as found", Placement: results.PlacementUnknown})
-			break
-		}
-		tb, err := setupTestbed(ctx, i, c, o, o.logf)
-		if err != nil {
-			return err
-		}
-		beds = append(beds, tb)
-		run.Lab.Styles = appendUnique(run.Lab.Styles, c.Style)
-		var stack []string
-		for _, m := range c.Stack {
-			stack = append(stack, m.Mode)
-		}
-		pl, note := placementOf(c.Name(), stack)
-		if note != "" {
-			run.Notes = append(run.Notes, note)
-		}
-		run.Configs = append(run.Configs, results.Config{Name: c.Name(), Style: c.Style, Mode: c.Mode, Knobs: tb.knobs, Offloads: tb.offloads, Placement: pl})
+	if err := o.buildBeds(ctx, run, &beds); err != nil {
+		return err
 	}
 	var sp *stage.Probe
 	var devs map[stage.DevKey]stage.DeviceInfo
 	if !o.NoStageProbe {
 		var nss []string
-		for _, tb := range beds {
-			nss = append(nss, tb.namespaces()...)
+		for _, b := range beds {
+			nss = append(nss, b.Namespaces()...)
 		}
 		if sp, err = stage.Start(stage.Options{NetnsNames: nss}); err != nil {
-			o.logf("stage probe unavailable, continuing without per-stage attribution: %v", stage.Explain(err))
+			o.Logf("stage probe unavailable, continuing without per-stage attribution: %v", stage.Explain(err))
 			run.Notes = append(run.Notes, "stage probe unavailable: "+err.Error())
 			sp = nil
 		} else {
@@ -199,9 +181,13 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		}
 	}
 	if !o.NoBPFStats {
-		cp, cerr := startCost(beds, sp)
+		tbs := make([]*testbed.Testbed, len(beds))
+		for i, b := range beds {
+			tbs[i] = b.Testbed
+		}
+		cp, cerr := startCost(tbs, sp)
 		if cerr != nil {
-			o.logf("continuing without eBPF program costs: %v", cerr)
+			o.Logf("continuing without eBPF program costs: %v", cerr)
 			run.Notes = append(run.Notes, "no eBPF program costs: "+cerr.Error())
 		} else {
 			o.costs = cp
@@ -224,18 +210,18 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		for r := 0; r < sc.Reps+sc.Warmup; r++ {
 			// Interleave configs and rotate who goes first, so drift and order effects hit all alike.
 			for k := range beds {
-				tb := beds[(k+r)%len(beds)]
+				b := beds[(k+r)%len(beds)]
 				if err := ctx.Err(); err != nil {
 					return fmt.Errorf("interrupted: %w", err)
 				}
-				key := tb.cfg.Name() + "|" + results.XKey(x)
+				key := b.Config + "|" + results.XKey(x)
 				pt := points[key]
 				if pt == nil {
-					pt = &results.Point{Config: tb.cfg.Name(), X: x}
+					pt = &results.Point{Config: b.Config, X: x}
 					points[key] = pt
 					order = append(order, key)
 				}
-				rep := o.measureRep(ctx, tb, x, sp, devs)
+				rep := o.measureRep(ctx, b, x, sp, devs)
 				rep.Index, rep.Warmup = r, r < sc.Warmup
 				pt.Reps = append(pt.Reps, rep)
 				status := ""
@@ -249,7 +235,7 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 				if rep.Warmup {
 					warm = " (warm-up)"
 				}
-				prog.step(fmt.Sprintf("%s %s rep %d%s%s", tb.cfg.Name(), describeX(x), r, warm, status))
+				prog.step(fmt.Sprintf("%s %s rep %d%s%s", b.Config, describeX(x), r, warm, status))
 			}
 		}
 	}
@@ -264,12 +250,12 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 }
 
 // measureRep runs one repetition with the probes around it.
-func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]float64, sp *stage.Probe, devs map[stage.DevKey]stage.DeviceInfo) results.Rep {
+func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64, sp *stage.Probe, devs map[stage.DevKey]stage.DeviceInfo) results.Rep {
 	rep := results.Rep{Started: time.Now()}
 	// The receiver's counters say what arrived out of order; the sender's how TCP paid for it
 	// (SACK reordering detected, retransmits, spurious RTOs).
-	nss := map[string][]string{tb.pair.receiver.Netns: probe.DefaultCounters}
-	if s := tb.pair.sender.Netns; s != tb.pair.receiver.Netns {
+	nss := map[string][]string{b.pair.receiver.Netns: probe.DefaultCounters}
+	if s := b.pair.sender.Netns; s != b.pair.receiver.Netns {
 		nss[s] = probe.DefaultCounters
 	}
 	sampler := probe.NewSampler(probe.SamplerConfig{Namespaces: nss})
@@ -282,12 +268,12 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 	if sp != nil {
 		before, _ = sp.Snapshot()
 	}
-	progsBefore := o.costs.sample(tb)
+	progsBefore := o.costs.sample(b.Testbed)
 	var h *hog
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
-	metrics, raw, err := o.Scenario.measure(ctx, tb.pair, x)
+	metrics, raw, err := o.Scenario.measure(ctx, b.pair, x)
 	h.stop()
 	rep.Duration = time.Since(rep.Started)
 	var after stage.Snapshot
@@ -295,7 +281,7 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 		after, _ = sp.Snapshot()
 	}
 	if progsBefore != nil {
-		rep.Programs = o.costs.programRuns(tb, progsBefore, o.costs.sample(tb))
+		rep.Programs = o.costs.programRuns(b.Testbed, progsBefore, o.costs.sample(b.Testbed))
 	}
 	rpt, serr := sampler.Stop()
 	rep.Metrics, rep.Raw = metrics, raw
@@ -304,13 +290,13 @@ func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]floa
 		rep.Error = err.Error()
 	}
 	if serr == nil && rpt != nil {
-		fillProbes(&rep, rpt, tb.pair.receiver.Netns, tb.pair.sender.Netns)
+		fillProbes(&rep, rpt, b.pair.receiver.Netns, b.pair.sender.Netns)
 	}
 	other.finish(&rep)
 	if sp != nil {
 		d := after.Sub(before)
 		d.Annotate(devs)
-		rep.Stages = stageRows(d, tb)
+		rep.Stages = stageRows(d, b.Stages)
 		rep.NetRxNs = netRxNs(d)
 	}
 	return rep
@@ -358,13 +344,13 @@ func fillProbes(rep *results.Rep, r *probe.Report, recvNs, sendNs string) {
 }
 
 // stageRows turns a stage-probe delta into per-(device, CPU) rows named by lab stage.
-func stageRows(d stage.Snapshot, tb *testbed) []results.StageCPU {
+func stageRows(d stage.Snapshot, stages map[string]string) []results.StageCPU {
 	var rows []results.StageCPU
 	for _, dc := range d.Devices {
 		if dc.Packets == 0 && dc.RxPackets == 0 && dc.SoftirqNs == 0 {
 			continue
 		}
-		st := tb.stages[dc.NetnsName+"/"+dc.Name]
+		st := stages[dc.NetnsName+"/"+dc.Name]
 		if dc.Name == stage.BacklogName {
 			st = "backlog"
 		}
@@ -389,15 +375,6 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
-}
-
-func appendUnique(xs []string, s string) []string {
-	for _, x := range xs {
-		if x == s {
-			return xs
-		}
-	}
-	return append(xs, s)
 }
 
 // underlayName is what the results call the underlay: direct, or tor with --tor.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/bench"
+	"github.com/peregrine-net/peregrine/internal/bench/suite"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
@@ -231,7 +232,7 @@ first: every ratio is against the native path), run in turn into one result file
 then one HTML report over all of them.
 
 Suites:
-` + bench.SuiteHelp(),
+` + suite.Help(),
 		Example: `  peregrine bench suite falcon --quick
   peregrine bench suite study --out results/study`,
 		Args: cobra.ExactArgs(1),
@@ -243,7 +244,7 @@ Suites:
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			runs, _, err := bench.RunSuite(ctx, args[0], quick, o)
+			runs, _, err := suite.Run(ctx, args[0], quick, o)
 			if len(runs) > 0 {
 				if terr := report.Table(os.Stdout, runs...); terr != nil {
 					fmt.Fprintln(os.Stderr, terr)
