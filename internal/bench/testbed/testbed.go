@@ -53,6 +53,9 @@ type Testbed struct {
 	given                bool
 }
 
+// labOption is the attach option naming the lab, for the modes that take one.
+const labOption = "lab"
+
 // labName gives each config of this process its own lab: "b<pid>x<i>" fits the 12-char limit.
 func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i) }
 
@@ -72,8 +75,10 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 			for k, v := range a.Extra {
 				opts.Extra[k] = v
 			}
-			if a.Mode == "ezpath" {
-				opts.Extra["lab"] = l.Spec.Name // the switches it programs are the lab's
+			// A mode that takes a lab option programs the lab's own devices (its switches): it
+			// is told which lab.
+			for k, v := range datapath.FilterOptions(a.Mode, map[string]string{labOption: l.Spec.Name}) {
+				opts.Extra[k] = v
 			}
 			st, err := datapath.Attach(ctx, h.Netns, a.Mode, opts)
 			if err != nil {
