@@ -6,8 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,14 +37,7 @@ var suites = map[string]struct {
 }
 
 // Names lists the suites.
-func Names() []string {
-	var ns []string
-	for n := range suites {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
-}
+func Names() []string { return slices.Sorted(maps.Keys(suites)) }
 
 // Help describes the suites, one per line.
 func Help() string {
