@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 )
 
 // Given names existing namespaces to measure between instead of building labs: any two
@@ -25,10 +25,8 @@ func (g *Given) validate(scenario string) error {
 	if _, err := netip.ParseAddr(g.ServerAddr); err != nil {
 		return fmt.Errorf("--server-addr %q is not an IP address", g.ServerAddr)
 	}
-	for _, ns := range []string{g.ServerNS, g.ClientNS} {
-		if ns != "" && !netnsutil.Exists(ns) {
-			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", ns)
-		}
+	if err := testbed.CheckExisting(g.ServerNS, g.ClientNS); err != nil {
+		return err
 	}
 	if scenario == "udp-inject" {
 		return fmt.Errorf("udp-inject needs a lab (it crafts frames from the lab's MACs and VNI): use --configs instead of given namespaces")

@@ -150,6 +150,16 @@ func Existing(config, clientNS, serverNS, serverAddr string) *Testbed {
 	}
 }
 
+// CheckExisting says which of the named namespaces does not exist ("" names none).
+func CheckExisting(nss ...string) error {
+	for _, ns := range nss {
+		if ns != "" && !netnsutil.Exists(ns) {
+			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", ns)
+		}
+	}
+	return nil
+}
+
 // Teardown detaches the modes and removes the lab; given namespaces are not ours to remove.
 func (tb *Testbed) Teardown() error {
 	if tb.given {

@@ -1,4 +1,4 @@
-package bench
+package probes
 
 import (
 	"errors"
@@ -12,7 +12,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
 	"github.com/peregrine-net/peregrine/internal/results"
-	"github.com/peregrine-net/peregrine/internal/workload/inject"
 )
 
 // costProbe measures what every eBPF program peregrine loaded costs during a run: the kernel's
@@ -28,12 +27,9 @@ type costProbe struct {
 	notes []string
 }
 
-// enableStats is swapped by tests to prove the switch is given back on every path.
-var enableStats = bpfstats.Enable
-
 // startCost switches the statistics on and attaches the calibration programs. On failure it
 // returns what it undid and an error; the run then goes on without program costs.
-func startCost(beds []*testbed.Testbed, sp *stage.Probe) (*costProbe, error) {
+func startCost(beds []*testbed.Testbed, sp *stage.Probe, enableStats EnableFunc) (*costProbe, error) {
 	sw, err := enableStats()
 	if err != nil {
 		return nil, fmt.Errorf("BPF run-time statistics unavailable: %w", err)
@@ -132,29 +128,6 @@ func (c *costProbe) programRuns(tb *testbed.Testbed, before, after map[ebpf.Prog
 		return int(a.ID) - int(b.ID)
 	})
 	return out
-}
-
-// Metrics the injector reports about itself, moved into the rep's own fields by takeSender.
-const (
-	senderCPUKey   = "sender_cpu_ns"
-	senderRunsKey  = "sender_prog_runs"
-	senderRunNsKey = "sender_prog_run_ns"
-)
-
-// takeSender moves the injector's CPU time and its XDP program's statistics out of the metrics
-// into Rep.SenderCPUNs and Rep.Programs.
-func takeSender(rep *results.Rep) {
-	if v, ok := rep.Metrics[senderCPUKey]; ok {
-		rep.SenderCPUNs = uint64(v)
-		delete(rep.Metrics, senderCPUKey)
-	}
-	runs, ok1 := rep.Metrics[senderRunsKey]
-	ns, ok2 := rep.Metrics[senderRunNsKey]
-	delete(rep.Metrics, senderRunsKey)
-	delete(rep.Metrics, senderRunNsKey)
-	if ok1 && ok2 && runs > 0 {
-		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: inject.ProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
-	}
 }
 
 // netRxNs is the NET_RX softirq time per CPU, indexed by CPU.
