@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/workload"
 )
 
@@ -51,34 +50,6 @@ func (s *Scenario) containers() int {
 		return 2
 	}
 	return 1
-}
-
-// setBackground picks the LP pair: the hosts' other containers, crossing hosts like the HP pair.
-func (p *pair) setBackground(kind string) error {
-	if kind == "" {
-		return nil
-	}
-	if p.lab.Spec.Style == lab.StyleNative {
-		// No containers: the LP flow shares the hosts with the HP flow, on its own port.
-		p.bgSender, p.bgReceiver = p.sender, p.receiver
-		return nil
-	}
-	snd, err := p.lab.Node("h1-c2")
-	if err != nil {
-		return fmt.Errorf("background needs a second container per host: %w", err)
-	}
-	rcv, err := p.lab.Node("h2-c1")
-	if err != nil {
-		return err
-	}
-	if p.sender.Name == snd.Name || p.receiver.Name == rcv.Name {
-		rcv, _ = p.lab.Node("h2-c2")
-		if p.receiver.Name == rcv.Name {
-			rcv, _ = p.lab.Node("h2-c1")
-		}
-	}
-	p.bgSender, p.bgReceiver = *snd, *rcv
-	return nil
 }
 
 type background struct {

@@ -103,16 +103,6 @@ func TestScenarioValidation(t *testing.T) {
 	}
 }
 
-func TestQuickStudyFitsFiveMinutes(t *testing.T) {
-	var total time.Duration
-	for _, s := range Study(true) {
-		total += s.EstimatedDuration(len(StudyConfigs))
-	}
-	if total > 4*time.Minute {
-		t.Fatalf("quick study estimated at %s: too long for the 5-minute promise", total)
-	}
-}
-
 // The stage probe must see one flow's packets at each of the three receive stages of the
 // docker style: the host's NIC, vxlan0 in the overlay namespace, the container's veth.
 func TestStageProbeSeesThreeDockerStages(t *testing.T) {
@@ -223,6 +213,11 @@ func TestBenchRunWritesValidResultAndCleansUp(t *testing.T) {
 			}
 		}
 	}
+	for _, c := range back.Configs {
+		if c.Placement != results.PlacementOneCore {
+			t.Errorf("%s: placement %q, want one-core (no mode attached)", c.Name, c.Placement)
+		}
+	}
 	if back.Env.Kernel == "" || back.Env.CPUs == 0 || len(back.Configs[1].Offloads) == 0 {
 		t.Errorf("environment or offloads not recorded: %+v %v", back.Env, back.Configs[1].Offloads)
 	}
@@ -322,30 +317,6 @@ func TestBenchBetweenGivenNamespaces(t *testing.T) {
 	}
 }
 
-func TestSuitesParseAndQuickFalconIsShort(t *testing.T) {
-	for _, name := range SuiteNames() {
-		for _, quick := range []bool{true, false} {
-			for _, st := range suites[name].steps(quick) {
-				s := st.Scenario
-				if err := s.Validate(); err != nil {
-					t.Errorf("suite %s step %q: %v", name, st.Title, err)
-				}
-				cs, err := ParseConfigs(strings.Join(st.Configs, ","))
-				if err != nil {
-					t.Errorf("suite %s step %q: %v", name, st.Title, err)
-				}
-				if len(cs) > 0 && cs[0].Name() != "native" {
-					t.Errorf("suite %s step %q: the baseline (first config) should be native, is %s", name, st.Title, cs[0].Name())
-				}
-			}
-		}
-	}
-	if d := SuiteDuration("falcon", true); d > 8*time.Minute {
-		t.Errorf("quick falcon suite estimated at %s", d)
-	}
-	t.Logf("quick falcon suite: about %s; full: %s", SuiteDuration("falcon", true), SuiteDuration("falcon", false))
-}
-
 // TestInjectorPerPoint: auto sends flat-out points with the XDP injector and paced ones with
 // AF_PACKET (the XDP sender cannot hold an offered rate); an explicit choice always wins.
 func TestInjectorPerPoint(t *testing.T) {
@@ -365,5 +336,18 @@ func TestInjectorPerPoint(t *testing.T) {
 	bad := Scenario{Name: "udp-inject", Injector: "dpdk"}
 	if err := bad.Validate(); err == nil {
 		t.Fatal("unknown injector accepted")
+	}
+}
+
+func TestLinuxConfig(t *testing.T) {
+	c, err := ParseConfig("linux")
+	if err != nil || c.Style != lab.StyleLinux || c.Mode != ModeVanilla || len(c.Stack) != 0 {
+		t.Fatalf("ParseConfig(linux) = %+v, %v", c, err)
+	}
+	// Modes need a container overlay: the config must say so before any lab is built.
+	for _, s := range []string{"linux/falcon", "linux/fastpath", "native/rps"} {
+		if _, err := ParseConfig(s); err == nil || !strings.Contains(err.Error(), "docker or flannel") {
+			t.Errorf("ParseConfig(%s) = %v, want an error naming the styles modes run on", s, err)
+		}
 	}
 }

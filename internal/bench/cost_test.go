@@ -13,14 +13,13 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
-// watchStats wraps the statistics switch so a test sees every Enable and whether it was closed.
-func watchStats(t *testing.T, onEnable func()) *int {
+// watchStats wraps the statistics switch of o so a test sees every Enable and whether it was
+// closed.
+func watchStats(t *testing.T, o *Options, onEnable func()) *int {
 	t.Helper()
 	enabled := new(int)
-	orig := enableStats
-	t.Cleanup(func() { enableStats = orig })
-	enableStats = func() (*bpfstats.Switch, error) {
-		sw, err := orig()
+	o.enableStats = func() (*bpfstats.Switch, error) {
+		sw, err := bpfstats.Enable()
 		if err == nil {
 			*enabled++
 			if n, _ := bpfstats.OpenStatsFDs(); sw.How == "fd" && n != 1 {
@@ -53,8 +52,8 @@ func TestBPFStatsRestoredAfterRunWithCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enabled := watchStats(t, nil)
 	o := shortOptions(t, "udp-inject")
+	enabled := watchStats(t, &o, nil)
 	o.Configs = []Config{{Style: lab.StyleNative, Mode: ModeVanilla}, {Style: lab.StyleDocker, Mode: ModeVanilla}}
 	run, _, err := Run(context.Background(), o)
 	if err != nil {
@@ -108,8 +107,8 @@ func TestBPFStatsRestoredAfterFailedRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	enabled := watchStats(t, cancel) // the run is interrupted right after the switch went on
 	o := shortOptions(t, "udp-inject")
+	enabled := watchStats(t, &o, cancel) // the run is interrupted right after the switch went on
 	o.Configs = o.Configs[:1]
 	run, _, err := Run(ctx, o)
 	if err == nil || !strings.Contains(err.Error(), "interrupted") {

@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 )
 
 // Given names existing namespaces to measure between instead of building labs: any two
@@ -26,10 +25,8 @@ func (g *Given) validate(scenario string) error {
 	if _, err := netip.ParseAddr(g.ServerAddr); err != nil {
 		return fmt.Errorf("--server-addr %q is not an IP address", g.ServerAddr)
 	}
-	for _, ns := range []string{g.ServerNS, g.ClientNS} {
-		if ns != "" && !netnsutil.Exists(ns) {
-			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", ns)
-		}
+	if err := testbed.CheckExisting(g.ServerNS, g.ClientNS); err != nil {
+		return err
 	}
 	if scenario == "udp-inject" {
 		return fmt.Errorf("udp-inject needs a lab (it crafts frames from the lab's MACs and VNI): use --configs instead of given namespaces")
@@ -37,19 +34,5 @@ func (g *Given) validate(scenario string) error {
 	return nil
 }
 
-// givenTestbed wraps given namespaces as a testbed: nothing is built, attached or torn down.
-func givenTestbed(g *Given, o *Options) *testbed {
-	name := "given:" + g.ClientNS + "->" + g.ServerNS
-	return &testbed{
-		cfg:    Config{Style: StyleGiven, Mode: name},
-		given:  true,
-		stages: map[string]string{},
-		knobs:  map[string]string{},
-		pair: pair{
-			sender:     lab.Node{Name: g.ClientNS, Netns: g.ClientNS},
-			receiver:   lab.Node{Name: g.ServerNS, Netns: g.ServerNS, Addr: g.ServerAddr},
-			appCPUs:    o.AppCPUs,
-			senderCPUs: o.SenderCPUs,
-		},
-	}
-}
+// name is the one config of a run on given namespaces.
+func (g *Given) name() string { return "given:" + g.ClientNS + "->" + g.ServerNS }

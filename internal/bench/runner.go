@@ -11,11 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench/probes"
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/probe"
-	"github.com/peregrine-net/peregrine/internal/probe/stage"
-	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 	"github.com/peregrine-net/peregrine/internal/workload"
 )
 
@@ -47,7 +47,9 @@ type Options struct {
 	Log     io.Writer // progress; nil for silence
 	Version string
 
-	costs *costProbe // per-program accounting of the run in flight
+	// enableStats switches the BPF statistics on (nil: bpfstats.Enable); tests wrap it.
+	enableStats probes.EnableFunc
+	probes      *probes.Set // the run in flight's
 }
 
 // DefaultArrangement fills unset CPU lists like the papers' testbed, scaled to this machine:
@@ -74,7 +76,8 @@ func (o *Options) DefaultArrangement() {
 	}
 }
 
-func (o *Options) logf(format string, args ...any) {
+// Logf writes a progress line to Log, if any.
+func (o *Options) Logf(format string, args ...any) {
 	if o.Log != nil {
 		fmt.Fprintf(o.Log, format+"\n", args...)
 	}
@@ -91,7 +94,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 		if err := o.Given.validate(o.Scenario.Name); err != nil {
 			return nil, "", err
 		}
-		o.Configs = []Config{{Style: StyleGiven, Mode: givenTestbed(o.Given, &o).cfg.Mode}}
+		o.Configs = []Config{{Style: StyleGiven, Mode: o.Given.name()}}
 	}
 	if len(o.Configs) == 0 {
 		return nil, "", errors.New("no configuration to measure")
@@ -132,14 +135,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if err != nil {
 		run.Complete, run.Error = false, err.Error()
 	}
-	run.ComputeCosts()
-	run.SummarizeAll()
-	if len(run.Points) > 0 {
-		if rs, rerr := results.ComputeRatios(run, sc.def().primary, run.Scenario.Baseline); rerr == nil {
-			run.Ratios = rs
-		}
-		run.Ratios = append(run.Ratios, costRatios(run)...)
-	}
+	run.Derive()
 	for _, p := range run.Validate() {
 		run.Notes = append(run.Notes, "validation: "+p.Error())
 	}
@@ -158,61 +154,27 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 
 func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 	sc := &o.Scenario
-	var beds []*testbed
+	var beds []bed
 	defer func() {
-		for _, tb := range beds {
-			if terr := tb.teardown(); terr != nil {
-				err = errors.Join(err, fmt.Errorf("teardown %s: %w", tb.cfg.Name(), terr))
+		for _, b := range beds {
+			if terr := b.Teardown(); terr != nil {
+				err = errors.Join(err, fmt.Errorf("teardown %s: %w", b.Config, terr))
 			}
 		}
 	}()
-	for i, c := range o.Configs {
-		if o.Given != nil {
-			tb := givenTestbed(o.Given, o)
-			beds = append(beds, tb)
-			run.Configs = append(run.Configs, results.Config{Name: tb.cfg.Name(), Style: StyleGiven, Mode: "as found"})
-			break
-		}
-		tb, err := setupTestbed(ctx, i, c, o, o.logf)
-		if err != nil {
-			return err
-		}
-		beds = append(beds, tb)
-		run.Lab.Styles = appendUnique(run.Lab.Styles, c.Style)
-		run.Configs = append(run.Configs, results.Config{Name: c.Name(), Style: c.Style, Mode: c.Mode, Knobs: tb.knobs, Offloads: tb.offloads})
+	if err := o.buildBeds(ctx, run, &beds); err != nil {
+		return err
 	}
-	var sp *stage.Probe
-	var devs map[stage.DevKey]stage.DeviceInfo
-	if !o.NoStageProbe {
-		var nss []string
-		for _, tb := range beds {
-			nss = append(nss, tb.namespaces()...)
-		}
-		if sp, err = stage.Start(stage.Options{NetnsNames: nss}); err != nil {
-			o.logf("stage probe unavailable, continuing without per-stage attribution: %v", stage.Explain(err))
-			run.Notes = append(run.Notes, "stage probe unavailable: "+err.Error())
-			sp = nil
-		} else {
-			defer sp.Close()
-			devs, _ = stage.ResolveDevices()
-		}
+	tbs := make([]*testbed.Testbed, len(beds))
+	for i, b := range beds {
+		tbs[i] = b.Testbed
 	}
-	if !o.NoBPFStats {
-		cp, cerr := startCost(beds, sp)
-		if cerr != nil {
-			o.logf("continuing without eBPF program costs: %v", cerr)
-			run.Notes = append(run.Notes, "no eBPF program costs: "+cerr.Error())
-		} else {
-			o.costs = cp
-			run.Notes = append(run.Notes, cp.notes...)
-			defer func() {
-				o.costs = nil
-				if cerr := cp.close(); cerr != nil {
-					err = errors.Join(err, fmt.Errorf("restore BPF statistics: %w", cerr))
-				}
-			}()
-		}
-	}
+	o.probes = probes.Start(tbs, probes.Options{NoStageProbe: o.NoStageProbe, NoBPFStats: o.NoBPFStats, EnableStats: o.enableStats, Log: o.Logf})
+	run.Notes = append(run.Notes, o.probes.Notes...)
+	defer func() {
+		err = errors.Join(err, o.probes.Close())
+		o.probes = nil
+	}()
 	xs := sc.points()
 	total := len(xs) * (sc.Reps + sc.Warmup) * len(beds)
 	prog := newProgress(o.Log, total)
@@ -223,18 +185,18 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 		for r := 0; r < sc.Reps+sc.Warmup; r++ {
 			// Interleave configs and rotate who goes first, so drift and order effects hit all alike.
 			for k := range beds {
-				tb := beds[(k+r)%len(beds)]
+				b := beds[(k+r)%len(beds)]
 				if err := ctx.Err(); err != nil {
 					return fmt.Errorf("interrupted: %w", err)
 				}
-				key := tb.cfg.Name() + "|" + results.XKey(x)
+				key := b.Config + "|" + results.XKey(x)
 				pt := points[key]
 				if pt == nil {
-					pt = &results.Point{Config: tb.cfg.Name(), X: x}
+					pt = &results.Point{Config: b.Config, X: x}
 					points[key] = pt
 					order = append(order, key)
 				}
-				rep := o.measureRep(ctx, tb, x, sp, devs)
+				rep := o.measureRep(ctx, b, x)
 				rep.Index, rep.Warmup = r, r < sc.Warmup
 				pt.Reps = append(pt.Reps, rep)
 				status := ""
@@ -242,13 +204,13 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 					failures++
 					status = " FAILED: " + firstLine(rep.Error)
 				} else if v, ok := rep.Metrics[sc.def().primary]; ok {
-					status = " " + report.FormatValue(sc.def().primary, v)
+					status = " " + format.Value(sc.def().primary, v)
 				}
 				warm := ""
 				if rep.Warmup {
 					warm = " (warm-up)"
 				}
-				prog.step(fmt.Sprintf("%s %s rep %d%s%s", tb.cfg.Name(), describeX(x), r, warm, status))
+				prog.step(fmt.Sprintf("%s %s rep %d%s%s", b.Config, describeX(x), r, warm, status))
 			}
 		}
 	}
@@ -263,120 +225,27 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 }
 
 // measureRep runs one repetition with the probes around it.
-func (o *Options) measureRep(ctx context.Context, tb *testbed, x map[string]float64, sp *stage.Probe, devs map[stage.DevKey]stage.DeviceInfo) results.Rep {
+func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) results.Rep {
 	rep := results.Rep{Started: time.Now()}
-	// The receiver's counters say what arrived out of order; the sender's how TCP paid for it
-	// (SACK reordering detected, retransmits, spurious RTOs).
-	nss := map[string][]string{tb.pair.receiver.Netns: probe.DefaultCounters}
-	if s := tb.pair.sender.Netns; s != tb.pair.receiver.Netns {
-		nss[s] = probe.DefaultCounters
-	}
-	sampler := probe.NewSampler(probe.SamplerConfig{Namespaces: nss})
-	if err := sampler.Start(); err != nil {
-		rep.Error = "probes: " + err.Error()
+	sampling, err := o.probes.Begin(b.Testbed)
+	if err != nil {
+		rep.Error = err.Error()
 		return rep
 	}
-	other := startOtherLoad()
-	var before stage.Snapshot
-	if sp != nil {
-		before, _ = sp.Snapshot()
-	}
-	progsBefore := o.costs.sample(tb)
 	var h *hog
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
-	metrics, raw, err := o.Scenario.measure(ctx, tb.pair, x)
+	metrics, raw, err := o.Scenario.measure(ctx, b.pair, x)
 	h.stop()
 	rep.Duration = time.Since(rep.Started)
-	var after stage.Snapshot
-	if sp != nil {
-		after, _ = sp.Snapshot()
-	}
-	if progsBefore != nil {
-		rep.Programs = o.costs.programRuns(tb, progsBefore, o.costs.sample(tb))
-	}
-	rpt, serr := sampler.Stop()
 	rep.Metrics, rep.Raw = metrics, raw
 	takeSender(&rep)
 	if err != nil {
 		rep.Error = err.Error()
 	}
-	if serr == nil && rpt != nil {
-		fillProbes(&rep, rpt, tb.pair.receiver.Netns, tb.pair.sender.Netns)
-	}
-	other.finish(&rep)
-	if sp != nil {
-		d := after.Sub(before)
-		d.Annotate(devs)
-		rep.Stages = stageRows(d, tb)
-		rep.NetRxNs = netRxNs(d)
-	}
+	sampling.End(&rep)
 	return rep
-}
-
-// fillProbes copies the sampler's interval totals into the rep.
-func fillProbes(rep *results.Rep, r *probe.Report, recvNs, sendNs string) {
-	t := r.Totals
-	if rep.Metrics == nil {
-		rep.Metrics = map[string]float64{}
-	}
-	rep.Counters = map[string]float64{}
-	if t.CPU != nil {
-		busy := 0.0
-		for _, c := range t.CPU.PerCPU {
-			rep.CPU = append(rep.CPU, results.CPUShare{CPU: c.CPU, User: c.User + c.Nice, System: c.System, IRQ: c.IRQ,
-				Softirq: c.SoftIRQ, Idle: c.Idle + c.IOWait, Steal: c.Steal})
-			busy += c.Busy
-		}
-		rep.Metrics[results.MetricCPUBusy] = busy
-	}
-	if t.Softirqs != nil {
-		rep.Softirqs = map[string][]uint64{}
-		for _, name := range []string{"NET_RX", "NET_TX"} {
-			if v, ok := t.Softirqs.Counts[name]; ok {
-				rep.Softirqs[name] = v
-			}
-		}
-	}
-	fillInterrupts(rep, t.Interrupts)
-	if t.Softnet != nil {
-		rep.Counters["softnet.processed"] = float64(t.Softnet.Total.Processed)
-		rep.Counters["softnet.dropped"] = float64(t.Softnet.Total.Dropped)
-		rep.Counters["softnet.time_squeeze"] = float64(t.Softnet.Total.TimeSqueeze)
-		rep.Counters["softnet.received_rps"] = float64(t.Softnet.Total.ReceivedRPS)
-	}
-	for name, v := range t.Nstat[recvNs] {
-		rep.Counters["receiver."+name] = float64(v)
-	}
-	if sendNs != recvNs {
-		for name, v := range t.Nstat[sendNs] {
-			rep.Counters["sender."+name] = float64(v)
-		}
-	}
-}
-
-// stageRows turns a stage-probe delta into per-(device, CPU) rows named by lab stage.
-func stageRows(d stage.Snapshot, tb *testbed) []results.StageCPU {
-	var rows []results.StageCPU
-	for _, dc := range d.Devices {
-		if dc.Packets == 0 && dc.RxPackets == 0 && dc.SoftirqNs == 0 {
-			continue
-		}
-		st := tb.stages[dc.NetnsName+"/"+dc.Name]
-		if dc.Name == stage.BacklogName {
-			st = "backlog"
-		}
-		if st == "" {
-			continue // a device of another lab or outside the path
-		}
-		pk := dc.Packets
-		if pk == 0 {
-			pk = dc.RxPackets
-		}
-		rows = append(rows, results.StageCPU{Stage: st, Netns: dc.NetnsName, Device: dc.Name, CPU: dc.CPU, Packets: pk, SoftirqNs: dc.SoftirqNs})
-	}
-	return rows
 }
 
 func describeX(x map[string]float64) string {
@@ -388,15 +257,6 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
-}
-
-func appendUnique(xs []string, s string) []string {
-	for _, x := range xs {
-		if x == s {
-			return xs
-		}
-	}
-	return append(xs, s)
 }
 
 // underlayName is what the results call the underlay: direct, or tor with --tor.

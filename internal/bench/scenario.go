@@ -202,3 +202,10 @@ func (s *Scenario) points() []map[string]float64 {
 	}
 	return xs
 }
+
+// EstimatedDuration is a rough upper bound of a scenario's measuring time on the configs.
+func (s Scenario) EstimatedDuration(configs int) time.Duration {
+	_ = s.Validate()
+	n := len(s.points()) * (s.Reps + s.Warmup) * configs
+	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
+}

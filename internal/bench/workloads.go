@@ -219,3 +219,26 @@ func firstCPU(cpus []int) *int {
 	c := cpus[0]
 	return &c
 }
+
+// Metrics the injector reports about itself, moved into the rep's own fields by takeSender.
+const (
+	senderCPUKey   = "sender_cpu_ns"
+	senderRunsKey  = "sender_prog_runs"
+	senderRunNsKey = "sender_prog_run_ns"
+)
+
+// takeSender moves the injector's CPU time and its XDP program's statistics out of the metrics
+// into Rep.SenderCPUNs and Rep.Programs.
+func takeSender(rep *results.Rep) {
+	if v, ok := rep.Metrics[senderCPUKey]; ok {
+		rep.SenderCPUNs = uint64(v)
+		delete(rep.Metrics, senderCPUKey)
+	}
+	runs, ok1 := rep.Metrics[senderRunsKey]
+	ns, ok2 := rep.Metrics[senderRunNsKey]
+	delete(rep.Metrics, senderRunsKey)
+	delete(rep.Metrics, senderRunNsKey)
+	if ok1 && ok2 && runs > 0 {
+		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: inject.ProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/bench"
+	"github.com/peregrine-net/peregrine/internal/bench/suite"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
@@ -232,7 +233,7 @@ first: every ratio is against the native path), run in turn into one result file
 then one HTML report over all of them.
 
 Suites:
-` + bench.SuiteHelp(),
+` + suite.Help(),
 		Example: `  peregrine bench suite falcon --quick
   peregrine bench suite study --out results/study`,
 		Args: cobra.ExactArgs(1),
@@ -244,7 +245,7 @@ Suites:
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			runs, _, err := bench.RunSuite(ctx, args[0], quick, o)
+			runs, _, err := suite.Run(ctx, args[0], quick, o)
 			if len(runs) > 0 {
 				if terr := report.Table(os.Stdout, runs...); terr != nil {
 					fmt.Fprintln(os.Stderr, terr)
@@ -301,12 +302,15 @@ func newBenchProjectCmd() *cobra.Command {
 		Use:   "project RESULT.json|DIR...",
 		Short: "Model what a machine with more cores would do, from the per-stage costs a run measured",
 		Long: `A model, not a measurement. From each point's measured NET_RX ns per packet per receive
-stage (the stage probe) and each mode's placement rules (vanilla, prism and the native path run a
-flow's stages on one core; rps moves the later stages to a second core; falcon gives stages cores
-of their own; mflow splits the later stages over the other cores), it projects the receive
-capacity at each core count. It first checks itself against the machine the run was measured on
-(each CPU's free time over its stages' cost, the scarcest CPU setting the rate) and prints the
-error where the point was receive-bound. Run a rate sweep up to saturation for a meaningful check.`,
+stage (the stage probe) and each config's CPU placement class (recorded in the result from what
+its modes declare), it projects the receive capacity at each core count. It first checks itself
+against the machine the run was measured on (each CPU's free time over its stages' cost, the
+scarcest CPU setting the rate) and prints the error where the point was receive-bound. Run a rate
+sweep up to saturation for a meaningful check. A file written before placement classes were
+recorded gets them from this build's modes, with a note.
+
+Placement classes:
+` + bench.PlacementHelp(),
 		Example: `  peregrine bench project results/udp-inject-*.json --cores 1,2,4,8,16
   peregrine bench run udp-inject --configs native,docker,docker/falcon --rates 100000,0 --out r && peregrine bench project r`,
 		Args: cobra.MinimumNArgs(1),
@@ -323,6 +327,9 @@ error where the point was receive-bound. Run a rate sweep up to saturation for a
 			runs, err := readRuns(args)
 			if err != nil {
 				return err
+			}
+			for _, n := range bench.FillPlacements(runs...) {
+				fmt.Fprintln(os.Stderr, "note: "+n)
 			}
 			return report.Project(os.Stdout, cs, runs...)
 		},

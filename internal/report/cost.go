@@ -14,6 +14,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 )
 
 // costColumns are the per-packet cost figures of the cost table, in order.
@@ -94,11 +95,11 @@ func programLine(pv pointView, roles []string) string {
 				continue
 			}
 			runs := pv.sum[results.ProgramRunsMetric(name)]
-			parts = append(parts, fmt.Sprintf("%s %s x%.2f", name, num(st.Median)+" ns", runs.Median))
+			parts = append(parts, fmt.Sprintf("%s %s x%.2f", name, format.Num(st.Median)+" ns", runs.Median))
 		}
 	}
 	if st, ok := pv.sum[results.MetricBPFCalibration]; ok && len(parts) > 0 {
-		parts = append(parts, fmt.Sprintf("(calibration %s ns gross)", num(st.Median)))
+		parts = append(parts, fmt.Sprintf("(calibration %s ns gross)", format.Num(st.Median)))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -218,7 +219,7 @@ func costStack(v *view) (*chart, error) {
 	for _, pv := range cols {
 		maxY = max(maxY, pv.sum[results.MetricCostCPU].Median)
 	}
-	sc := scaleFor(results.MetricCostCPU, maxY)
+	sc := format.For(results.MetricCostCPU, maxY)
 	ch := &chart{p: newPlot("where each config's CPU time per delivered packet goes", "config", "CPU time per delivered packet ("+sc.Name+")")}
 	ch.p.Add(hGrid())
 	width := min(ch.dataWidth()/vg.Length(len(cols)+1)*0.45, vg.Points(60))
@@ -272,7 +273,7 @@ func costHTML(v *view) (htmlTable, htmlTable) {
 				runs := pv.sum[results.ProgramRunsMetric(name)]
 				progs.Rows = append(progs.Rows, []string{pv.p.Config, results.XKey(pv.p.X), name, role,
 					formatStat(results.ProgramRunMetric(name), st), fmt.Sprintf("%.2f", runs.Median),
-					FormatValue("x_ns", st.Median*runs.Median)})
+					format.Value("x_ns", st.Median*runs.Median)})
 			}
 		}
 		if st, ok := pv.sum[results.MetricBPFCalibration]; ok {

@@ -78,7 +78,7 @@ type section struct {
 }
 
 type configRow struct {
-	Name, Style, Mode, Knobs, Arrangement string
+	Name, Style, Mode, Placement, Knobs, Arrangement string
 }
 
 type figure struct {
@@ -113,7 +113,7 @@ func buildSection(outDir, prefix string, run *results.Run) (section, error) {
 	}
 	s.Facts = facts(run)
 	for _, c := range run.Configs {
-		row := configRow{Name: c.Name, Style: c.Style, Mode: c.Mode}
+		row := configRow{Name: c.Name, Style: c.Style, Mode: c.Mode, Placement: placementCell(c.Placement)}
 		var knobs []string
 		for _, k := range slices.Sorted(maps.Keys(c.Knobs)) {
 			knobs = append(knobs, k+"="+c.Knobs[k])

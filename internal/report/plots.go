@@ -12,6 +12,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 )
 
 // errPoints are medians with min/max as error bars (offsets below and above the median).
@@ -65,7 +66,7 @@ func metricVsX(v *view, metric, key string) (*chart, error) {
 	if len(order) == 0 {
 		return nil, nil
 	}
-	sc := scaleFor(metric, maxY)
+	sc := format.For(metric, maxY)
 	ylabel := axisLabel(metric, sc)
 	c := &chart{p: newPlot(fmt.Sprintf("%s vs %s", metricTitle(metric), xTitleShort(key)), xTitle(key), ylabel)}
 	setXTicks(c.p, key, xs)
@@ -183,7 +184,7 @@ func metricByConfig(v *view, metric string) (*chart, error) {
 	if len(vals) == 0 {
 		return nil, nil
 	}
-	sc := scaleFor(metric, maxY)
+	sc := format.For(metric, maxY)
 	for i := range vals {
 		vals[i] /= sc.Div
 		errs.XYs[i].Y /= sc.Div
@@ -217,7 +218,7 @@ func metricByConfig(v *view, metric string) (*chart, error) {
 }
 
 // axisLabel is "delivered rate (kpps)"; bare count prefixes are spelled out on an axis.
-func axisLabel(metric string, sc scale) string {
+func axisLabel(metric string, sc format.Scale) string {
 	unit := map[string]string{"k": "thousands", "M": "millions", "G": "billions"}[sc.Name]
 	if unit == "" {
 		unit = sc.Name

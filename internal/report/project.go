@@ -9,12 +9,13 @@ import (
 	"text/tabwriter"
 
 	"github.com/peregrine-net/peregrine/internal/results"
+	"github.com/peregrine-net/peregrine/internal/results/format"
 )
 
 // The projection answers "what would a bigger machine do" from what a small one measured. It is
 // a model, not a measurement: each stage's NET_RX ns per delivered packet (the stage probe's
-// attribution) is taken as fixed, and each mode's placement rules say how one flow's stages may
-// be spread over cores. A flow's rate is 1e9 over its busiest core's ns per packet; all flows
+// attribution) is taken as fixed, and each config's placement class (results.Placement, recorded
+// by the bench from what its modes declare) says how one flow's stages may be spread over cores. A flow's rate is 1e9 over its busiest core's ns per packet; all flows
 // together cannot exceed the receive cores' total time over the summed stage cost. The receiving
 // application is assumed to have cores of its own (--cores counts receive cores only), and
 // hash collisions, cache effects and cross-core handoff costs beyond those measured are ignored.
@@ -26,7 +27,7 @@ const satBusy = 0.9
 type projPoint struct {
 	run      *results.Run
 	config   string
-	mode     string
+	class    results.Placement
 	x        map[string]float64
 	flows    int
 	stageNs  []float64 // per stage, in path order
@@ -59,12 +60,9 @@ func stagePathOrder(names []string) []string {
 
 // projPoints extracts every point with stage costs and a delivered rate.
 func projPoints(run *results.Run) []projPoint {
-	mode := map[string]string{}
+	class := map[string]results.Placement{}
 	for _, c := range run.Configs {
-		mode[c.Name] = c.Mode
-		if c.Style == "native" {
-			mode[c.Name] = "native"
-		}
+		class[c.Name] = c.Placement
 	}
 	var out []projPoint
 	for i := range run.Points {
@@ -73,7 +71,7 @@ func projPoints(run *results.Run) []projPoint {
 		if len(reps) == 0 {
 			continue
 		}
-		pp := projPoint{run: run, config: p.Config, mode: mode[p.Config], x: p.X, flows: max(1, int(p.X["flows"]))}
+		pp := projPoint{run: run, config: p.Config, class: class[p.Config], x: p.X, flows: max(1, int(p.X["flows"]))}
 		// Per stage and per CPU ns per delivered packet, and CPU busy shares, averaged over reps.
 		stageNs := map[string]float64{}
 		cpuStage := map[int]float64{}
@@ -137,9 +135,10 @@ func projPoints(run *results.Run) []projPoint {
 	return out
 }
 
-// flowRate is one flow's rate on `cores` receive cores under the mode's placement rules, and
-// the work-conserving bound of all cores; both packets/s.
-func flowRate(mode string, ns []float64, cores int) (perFlow, total float64) {
+// flowRate is one flow's rate on `cores` receive cores under the placement class, and the
+// work-conserving bound of all cores; both packets/s. A class the model does not know (unknown,
+// absent in an older file) is modelled as one core: projectNotes says so.
+func flowRate(class results.Placement, ns []float64, cores int) (perFlow, total float64) {
 	sum := 0.0
 	for _, v := range ns {
 		sum += v
@@ -148,29 +147,37 @@ func flowRate(mode string, ns []float64, cores int) (perFlow, total float64) {
 		return 0, 0
 	}
 	total = float64(cores) * 1e9 / sum
-	base := strings.SplitN(mode, "+", 2)[0]
 	nic, rest := ns[0], sum-ns[0]
-	var worst float64
-	switch {
-	case base == "falcon" && strings.Contains(mode, "mflow"), base == "mflow":
-		// The NIC stage on the IRQ core; the rest split batch-wise over the other cores.
-		worst = sum
+	worst := sum // one flow, one core
+	switch class {
+	case results.PlacementSplitAfterNIC:
 		if cores > 1 {
 			worst = max(nic, rest/float64(cores-1))
 		}
-	case base == "falcon":
-		// Each stage of a flow may get its own core: the best split of the path into at most
-		// `cores` consecutive groups.
+	case results.PlacementStagePerCore:
+		// The best split of the path into at most `cores` consecutive groups.
 		worst = minMaxPartition(ns, cores)
-	case base == "rps":
-		worst = sum
+	case results.PlacementSecondCore:
 		if cores > 1 {
 			worst = max(nic, rest)
 		}
-	default: // native, vanilla, prism (run to completion): one flow, one core
-		worst = sum
 	}
 	return 1e9 / worst, total
+}
+
+// projectNotes names the configs of a run whose class the model does not know, so that their
+// one-core projection is not taken for a declared one.
+func projectNotes(run *results.Run) []string {
+	var out []string
+	for _, c := range run.Configs {
+		switch {
+		case c.Placement == "":
+			out = append(out, fmt.Sprintf("%s: the file records no placement class (written before it was): modelled as one core", c.Name))
+		case !c.Placement.Known():
+			out = append(out, fmt.Sprintf("%s: placement %s", c.Name, c.Placement.Describe()))
+		}
+	}
+	return out
 }
 
 // minMaxPartition splits xs into at most k consecutive groups minimizing the largest sum.
@@ -204,7 +211,7 @@ func minMaxPartition(xs []float64, k int) float64 {
 
 // Projection is the modelled receive capacity of one point at each core count.
 func projectRate(pp projPoint, cores int) float64 {
-	perFlow, total := flowRate(pp.mode, pp.stageNs, cores)
+	perFlow, total := flowRate(pp.class, pp.stageNs, cores)
 	return min(float64(pp.flows)*perFlow, total)
 }
 
@@ -213,10 +220,11 @@ func projectRate(pp projPoint, cores int) float64 {
 // placement vs the delivered rate, error where the point was receive-bound), and the projected
 // receive capacity at each core count.
 func Project(w io.Writer, cores []int, runs ...*results.Run) error {
-	fmt.Fprintln(w, "MODEL, not a measurement: receive capacity projected from measured per-stage NET_RX ns per packet and each mode's placement rules")
-	fmt.Fprintln(w, "  (one flow: native/vanilla/prism run every stage on one core; rps moves the later stages to a second core; falcon gives")
-	fmt.Fprintln(w, "  stages cores of their own; mflow splits the later stages over the other cores. All flows together are bounded by")
-	fmt.Fprintln(w, "  cores x 1e9 / summed stage ns. Cores count receive cores; the application is assumed to have its own.)")
+	fmt.Fprintln(w, "MODEL, not a measurement: receive capacity projected from measured per-stage NET_RX ns per packet and each config's")
+	fmt.Fprintln(w, "  placement class, which says where one flow's stages may run:")
+	fmt.Fprint(w, results.PlacementLegend("    "))
+	fmt.Fprintln(w, "  All flows together are bounded by cores x 1e9 / summed stage ns. Cores count receive cores; the application is")
+	fmt.Fprintln(w, "  assumed to have its own.")
 	fmt.Fprintln(w, "  CHECK is the model at the measured placement (each CPU's free time over its stages' ns, the scarcest CPU wins);")
 	fmt.Fprintln(w, "  ERR compares it with the measured rate where the point was receive-bound (its bottleneck CPU >= 90% busy).")
 	var errs []float64
@@ -227,8 +235,11 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 			continue
 		}
 		fmt.Fprintf(w, "\nrun %s: %s, measured on %d CPUs\n", run.ID, run.Scenario.Name, run.Env.CPUs)
+		for _, n := range projectNotes(run) {
+			fmt.Fprintln(w, "note: "+n)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		head := []string{"CONFIG", "AT", "STAGE NS/PKT", "MEASURED", "CHECK", "ERR"}
+		head := []string{"CONFIG", "PLACEMENT", "AT", "STAGE NS/PKT", "MEASURED", "CHECK", "ERR"}
 		for _, c := range cores {
 			head = append(head, fmt.Sprintf("%d CORES", c))
 		}
@@ -240,7 +251,7 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 			}
 			check, errTxt := "-", "-"
 			if !math.IsInf(pp.check, 1) {
-				check = FormatValue("x_pps", pp.check) + fmt.Sprintf(" (cpu%d)", pp.checkCPU)
+				check = format.Value("x_pps", pp.check) + fmt.Sprintf(" (cpu%d)", pp.checkCPU)
 				if pp.sat {
 					e := (pp.check - pp.measured) / pp.measured
 					errs = append(errs, math.Abs(e))
@@ -249,9 +260,9 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 					errTxt = "not bound"
 				}
 			}
-			row := []string{pp.config, results.XKey(pp.x), strings.Join(st, " "), FormatValue("x_pps", pp.measured), check, errTxt}
+			row := []string{pp.config, placementCell(pp.class), results.XKey(pp.x), strings.Join(st, " "), format.Value("x_pps", pp.measured), check, errTxt}
 			for _, c := range cores {
-				row = append(row, FormatValue("x_pps", projectRate(pp, c)))
+				row = append(row, format.Value("x_pps", projectRate(pp, c)))
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
@@ -265,4 +276,12 @@ func Project(w io.Writer, cores []int, runs ...*results.Run) error {
 			100*errs[len(errs)/2], 100*errs[len(errs)-1], len(errs))
 	}
 	return nil
+}
+
+// placementCell is a point's class in the table; "-" for a file without one.
+func placementCell(p results.Placement) string {
+	if p == "" {
+		return "-"
+	}
+	return string(p)
 }

@@ -28,24 +28,26 @@ func TestMinMaxPartition(t *testing.T) {
 	}
 }
 
-func TestFlowRateByMode(t *testing.T) {
+func TestFlowRateByPlacement(t *testing.T) {
 	ns := []float64{4000, 3000, 2000} // nic, vxlan, veth: 9 µs in all
 	for _, c := range []struct {
-		mode          string
+		class         results.Placement
 		cores         int
 		perFlow, tots float64
 	}{
-		{"vanilla", 1, 1e9 / 9000, 1e9 / 9000},
-		{"vanilla", 8, 1e9 / 9000, 8e9 / 9000}, // one flow never leaves its core
-		{"rps", 2, 1e9 / 5000, 2e9 / 9000},
-		{"falcon", 2, 1e9 / 5000, 2e9 / 9000},
-		{"falcon", 4, 1e9 / 4000, 4e9 / 9000},
-		{"mflow", 3, 1e9 / 4000, 3e9 / 9000}, // nic 4000 vs 5000/2
-		{"falcon+prism", 3, 1e9 / 4000, 3e9 / 9000},
+		{results.PlacementOneCore, 1, 1e9 / 9000, 1e9 / 9000},
+		{results.PlacementOneCore, 8, 1e9 / 9000, 8e9 / 9000}, // one flow never leaves its core
+		{results.PlacementSecondCore, 2, 1e9 / 5000, 2e9 / 9000},
+		{results.PlacementStagePerCore, 2, 1e9 / 5000, 2e9 / 9000},
+		{results.PlacementStagePerCore, 4, 1e9 / 4000, 4e9 / 9000},
+		{results.PlacementSplitAfterNIC, 3, 1e9 / 4000, 3e9 / 9000}, // nic 4000 vs 5000/2
+		{results.PlacementUnknown, 8, 1e9 / 9000, 8e9 / 9000},       // modelled as one core
+		{"", 8, 1e9 / 9000, 8e9 / 9000},                             // an older file: likewise
+		{"warp-drive", 8, 1e9 / 9000, 8e9 / 9000},                   // a class from a newer file
 	} {
-		pf, tot := flowRate(c.mode, ns, c.cores)
+		pf, tot := flowRate(c.class, ns, c.cores)
 		if math.Abs(pf-c.perFlow) > 1e-6 || math.Abs(tot-c.tots) > 1e-6 {
-			t.Errorf("%s on %d cores: per flow %.0f total %.0f, want %.0f %.0f", c.mode, c.cores, pf, tot, c.perFlow, c.tots)
+			t.Errorf("%q on %d cores: per flow %.0f total %.0f, want %.0f %.0f", c.class, c.cores, pf, tot, c.perFlow, c.tots)
 		}
 	}
 }
@@ -83,9 +85,19 @@ func TestProjectChecksAgainstMeasured(t *testing.T) {
 	if err := Project(&b, []int{1, 8}, run); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"MODEL, not a measurement", "+0%", "median |error| 0%"} {
+	for _, want := range []string{"MODEL, not a measurement", "+0%", "median |error| 0%", "PLACEMENT",
+		"docker/vanilla: the file records no placement class", "stage-per-core: each stage"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, b.String())
 		}
+	}
+	// The recorded class is what the model uses, with no note.
+	run.Configs[0].Placement = results.PlacementSecondCore
+	pts = projPoints(run)
+	if got := projectRate(pts[0], 8); math.Abs(got-1e9/6000) > 1 {
+		t.Errorf("second-core, 1 flow on 8 cores: %v, want 1e9/6000 (the nic stage's 6 µs)", got)
+	}
+	if n := projectNotes(run); len(n) != 0 {
+		t.Errorf("notes for a recorded class: %v", n)
 	}
 }

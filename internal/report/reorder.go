@@ -39,23 +39,16 @@ func reorderTable(v *view, xName func(string) string) htmlTable {
 	for i, pv := range v.points {
 		med[i] = map[string]float64{}
 		for j, c := range reorderColumns {
-			var xs []float64
-			for _, r := range pv.p.MeasuredReps() {
-				var val float64
-				var ok bool
-				if m, isMetric := strings.CutPrefix(c.key, "metric:"); isMetric {
-					val, ok = r.Value(m)
-				} else {
-					val, ok = r.Counters[c.key]
+			m, ok := pv.p.MedianOver(func(r *results.Rep) (float64, bool) {
+				if name, isMetric := strings.CutPrefix(c.key, "metric:"); isMetric {
+					return r.Value(name)
 				}
-				if ok {
-					xs = append(xs, val)
-				}
-			}
-			if len(xs) == 0 {
+				v, ok := r.Counters[c.key]
+				return v, ok
+			})
+			if !ok {
 				continue
 			}
-			m := results.StatOf(xs).Median
 			med[i][c.key] = m
 			if m != 0 {
 				used[j] = true

@@ -50,8 +50,8 @@ footer { color:var(--muted); font-size:12px; margin-top:48px; }
 {{with .Fixed}}<tr><th>fixed</th><td>{{.}}</td></tr>{{end}}</table>
 
 <h3>Configurations</h3>
-<table><tr><th>config</th><th>style</th><th>mode</th><th>knobs</th><th>arrangement</th></tr>
-{{range .Configs}}<tr><td><b>{{.Name}}</b></td><td>{{.Style}}</td><td>{{.Mode}}</td><td>{{.Knobs}}</td><td>{{.Arrangement}}</td></tr>{{end}}
+<table><tr><th>config</th><th>style</th><th>mode</th><th>placement</th><th>knobs</th><th>arrangement</th></tr>
+{{range .Configs}}<tr><td><b>{{.Name}}</b></td><td>{{.Style}}</td><td>{{.Mode}}</td><td>{{.Placement}}</td><td>{{.Knobs}}</td><td>{{.Arrangement}}</td></tr>{{end}}
 </table>
 {{with .Offloads}}
 <h3>Offloads</h3>

@@ -7,10 +7,12 @@ import (
 	"github.com/peregrine-net/peregrine/internal/results"
 )
 
-// view is what both renderers need from a run, derived once: ordering, the X keys that vary,
-// summaries (computed here when the file has none) and ratios against the baseline.
+// view is what both renderers need from a run: its derived figures (results.Figures: the
+// summaries, main metrics, baseline and ratios, computed in results, never here) laid out for
+// display, points sorted by X then config declaration order, and the X keys that vary.
 type view struct {
 	run      *results.Run
+	fig      *results.Figures
 	configs  []string
 	varying  []string           // X keys whose value differs between points
 	fixed    map[string]float64 // X keys with one value throughout
@@ -18,7 +20,6 @@ type view struct {
 	metrics  []string           // main metrics, primary first
 	primary  string
 	baseline string
-	ratios   map[string]results.Ratio // ratioKey(metric, numerator, x)
 }
 
 // rowStart is a point's first cells: its config, then its value of each varying X key
@@ -40,35 +41,19 @@ type pointView struct {
 	sum map[string]results.Stat
 }
 
-// preferred orders the metrics a reader looks for first; others are left to the JSON.
-var preferred = []string{
-	results.MetricThroughput, results.MetricDeliveredPPS, results.MetricRequests,
-	results.MetricLatencyP50, results.MetricLatencyP99, results.MetricLatencyP999, results.MetricLatencyAvg,
-	results.MetricLoss, results.MetricCPUBusy,
-}
-
 // extraPlotted are plotted against X when present but kept out of the table.
 var extraPlotted = []string{results.MetricNetRX, results.MetricIRQs, results.IRQMetric("cal")}
 
 func newView(run *results.Run) *view {
-	v := &view{run: run, configs: run.ConfigNames(), fixed: map[string]float64{}, ratios: map[string]results.Ratio{}}
+	fig := results.FiguresOf(run)
+	v := &view{run: run, fig: fig, configs: run.ConfigNames(), metrics: fig.Metrics, primary: fig.Primary, baseline: fig.Baseline}
 	order := map[string]int{}
 	for i, c := range v.configs {
 		order[c] = i
 	}
-	have := map[string]bool{}
 	for i := range run.Points {
 		p := &run.Points[i]
-		sum := p.Summary
-		if sum == nil { // a file written before summarizing: compute on a copy, leave the run alone
-			cp := *p
-			results.Summarize(&cp)
-			sum = cp.Summary
-		}
-		for m := range sum {
-			have[m] = true
-		}
-		v.points = append(v.points, pointView{p: p, sum: sum})
+		v.points = append(v.points, pointView{p: p, sum: fig.Summary(p)})
 	}
 	v.varying, v.fixed = splitX(run.Points)
 	slices.SortStableFunc(v.points, func(a, b pointView) int {
@@ -79,71 +64,11 @@ func newView(run *results.Run) *view {
 		}
 		return cmp.Compare(order[a.p.Config], order[b.p.Config])
 	})
-
-	v.primary = run.Scenario.Primary
-	if v.primary != "" && have[v.primary] {
-		v.metrics = append(v.metrics, v.primary)
-	}
-	for _, m := range preferred {
-		if have[m] && m != v.primary {
-			v.metrics = append(v.metrics, m)
-		}
-	}
-	if v.primary == "" && len(v.metrics) > 0 {
-		v.primary = v.metrics[0]
-	}
-	v.baseline = pickBaseline(run, v.configs)
-	v.loadRatios()
 	return v
 }
 
-// pickBaseline: the scenario's baseline, else the denominator the run's ratios use, else the
-// first config.
-func pickBaseline(run *results.Run, configs []string) string {
-	if b := run.Scenario.Baseline; b != "" && slices.Contains(configs, b) {
-		return b
-	}
-	if len(run.Ratios) > 0 {
-		return run.Ratios[0].Denominator
-	}
-	if len(configs) > 0 {
-		return configs[0]
-	}
-	return ""
-}
-
-// loadRatios takes the run's own ratios against the baseline and computes the missing ones for
-// every main metric, so a report never shows a ratio the file disagrees with.
-func (v *view) loadRatios() {
-	for _, r := range v.run.Ratios {
-		if r.Denominator == v.baseline {
-			v.ratios[ratioKey(r.Metric, r.Numerator, r.X)] = r
-		}
-	}
-	if v.baseline == "" || len(v.configs) < 2 {
-		return
-	}
-	for _, m := range v.metrics {
-		rs, err := results.ComputeRatios(v.run, m, v.baseline)
-		if err != nil {
-			continue // metric missing for the baseline: nothing to compare
-		}
-		for _, r := range rs {
-			k := ratioKey(r.Metric, r.Numerator, r.X)
-			if _, ok := v.ratios[k]; !ok {
-				v.ratios[k] = r
-			}
-		}
-	}
-}
-
-func ratioKey(metric, numerator string, x map[string]float64) string {
-	return metric + "|" + numerator + "|" + results.XKey(x)
-}
-
 func (v *view) ratio(metric string, p *results.Point) (results.Ratio, bool) {
-	r, ok := v.ratios[ratioKey(metric, p.Config, p.X)]
-	return r, ok
+	return v.fig.Ratio(metric, p)
 }
 
 // sortedRatios lists the ratios for display: by metric order, X, numerator order.

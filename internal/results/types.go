@@ -102,6 +102,9 @@ type Config struct {
 	Offloads map[string]map[string]bool `json:"offloads,omitempty"`
 	// Arrangement overrides Run.Arrangement for this config when set.
 	Arrangement *Arrangement `json:"arrangement,omitempty"`
+	// Placement is the config's CPU placement class (placement.go); empty in files written
+	// before it was recorded.
+	Placement Placement `json:"placement,omitempty"`
 }
 
 // Workloads a scenario can drive.

@@ -29,6 +29,9 @@ func (r *Run) Validate() []error {
 			v.add("configs[%d]: duplicate name %q", i, c.Name)
 		}
 		configs[c.Name] = true
+		if c.Placement != "" && c.Placement != PlacementUnknown && !c.Placement.Known() {
+			v.add("configs[%d]: unknown placement class %q", i, c.Placement)
+		}
 	}
 	seen := map[string]int{}
 	for i := range r.Points {

@@ -1,24 +1,16 @@
-package bench
+package suite
 
 import (
-	"context"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/results"
 )
 
-// StudyConfigs are the chapter-2 comparison: the host network, the Linux overlay (VXLAN in the
-// host namespace, no containers), and both container overlay styles.
-var StudyConfigs = []Config{
-	{Style: lab.StyleNative, Mode: ModeVanilla},
-	{Style: lab.StyleLinux, Mode: ModeVanilla},
-	{Style: lab.StyleDocker, Mode: ModeVanilla},
-	{Style: lab.StyleFlannel, Mode: ModeVanilla},
-}
-
-// studyConfigNames are StudyConfigs as config strings, native first (every ratio is against it).
-var studyConfigNames = []string{lab.StyleNative, lab.StyleLinux, lab.StyleDocker, lab.StyleFlannel}
+// studyConfigs are the chapter-2 comparison as config strings: the host network (first: every
+// ratio is against it), the Linux overlay (VXLAN in the host namespace, no containers), and both
+// container overlay styles.
+var studyConfigs = []string{lab.StyleNative, lab.StyleLinux, lab.StyleDocker, lab.StyleFlannel}
 
 // StudySizes are the TCP message sizes of the full study (16 B to 64 KiB, the dissertation's
 // "small packets" sweep widened to iperf3's default 128 KB class); StudyFlows its flow counts
@@ -31,10 +23,10 @@ var (
 // Study is the characterization study of the dissertation's chapter 2 as a list of scenarios:
 // TCP throughput vs message size and vs flows, UDP packet rate vs datagram size (remote-sender
 // emulation, and iperf3 for the papers' 8 KB case), latency, and the two applications.
-func Study(quick bool) []Scenario {
+func Study(quick bool) []bench.Scenario {
 	if quick {
 		d := 2 * time.Second
-		return []Scenario{
+		return []bench.Scenario{
 			{Name: "tcp", Sizes: []int{65536}, Flows: []int{1, 4}, Duration: d, Reps: 2, Warmup: 1},
 			// An offered load no config saturates (the overlay tax per packet, cost_receive_ns
 			// overlay/native; AF_PACKET, which paces exactly) and flat out (each path's
@@ -45,7 +37,7 @@ func Study(quick bool) []Scenario {
 		}
 	}
 	d := 5 * time.Second
-	return []Scenario{
+	return []bench.Scenario{
 		{Name: "tcp", Sizes: StudySizes, Flows: []int{1}, Duration: d, Reps: 3, Warmup: 1},
 		{Name: "tcp", Sizes: []int{65536}, Flows: StudyFlows, Duration: d, Reps: 3, Warmup: 1},
 		{Name: "udp-inject", Sizes: []int{16, 64, 256, 1024, 1400}, Flows: []int{1}, Rates: []int{40000, 0}, Duration: d, Reps: 3, Warmup: 1},
@@ -59,17 +51,17 @@ func Study(quick bool) []Scenario {
 	}
 }
 
-// StudySteps are the study's scenarios as suite steps, each comparing native, the Linux
+// studySteps are the study's scenarios as suite steps, each comparing native, the Linux
 // overlay, docker and flannel. A step's title becomes its run's first note.
-func StudySteps(quick bool) []Step {
+func studySteps(quick bool) []Step {
 	var out []Step
 	for _, s := range Study(quick) {
-		out = append(out, Step{Title: studyTitle(s), Scenario: s, Configs: studyConfigNames})
+		out = append(out, Step{Title: studyTitle(s), Scenario: s, Configs: studyConfigs})
 	}
 	return out
 }
 
-func studyTitle(s Scenario) string {
+func studyTitle(s bench.Scenario) string {
 	switch {
 	case s.Name == "tcp" && len(s.Flows) > 1:
 		return "TCP throughput vs flows (one client/server pair, iperf3 -P)"
@@ -87,16 +79,4 @@ func studyTitle(s Scenario) string {
 		return s.Proto + " ping-pong latency"
 	}
 	return s.Name
-}
-
-// EstimatedDuration is a rough upper bound of a scenario's measuring time on the configs.
-func (s Scenario) EstimatedDuration(configs int) time.Duration {
-	_ = s.Validate()
-	n := len(s.points()) * (s.Reps + s.Warmup) * configs
-	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
-}
-
-// RunStudy runs the characterization study suite.
-func RunStudy(ctx context.Context, quick bool, base Options) ([]*results.Run, []string, error) {
-	return RunSuite(ctx, "study", quick, base)
 }

@@ -1,4 +1,4 @@
-package bench
+package probes
 
 import (
 	"errors"
@@ -7,11 +7,11 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/bpfstats"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/probe/stage"
 	"github.com/peregrine-net/peregrine/internal/results"
-	"github.com/peregrine-net/peregrine/internal/workload/inject"
 )
 
 // costProbe measures what every eBPF program peregrine loaded costs during a run: the kernel's
@@ -22,40 +22,37 @@ import (
 type costProbe struct {
 	sw    *bpfstats.Switch
 	probe []ebpf.ProgramID // the stage probe's programs
-	calib map[*testbed]*bpfstats.Calibration
-	progs map[*testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
+	calib map[*testbed.Testbed]*bpfstats.Calibration
+	progs map[*testbed.Testbed][]ebpf.ProgramID // the mode's pinned programs on the testbed's hosts
 	notes []string
 }
 
-// enableStats is swapped by tests to prove the switch is given back on every path.
-var enableStats = bpfstats.Enable
-
 // startCost switches the statistics on and attaches the calibration programs. On failure it
 // returns what it undid and an error; the run then goes on without program costs.
-func startCost(beds []*testbed, sp *stage.Probe) (*costProbe, error) {
+func startCost(beds []*testbed.Testbed, sp *stage.Probe, enableStats EnableFunc) (*costProbe, error) {
 	sw, err := enableStats()
 	if err != nil {
 		return nil, fmt.Errorf("BPF run-time statistics unavailable: %w", err)
 	}
-	c := &costProbe{sw: sw, calib: map[*testbed]*bpfstats.Calibration{}, progs: map[*testbed][]ebpf.ProgramID{}}
+	c := &costProbe{sw: sw, calib: map[*testbed.Testbed]*bpfstats.Calibration{}, progs: map[*testbed.Testbed][]ebpf.ProgramID{}}
 	if sp != nil {
 		c.probe, _ = sp.ProgramIDs()
 	}
 	for _, tb := range beds {
-		for _, ns := range tb.attached {
+		for _, ns := range tb.Attached {
 			ids, err := bpfstats.PinnedPrograms(datapath.PinDir(ns))
 			if err != nil {
-				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.cfg.Name(), ns, err))
+				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.Config, ns, err))
 			}
 			c.progs[tb] = append(c.progs[tb], ids...)
 		}
-		ns := tb.receiveHostNetns()
+		ns := tb.ReceiveHostNetns()
 		if ns == "" {
 			continue
 		}
 		cal, err := bpfstats.AttachCalibration(ns, "eth0")
 		if err != nil {
-			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.cfg.Name(), err))
+			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.Config, err))
 			continue
 		}
 		c.calib[tb] = cal
@@ -77,7 +74,7 @@ func (c *costProbe) close() error {
 }
 
 // ids are the programs to sample for a testbed, with their roles.
-func (c *costProbe) ids(tb *testbed) map[ebpf.ProgramID]string {
+func (c *costProbe) ids(tb *testbed.Testbed) map[ebpf.ProgramID]string {
 	out := map[ebpf.ProgramID]string{}
 	for _, id := range c.probe {
 		out[id] = results.RoleProbe
@@ -92,7 +89,7 @@ func (c *costProbe) ids(tb *testbed) map[ebpf.ProgramID]string {
 }
 
 // sample reads the testbed's programs now (nil on a nil probe).
-func (c *costProbe) sample(tb *testbed) map[ebpf.ProgramID]bpfstats.Sample {
+func (c *costProbe) sample(tb *testbed.Testbed) map[ebpf.ProgramID]bpfstats.Sample {
 	if c == nil {
 		return nil
 	}
@@ -106,7 +103,7 @@ func (c *costProbe) sample(tb *testbed) map[ebpf.ProgramID]bpfstats.Sample {
 }
 
 // programRuns turns two samples into the rep's program rows, ordered by role then name.
-func (c *costProbe) programRuns(tb *testbed, before, after map[ebpf.ProgramID]bpfstats.Sample) []results.ProgramRuns {
+func (c *costProbe) programRuns(tb *testbed.Testbed, before, after map[ebpf.ProgramID]bpfstats.Sample) []results.ProgramRuns {
 	if c == nil {
 		return nil
 	}
@@ -133,46 +130,6 @@ func (c *costProbe) programRuns(tb *testbed, before, after map[ebpf.ProgramID]bp
 	return out
 }
 
-// receiveHostNetns is the namespace of the receiving host, whose underlay eth0 takes the
-// emulated NIC's receive; "" for given namespaces (no lab of ours to attach to).
-func (tb *testbed) receiveHostNetns() string {
-	if tb.given || tb.lab == nil {
-		return ""
-	}
-	r := tb.pair.receiver
-	if r.Host == "" {
-		return r.Netns
-	}
-	h, err := tb.lab.Node(r.Host)
-	if err != nil {
-		return ""
-	}
-	return h.Netns
-}
-
-// Metrics the injector reports about itself, moved into the rep's own fields by takeSender.
-const (
-	senderCPUKey   = "sender_cpu_ns"
-	senderRunsKey  = "sender_prog_runs"
-	senderRunNsKey = "sender_prog_run_ns"
-)
-
-// takeSender moves the injector's CPU time and its XDP program's statistics out of the metrics
-// into Rep.SenderCPUNs and Rep.Programs.
-func takeSender(rep *results.Rep) {
-	if v, ok := rep.Metrics[senderCPUKey]; ok {
-		rep.SenderCPUNs = uint64(v)
-		delete(rep.Metrics, senderCPUKey)
-	}
-	runs, ok1 := rep.Metrics[senderRunsKey]
-	ns, ok2 := rep.Metrics[senderRunNsKey]
-	delete(rep.Metrics, senderRunsKey)
-	delete(rep.Metrics, senderRunNsKey)
-	if ok1 && ok2 && runs > 0 {
-		rep.Programs = append(rep.Programs, results.ProgramRuns{Name: inject.ProgName, Role: results.RoleSender, Type: "XDP", Runs: uint64(runs), RunNs: uint64(ns)})
-	}
-}
-
 // netRxNs is the NET_RX softirq time per CPU, indexed by CPU.
 func netRxNs(d stage.Snapshot) []uint64 {
 	n := 0
@@ -185,24 +142,6 @@ func netRxNs(d stage.Snapshot) []uint64 {
 	out := make([]uint64, n)
 	for _, c := range d.CPUs {
 		out[c.CPU] = c.NetRxNs
-	}
-	return out
-}
-
-// costMetricsCompared are the cost figures every run also states as ratios against the
-// baseline: the whole machine's and the receive path's ns per delivered packet.
-var costMetricsCompared = []string{results.MetricCostReceive, results.MetricCostCPU, results.MetricCostBPF}
-
-// costRatios compares the cost figures of every config with the baseline's, where measured.
-func costRatios(run *results.Run) []results.Ratio {
-	var out []results.Ratio
-	for _, m := range costMetricsCompared {
-		if m == run.Scenario.Primary {
-			continue
-		}
-		if rs, err := results.ComputeRatios(run, m, run.Scenario.Baseline); err == nil {
-			out = append(out, rs...)
-		}
 	}
 	return out
 }

@@ -1,22 +1,26 @@
-package bench
+// Package suite holds the papers' experiment sets: lists of steps, each a scenario with the
+// configs it compares, run one after the other by the bench runner into one result file each.
+package suite
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench"
 	"github.com/peregrine-net/peregrine/internal/results"
 )
 
 // Step is one scenario of a suite with the configs it compares (the first is the baseline).
 type Step struct {
 	Title    string
-	Scenario Scenario
+	Scenario bench.Scenario
 	Configs  []string
 }
 
@@ -26,26 +30,19 @@ var suites = map[string]struct {
 	help  string
 	steps func(quick bool) []Step
 }{
-	"study":  {"the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel", StudySteps},
+	"study":  {"the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel", studySteps},
 	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps},
 	"mflow":  {"MFLOW's experiments: single-flow TCP/UDP by size, reordering vs batch size, device vs full-path splitting, latency, flows", mflowSteps},
 	"prism":  {"PRISM's experiments: HP ping-pong alone and under TCP/UDP bulk background, memcached as HP under bulk", prismSteps},
 }
 
-// SuiteNames lists the suites.
-func SuiteNames() []string {
-	var ns []string
-	for n := range suites {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
-}
+// Names lists the suites.
+func Names() []string { return slices.Sorted(maps.Keys(suites)) }
 
-// SuiteHelp describes the suites, one per line.
-func SuiteHelp() string {
+// Help describes the suites, one per line.
+func Help() string {
 	var b strings.Builder
-	for _, n := range SuiteNames() {
+	for _, n := range Names() {
 		fmt.Fprintf(&b, "  %-7s %s\n", n, suites[n].help)
 	}
 	return b.String()
@@ -66,7 +63,9 @@ func falconSteps(quick bool) []Step {
 		d, reps, warm = 2*time.Second, 2, 1
 		sizes, flows = []int{64}, []int{1, 4}
 	}
-	sc := func(name string) Scenario { return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm} }
+	sc := func(name string) bench.Scenario {
+		return bench.Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm}
+	}
 	split := "docker/falcon@split_cpus=" + strconv.Itoa(otherCPU())
 	base := []string{"native", "docker", "docker/rps", "docker/falcon"}
 
@@ -109,7 +108,9 @@ func mflowSteps(quick bool) []Step {
 		d, reps, warm = 2*time.Second, 2, 1
 		tcpSizes, udpSizes, flows, batches = []int{65536}, []int{64}, []int{1, 4}, []int{16, 256}
 	}
-	sc := func(name string) Scenario { return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm} }
+	sc := func(name string) bench.Scenario {
+		return bench.Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm}
+	}
 	modes := []string{"native", "docker", "docker/rps", "docker/falcon", "docker/mflow", "docker/mflow@split_at=device"}
 	tcp := sc("tcp")
 	tcp.Sizes = tcpSizes
@@ -146,14 +147,14 @@ func prismSteps(quick bool) []Step {
 	if quick {
 		d, reps, warm = 2*time.Second, 2, 1
 	}
-	sc := func(name, bg string) Scenario {
-		return Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm, Background: bg}
+	sc := func(name, bg string) bench.Scenario {
+		return bench.Scenario{Name: name, Duration: d, Reps: reps, Warmup: warm, Background: bg}
 	}
 	cfgs := []string{"native", "docker", "docker/prism", "docker/prism@hp_cpus=" + strconv.Itoa(otherCPU()), "docker/falcon/prism"}
 	// The latency application at real-time priority stands in for a core of its own (the papers'
 	// setup): the tail then shows the network path's queueing, which is what PRISM removes,
 	// rather than the CPU scheduler's. Flannel style, with prism over the fast path.
-	rt := func(bg string) Scenario {
+	rt := func(bg string) bench.Scenario {
 		s := sc("pingpong", bg)
 		s.HPRealTime = true
 		return s
@@ -169,8 +170,8 @@ func prismSteps(quick bool) []Step {
 	}
 }
 
-// SuiteDuration estimates a suite's measuring time.
-func SuiteDuration(name string, quick bool) time.Duration {
+// Duration estimates a suite's measuring time.
+func Duration(name string, quick bool) time.Duration {
 	var t time.Duration
 	for _, st := range suites[name].steps(quick) {
 		t += st.Scenario.EstimatedDuration(len(st.Configs))
@@ -178,20 +179,20 @@ func SuiteDuration(name string, quick bool) time.Duration {
 	return t
 }
 
-// RunSuite runs every step of a suite, each into its own result file. Configs in base are
+// Run runs every step of a suite, each into its own result file. Configs in base are
 // replaced by each step's.
-func RunSuite(ctx context.Context, name string, quick bool, base Options) ([]*results.Run, []string, error) {
+func Run(ctx context.Context, name string, quick bool, base bench.Options) ([]*results.Run, []string, error) {
 	s, ok := suites[name]
 	if !ok {
-		return nil, nil, fmt.Errorf("unknown suite %q: choose one of %s", name, strings.Join(SuiteNames(), ", "))
+		return nil, nil, fmt.Errorf("unknown suite %q: choose one of %s", name, strings.Join(Names(), ", "))
 	}
 	steps := s.steps(quick)
 	for _, st := range steps { // every config must parse before anything is built
-		if _, err := ParseConfigs(strings.Join(st.Configs, ",")); err != nil {
+		if _, err := bench.ParseConfigs(strings.Join(st.Configs, ",")); err != nil {
 			return nil, nil, fmt.Errorf("suite %s, %s: %w", name, st.Title, err)
 		}
 	}
-	base.logf("suite %s: %d steps, about %s of measuring", name, len(steps), SuiteDuration(name, quick).Round(time.Second))
+	base.Logf("suite %s: %d steps, about %s of measuring", name, len(steps), Duration(name, quick).Round(time.Second))
 	var runs []*results.Run
 	var paths []string
 	var errs []error
@@ -201,9 +202,9 @@ func RunSuite(ctx context.Context, name string, quick bool, base Options) ([]*re
 		if o.Scenario.Injector == "" {
 			o.Scenario.Injector = base.Scenario.Injector
 		}
-		o.Configs, _ = ParseConfigs(strings.Join(st.Configs, ","))
-		o.logf("\n== %s %d/%d: %s", name, i+1, len(steps), st.Title)
-		run, path, err := Run(ctx, o)
+		o.Configs, _ = bench.ParseConfigs(strings.Join(st.Configs, ","))
+		o.Logf("\n== %s %d/%d: %s", name, i+1, len(steps), st.Title)
+		run, path, err := bench.Run(ctx, o)
 		if run != nil {
 			run.Notes = append([]string{st.Title}, run.Notes...)
 			if path != "" {

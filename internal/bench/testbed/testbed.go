@@ -1,0 +1,222 @@
+// Package testbed builds what a benchmark measures on: the lab of one config with its modes
+// attached, or existing namespaces taken as found, and takes it down again. It knows nothing of
+// scenarios or results: the runner (internal/bench) says what to build and measures on it.
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Attach is one mode of a config's stack with its complete attach options.
+type Attach struct {
+	Mode  string
+	Extra map[string]string
+}
+
+// Spec is what to build for one config.
+type Spec struct {
+	Index      int    // the config's position in the run: names its lab
+	Config     string // the config's name, for messages
+	Style      string // lab style
+	Stack      []Attach
+	Containers int   // per host
+	RxCPUs     []int // the underlay's receive (lab.Spec.RxCPUs); set, the modes leave it alone
+	ToR        bool  // a top-of-rack switch per host
+	NAPIThread bool  // the underlay's NAPI in a kernel thread on RxCPUs
+	// Background picks a second container pair (BGSender, BGReceiver) for background traffic.
+	Background bool
+}
+
+// Testbed is the lab of one config, with its modes attached: the measured pair, and what the
+// runner records about its receive path.
+type Testbed struct {
+	Config   string
+	Lab      *lab.Lab // nil for given namespaces
+	Attached []string // host namespaces with the modes attached
+	// Sender and Receiver are the measured endpoints; SenderHost is the namespace of the
+	// sender's host (an injector sends on its underlay).
+	Sender, Receiver lab.Node
+	SenderHost       string
+	// BGSender, BGReceiver carry the background traffic (Spec.Background).
+	BGSender, BGReceiver lab.Node
+	Stages               map[string]string // "netns/device" -> stage, receiving host's namespaces only
+	Offloads             map[string]map[string]bool
+	Knobs                map[string]string // "netns:path" -> value the modes set
+	given                bool
+}
+
+// labName gives each config of this process its own lab: "b<pid>x<i>" fits the 12-char limit.
+func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i) }
+
+// Up builds the lab of s and attaches its modes on every host, in order. On failure nothing
+// is left behind.
+func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
+	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread}
+	log("building lab %s for %s", spec.Name, s.Config)
+	l, err := lab.Up(ctx, spec, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.Config, err)
+	}
+	tb := &Testbed{Config: s.Config, Lab: l, Knobs: map[string]string{}}
+	for _, a := range s.Stack {
+		for _, h := range l.Hosts {
+			// Lab: a mode that programs the lab's own devices (its switches) is told which lab.
+			opts := datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, Lab: l.Spec.Name, Extra: maps.Clone(a.Extra)}
+			st, err := datapath.Attach(ctx, h.Netns, a.Mode, opts)
+			if err != nil {
+				tb.Teardown()
+				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)
+			}
+			if !slices.Contains(tb.Attached, h.Netns) {
+				tb.Attached = append(tb.Attached, h.Netns)
+			}
+			for _, k := range st.Knobs {
+				tb.Knobs[k.Netns+":"+k.Path] = k.New
+			}
+		}
+	}
+	eps := l.Endpoints()
+	tb.Sender, tb.Receiver = eps[0], eps[len(eps)-1]
+	tb.SenderHost = tb.Sender.Netns
+	recvHost := tb.Receiver.Name
+	if tb.Sender.Host != "" {
+		h, _ := l.Node(tb.Sender.Host)
+		tb.SenderHost = h.Netns
+		recvHost = tb.Receiver.Host
+	}
+	if s.Background {
+		if err := tb.pickBackground(); err != nil {
+			tb.Teardown()
+			return nil, err
+		}
+	}
+	tb.Stages = map[string]string{}
+	// With --tor the receiving rack's switch is a stage too ("tor"): its softirq time is the
+	// switch's work, which real silicon would do (receive cost minus it is the host's).
+	for _, n := range receiveNodes(l, recvHost) {
+		for _, d := range n.Devices {
+			if d.Stage != "" {
+				tb.Stages[n.Netns+"/"+d.Name] = d.Stage
+			}
+		}
+	}
+	tb.Offloads = readOffloads(ctx, receiveNodes(l, recvHost))
+	return tb, nil
+}
+
+// receiveNodes are the nodes of the receiving host: its own namespace, its overlay namespace
+// (docker), its containers and, with --tor, its rack's switch. The stage chart and the offloads
+// are about the receive path of the measured flow.
+func receiveNodes(l *lab.Lab, recvHost string) []lab.Node {
+	var out []lab.Node
+	for _, set := range [][]lab.Node{l.Hosts, l.Overlays, l.Containers, l.ToRs} {
+		for _, n := range set {
+			if n.Name == recvHost || n.Host == recvHost {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// Existing wraps namespaces that exist already (any two on this machine) as a testbed: nothing
+// is built, attached or torn down.
+func Existing(config, clientNS, serverNS, serverAddr string) *Testbed {
+	return &Testbed{
+		Config:   config,
+		given:    true,
+		Stages:   map[string]string{},
+		Knobs:    map[string]string{},
+		Sender:   lab.Node{Name: clientNS, Netns: clientNS},
+		Receiver: lab.Node{Name: serverNS, Netns: serverNS, Addr: serverAddr},
+	}
+}
+
+// CheckExisting says which of the named namespaces does not exist ("" names none).
+func CheckExisting(nss ...string) error {
+	for _, ns := range nss {
+		if ns != "" && !netnsutil.Exists(ns) {
+			return fmt.Errorf("network namespace %q does not exist (see `ip netns list`)", ns)
+		}
+	}
+	return nil
+}
+
+// Teardown detaches the modes and removes the lab; given namespaces are not ours to remove.
+func (tb *Testbed) Teardown() error {
+	if tb.given {
+		return nil
+	}
+	var errs []error
+	for _, ns := range tb.Attached {
+		if _, err := datapath.Detach(context.Background(), ns, ""); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := lab.Down(tb.Lab.Spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Namespaces are every namespace of the testbed's lab (the measured pair's for given ones).
+func (tb *Testbed) Namespaces() []string {
+	if tb.given {
+		return []string{tb.Sender.Netns, tb.Receiver.Netns}
+	}
+	nss, _ := netnsutil.List(lab.NsPrefix(tb.Lab.Spec.Name))
+	return nss
+}
+
+// ReceiveHostNetns is the namespace of the receiving host, whose underlay eth0 takes the
+// emulated NIC's receive; "" for given namespaces (no lab of ours to attach to).
+func (tb *Testbed) ReceiveHostNetns() string {
+	if tb.given || tb.Lab == nil {
+		return ""
+	}
+	r := tb.Receiver
+	if r.Host == "" {
+		return r.Netns
+	}
+	h, err := tb.Lab.Node(r.Host)
+	if err != nil {
+		return ""
+	}
+	return h.Netns
+}
+
+// pickBackground picks the background pair: the hosts' other containers, crossing hosts like
+// the measured pair.
+func (tb *Testbed) pickBackground() error {
+	l := tb.Lab
+	if l.Spec.Style == lab.StyleNative {
+		// No containers: the background shares the hosts with the measured flow, on its own port.
+		tb.BGSender, tb.BGReceiver = tb.Sender, tb.Receiver
+		return nil
+	}
+	snd, err := l.Node("h1-c2")
+	if err != nil {
+		return fmt.Errorf("background needs a second container per host: %w", err)
+	}
+	rcv, err := l.Node("h2-c1")
+	if err != nil {
+		return err
+	}
+	if tb.Sender.Name == snd.Name || tb.Receiver.Name == rcv.Name {
+		rcv, _ = l.Node("h2-c2")
+		if tb.Receiver.Name == rcv.Name {
+			rcv, _ = l.Node("h2-c1")
+		}
+	}
+	tb.BGSender, tb.BGReceiver = *snd, *rcv
+	return nil
+}

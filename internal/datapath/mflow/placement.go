@@ -1,0 +1,11 @@
+package mflow
+
+import (
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/results"
+)
+
+// Placement: a flow is cut into batches after the NIC stage, and the batches' later stages run on all the other CPUs.
+func (Mode) Placement() results.Placement { return results.PlacementSplitAfterNIC }
+
+var _ datapath.Placer = Mode{}
