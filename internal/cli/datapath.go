@@ -15,6 +15,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/falcon"   // registers mode "falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/fastpath" // registers mode "fastpath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // targetFlags select which host namespaces a datapath command works on.
@@ -210,12 +211,7 @@ func modeList() string {
 	return b.String()
 }
 
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
-}
+func label(ns string) string { return netnsutil.Label(ns) }
 
 func newDetachCmd() *cobra.Command {
 	var tf targetFlags

@@ -54,7 +54,7 @@ type agent struct {
 }
 
 func runAgent(ctx context.Context, target string) error {
-	lg := log.New(os.Stderr, "falcon-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
+	lg := log.New(os.Stderr, "falcon-agent["+netnsutil.Label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
 	// The record is saved before the agent starts; allow a moment in case the attaching
 	// process's write is not visible yet, rather than failing the attach.
 	var st *datapath.State
@@ -69,7 +69,7 @@ func runAgent(ctx context.Context, target string) error {
 		return err
 	}
 	if st == nil || st.Mode != Name {
-		return fmt.Errorf("falcon is not attached to %s (no record at %s)", label(target), datapath.StateDir)
+		return fmt.Errorf("falcon is not attached to %s (no record at %s)", netnsutil.Label(target), datapath.StateDir)
 	}
 	cfg, err := ConfigOfState(st)
 	if err != nil {
@@ -223,7 +223,7 @@ func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- s
 	for ns := range nss {
 		h, err := netnsutil.Handle(ns)
 		if err != nil {
-			a.log.Printf("watch %s: %v", label(ns), err)
+			a.log.Printf("watch %s: %v", netnsutil.Label(ns), err)
 			continue
 		}
 		ch := make(chan netlink.LinkUpdate, 64)
@@ -231,13 +231,13 @@ func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- s
 			Namespace: &h,
 			ErrorCallback: func(err error) {
 				if ctx.Err() == nil { // closing the subscription at exit reports an error too
-					a.log.Printf("netlink %s: %v", label(ns), err)
+					a.log.Printf("netlink %s: %v", netnsutil.Label(ns), err)
 				}
 			},
 		})
 		h.Close()
 		if err != nil {
-			a.log.Printf("watch %s: %v", label(ns), err)
+			a.log.Printf("watch %s: %v", netnsutil.Label(ns), err)
 			continue
 		}
 		go func() {
@@ -383,11 +383,4 @@ func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
 		a.log.Printf("restore knobs of %s: %v", d, err)
 	}
 	return slices.Clip(rest)
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }

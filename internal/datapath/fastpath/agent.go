@@ -54,7 +54,7 @@ func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }
 func runAgent(ctx context.Context, target string) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	lg := log.New(os.Stderr, "fastpath-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
+	lg := log.New(os.Stderr, "fastpath-agent["+netnsutil.Label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
 	st, err := datapath.LoadState(target, Name)
 	if err != nil || st == nil {
 		return errors.Join(errors.New("fastpath is not attached"), err)
@@ -77,7 +77,7 @@ func runAgent(ctx context.Context, target string) error {
 	}
 	for _, ns := range nss {
 		if err := a.watch(ctx, ns); err != nil {
-			lg.Printf("no netlink events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
+			lg.Printf("no netlink events from %s (resyncing every %s instead): %v", netnsutil.Label(ns), resyncEvery, err)
 		}
 	}
 	lg.Printf("started (%s layout)", ms.Overlay.Layout)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Name is the mode's name.
@@ -102,7 +103,7 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	}
 	ov.OneWay = c.OneWay
 	if _, err := os.Stat(pinDir(st.Target)); err == nil {
-		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", pinDir(st.Target), label(st.Target))
+		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", pinDir(st.Target), netnsutil.Label(st.Target))
 	}
 	objs, err := loadObjects()
 	if err != nil {

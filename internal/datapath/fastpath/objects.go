@@ -11,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Pin layout under datapath.PinDir(target)/fastpath: maps and programs by their kernel names
@@ -99,7 +100,7 @@ func openPinned(target string, progs bool) (*pinned, error) {
 		var err error
 		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, label(target), err)
+			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, netnsutil.Label(target), err)
 		}
 	}
 	if progs {
@@ -114,13 +115,6 @@ func openPinned(target string, progs bool) (*pinned, error) {
 		}
 	}
 	return p, nil
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }
 
 func fmtInt(i int64) string { return fmt.Sprint(i) }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
@@ -39,7 +40,7 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	if st == nil {
-		return nil, fmt.Errorf("fastpath is not attached to %s (run `peregrine attach fastpath`)", label(target))
+		return nil, fmt.Errorf("fastpath is not attached to %s (run `peregrine attach fastpath`)", netnsutil.Label(target))
 	}
 	ms, err := readModeState(st)
 	if err != nil {

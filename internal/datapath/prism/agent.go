@@ -41,7 +41,7 @@ func (mode) RunAgent(ctx context.Context, target string) error { return runAgent
 func runAgent(ctx context.Context, target string) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	lg := log.New(os.Stderr, "prism-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
+	lg := log.New(os.Stderr, "prism-agent["+netnsutil.Label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
 	st, err := prismState(target)
 	if err != nil {
 		return err
@@ -59,7 +59,7 @@ func runAgent(ctx context.Context, target string) error {
 		}
 		watched[ns] = true
 		if err := watchLinks(ctx, ns, events); err != nil {
-			lg.Printf("no link events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
+			lg.Printf("no link events from %s (resyncing every %s instead): %v", netnsutil.Label(ns), resyncEvery, err)
 		}
 	}
 	lg.Printf("started")

@@ -11,6 +11,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Keys of datapath.Options.Extra that prism reads (the CLI's flags fill them); they are saved
@@ -385,7 +386,7 @@ func prismState(target string) (*datapath.State, error) {
 		return nil, err
 	}
 	if st == nil || st.Mode != Name {
-		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
+		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", netnsutil.Label(target))
 	}
 	return st, nil
 }
@@ -395,7 +396,7 @@ func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error)
 	var out []Rule
 	err := datapath.UpdateState(target, Name, 3*time.Second, func(st *datapath.State) error {
 		if st.Mode != Name {
-			return fmt.Errorf("%s has mode %s attached, not prism", label(target), st.Mode)
+			return fmt.Errorf("%s has mode %s attached, not prism", netnsutil.Label(target), st.Mode)
 		}
 		ms, err := readModeState(st)
 		if err != nil {
@@ -429,7 +430,7 @@ func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error)
 		return nil
 	})
 	if errors.Is(err, datapath.ErrNotAttached) {
-		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
+		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", netnsutil.Label(target))
 	}
 	return out, err
 }
@@ -484,11 +485,4 @@ func DelRules(target string, which []string) ([]int, error) {
 		return out, err
 	})
 	return ids, err
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }

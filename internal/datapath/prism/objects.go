@@ -11,6 +11,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Pin layout under datapath.PinDir(target)/prism: maps and programs by their kernel names
@@ -43,7 +44,7 @@ func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 func openPinned(target string) (*objects, error) {
 	o, err := bpfobj.Open[objects](Name, pinDir(target), true)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
+		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, netnsutil.Label(target))
 	}
 	return o, nil
 }
