@@ -42,12 +42,12 @@ func (f *ezpathFlags) extra(c *cobra.Command, mode string, tf *targetFlags, m ma
 		if !fl.Changed {
 			continue
 		}
-		if mode != ezpath.ModeName {
+		if mode != ezpath.Name {
 			return fmt.Errorf("--%s is an ezpath flag; mode %s does not take it", flag, mode)
 		}
 		m[key] = fl.Value.String()
 	}
-	if mode != ezpath.ModeName {
+	if mode != ezpath.Name {
 		return nil
 	}
 	if fl := c.Flags().Lookup("interval"); fl != nil && fl.Changed {

@@ -3,9 +3,11 @@ package ezpath
 import (
 	"os"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 )
 
 func TestMain(m *testing.M) {
-	RunAgentIfAsked() // attach starts the controller from this test binary
+	agentproc.RunIfAgent() // attach starts the controller from this test binary
 	os.Exit(m.Run())
 }

@@ -9,12 +9,13 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	RunAgentIfAsked() // the lab tests start the agent from this test binary
+	agentproc.RunIfAgent() // the lab tests start the agent from this test binary
 	os.Exit(m.Run())
 }
 

@@ -214,7 +214,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
-			if st.AgentPID == 0 || !isAgent(st.AgentPID, host) {
+			if st.AgentPID == 0 || !agentKit.Running(st) {
 				t.Fatalf("agent %d is not running", st.AgentPID)
 			}
 
@@ -230,7 +230,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			mostlyOn(t, "falcon flow 2 veth", got["veth"], 1)
 
 			// status can read the live state
-			text, err := Mode{}.Report(st)
+			text, err := mode{}.Report(st)
 			if err != nil || !strings.Contains(text, "gate      open") {
 				t.Errorf("report: %v\n%s", err, text)
 			}
@@ -244,11 +244,11 @@ func TestPipeliningOnLabs(t *testing.T) {
 					t.Errorf("%s: %q after detach, %q before attach", k, after[k], v)
 				}
 			}
-			if isAgent(st.AgentPID, host) {
+			if agentKit.Running(st) {
 				t.Errorf("agent %d still runs after detach", st.AgentPID)
 			}
-			if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("pins remain at %s", pinDir(host))
+			if _, err := os.Stat(datapath.ModePinDir(host, Name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pins remain at %s", datapath.ModePinDir(host, Name))
 			}
 			assertNoFalconProgs(t, s.nic, ebpf.AttachTCXIngress)
 			vanilla = sendFlow(t, l, s, f, 3000)
@@ -357,7 +357,7 @@ func hasPiece(t *testing.T, host string, next datapath.Dev) bool {
 	if err != nil || st == nil {
 		return false
 	}
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func TestRefusals(t *testing.T) {
 	}
 
 	// Another process's pins in the way.
-	dir := pinDir(host)
+	dir := datapath.ModePinDir(host, Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -497,10 +497,10 @@ func TestLabDownStopsAgent(t *testing.T) {
 	if err := lab.Down(l.Spec.Name, nil); err != nil {
 		t.Fatal(err)
 	}
-	if isAgent(st.AgentPID, host) {
+	if agentKit.Running(st) {
 		t.Errorf("agent %d survived lab down", st.AgentPID)
 	}
-	if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(datapath.ModePinDir(host, Name)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins survived lab down")
 	}
 	if st, _ := datapath.LoadState(host, "falcon"); st != nil {
@@ -513,5 +513,5 @@ func readModeStateOf(host string) (modeState, error) {
 	if err != nil || st == nil {
 		return modeState{}, err
 	}
-	return readModeState(st)
+	return datapath.LoadModeState[modeState](st)
 }

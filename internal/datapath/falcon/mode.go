@@ -11,27 +11,27 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 )
 
-// Mode is FALCON as a datapath mode.
-type Mode struct{}
+// mode is FALCON as a datapath mode.
+type mode struct{}
 
-func init() { datapath.Register(Mode{}) }
+func init() { datapath.Register(mode{}) }
 
 // Name is the mode's name.
 const Name = "falcon"
 
-func (Mode) Name() string { return Name }
+func (mode) Name() string { return Name }
 
 // OptionKeys and Configure make falcon a datapath.Configurer: its options are parsed once.
-func (Mode) OptionKeys() []string                      { return optionKeys }
-func (Mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
-func (Mode) Summary() string {
+func (mode) OptionKeys() []string                      { return optionKeys }
+func (mode) Configure(o datapath.Options) (any, error) { return configOf(o) }
+func (mode) Summary() string {
 	return "FALCON: each stage (VXLAN, container veth) of a flow on its own CPU, two-choice balanced, load-gated"
 }
 
 // Knobs validates the settings, refuses to stack on another falcon, and plans the RPS knobs of
 // every device whose RPS carries a stage transition: the VXLAN devices and the container veths.
 // The underlay's own receive CPU is the NIC's (RSS/IRQ affinity) and is left alone.
-func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	cfg, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return nil, err
@@ -57,7 +57,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 // checkNotAttached refuses when falcon's pins for the target exist or a prg_falcon program
 // already sits on one of the devices falcon would use. Nothing has been changed when it is called.
 func checkNotAttached(t *datapath.Topology) error {
-	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, datapath.ModePinDir(t.Host, Name)); err != nil {
 		return err
 	}
 	for _, d := range t.Devs {
@@ -73,7 +73,7 @@ func checkNotAttached(t *datapath.Topology) error {
 
 // Load loads and pins the programs, attaches them to the underlay (ingress) and every bridge
 // port (egress), and starts the node agent that runs the load monitor and follows containers.
-func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+func (mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	cfg, err := datapath.ConfigOf(o, configOf)
 	if err != nil {
 		return err
@@ -94,7 +94,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err := objs.writeGate(Gate{Open: false, Epoch: 1}); err != nil {
 		return err
 	}
-	dir := pinDir(st.Target)
+	dir := datapath.ModePinDir(st.Target, Name)
 	st.Pins = append(st.Pins, dir)
 	if err := datapath.SaveState(st); err != nil {
 		return err
@@ -110,12 +110,12 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	var ms modeState
 	for i := range pieces {
 		if err := attachPiece(objs, st.Target, &pieces[i]); err != nil {
-			datapath.WriteModeState(st, ms)
+			datapath.SetModeState(st, ms)
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, pieces[i])
 	}
-	datapath.WriteModeState(st, ms)
+	datapath.SetModeState(st, ms)
 	if cfg.Split == "on" {
 		if err := splitAttach(t, cfg, st); err != nil {
 			return err
@@ -124,26 +124,20 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err := datapath.SaveState(st); err != nil {
 		return err
 	}
-	pid, err := startAgent(st.Target)
-	if err != nil {
+	if err := agentKit.Start(st); err != nil {
 		return err
 	}
-	st.AgentPID = pid
 	if err := datapath.SaveState(st); err != nil {
 		return err
 	}
-	return waitAgentReady(ctx, objs, pid, st.Target)
+	return waitAgentReady(ctx, objs, st)
 }
 
 // Unload stops the agent, detaches every piece and the GRO split. The pins themselves (and with
 // them the maps) go with the record's Pins, which the framework removes.
-func (Mode) Unload(ctx context.Context, st *datapath.State) error {
-	var errs []error
-	if st.AgentPID > 0 {
-		errs = append(errs, stopAgent(st.AgentPID, st.Target))
-	}
-	errs = append(errs, splitDetach(st))
-	ms, err := readModeState(st)
+func (mode) Unload(ctx context.Context, st *datapath.State) error {
+	errs := []error{agentKit.Stop(st), splitDetach(st)}
+	ms, err := datapath.LoadModeState[modeState](st)
 	errs = append(errs, err)
 	for _, p := range ms.Pieces {
 		errs = append(errs, detachPiece(nil, p))
@@ -151,5 +145,9 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 	return errors.Join(errs...)
 }
 
+// SteersLaterStages marks falcon a datapath.StageSteerer: it places the VXLAN and container
+// veth stages of every flow itself, so a mode stacked on it (mflow) leaves them alone.
+func (mode) SteersLaterStages() {}
+
 // RunAgent is `peregrine agent falcon --target NS`.
-func (Mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -22,7 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	RunAgentIfAsked()
+	agentproc.RunIfAgent()
 	os.Exit(m.Run())
 }
 
@@ -169,8 +170,8 @@ func TestLabFastPath(t *testing.T) {
 				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
-					t.Fatalf("%s left behind", pinDir(h))
+				if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
 				}
 			}
 			deadline := time.Now().Add(3 * time.Second)
@@ -310,8 +311,8 @@ func TestHandBuiltOverlay(t *testing.T) {
 		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s left behind", pinDir(h))
+		if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
 		}
 	}
 }

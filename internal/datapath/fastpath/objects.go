@@ -14,14 +14,9 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// Pin layout under datapath.PinDir(target)/fastpath: maps and programs by their kernel names
-// (what bpftool shows), tcx links in links/.
-const (
-	pinSub   = "fastpath"
-	linksSub = "links"
-)
-
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
+// Pin layout under datapath.ModePinDir: maps and programs by their kernel names (what bpftool
+// shows), tcx links in links/.
+const linksSub = "links"
 
 // cfg.flags and flow.flags, as in bpf/fastpath.bpf.c.
 const (
@@ -94,7 +89,7 @@ func (p *pinned) tables() endpoints.Tables {
 }
 
 func openPinned(target string, progs bool) (*pinned, error) {
-	dir := pinDir(target)
+	dir := datapath.ModePinDir(target, Name)
 	p := &pinned{}
 	for name, m := range mapsOf(&p.fpMaps) {
 		var err error

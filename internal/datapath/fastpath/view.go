@@ -6,7 +6,6 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
@@ -35,14 +34,11 @@ type View struct {
 
 // Inspect reads the live view of the fast path on target.
 func Inspect(target string) (*View, error) {
-	st, err := datapath.LoadState(target, Name)
+	st, err := datapath.Attached(target, Name, 0)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil {
-		return nil, fmt.Errorf("fastpath is not attached to %s (run `peregrine attach fastpath`)", netnsutil.Label(target))
-	}
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +47,7 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	defer p.Close()
-	v := &View{Target: target, Notes: ms.Notes, Agent: "off"}
+	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st)}
 	if ov := ms.Overlay; ov != nil {
 		v.Layout, v.VXLAN, v.Underlay = ov.Layout, ov.VX.Dev.String(), ov.Underlay.String()
 		v.SkipsOut, v.SkipsIn = Skipped(ov.Layout)
@@ -76,12 +72,6 @@ func Inspect(target string) (*View, error) {
 	}
 	if v.Endpoints, err = endpoints.List(p.tables()); err != nil {
 		return nil, err
-	}
-	if st.AgentPID != 0 {
-		v.Agent = fmt.Sprintf("pid %d, not running (log %s)", st.AgentPID, AgentLog(target))
-		if isAgent(st.AgentPID, target) {
-			v.Agent = fmt.Sprintf("pid %d, running", st.AgentPID)
-		}
 	}
 	return v, nil
 }

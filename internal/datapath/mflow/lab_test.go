@@ -47,14 +47,14 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 				}
 				return false, fmt.Sprintf("flows %+v", flows)
 			})
-			report, err := Mode{}.Report(st)
+			report, err := mode{}.Report(st)
 			if err != nil {
 				t.Errorf("report: %v", err)
 			}
 			t.Logf("status:\n%s", report)
 			batchCPUs, drops := map[int]uint64{}, uint64(0)
 			if at == SplitFullPath {
-				ms, err := readModeState(st)
+				ms, err := datapath.LoadModeState[modeState](st)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -88,8 +88,8 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 					t.Errorf("%s is %q after detach, was %q", k, after[k], v)
 				}
 			}
-			if _, err := os.Stat(pinDir(host)); err == nil {
-				t.Errorf("pins left at %s", pinDir(host))
+			if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
+				t.Errorf("pins left at %s", datapath.ModePinDir(host, Name))
 			}
 		})
 	}
@@ -124,8 +124,8 @@ func TestRefusals(t *testing.T) {
 				t.Errorf("%s: %s changed to %q", name, k, after[k])
 			}
 		}
-		if _, err := os.Stat(pinDir(host)); err == nil {
-			t.Errorf("%s: pins left at %s", name, pinDir(host))
+		if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
+			t.Errorf("%s: pins left at %s", name, datapath.ModePinDir(host, Name))
 		}
 	}
 }

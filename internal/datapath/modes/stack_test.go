@@ -8,16 +8,14 @@ import (
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
-	"github.com/peregrine-net/peregrine/internal/datapath/prism"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 func TestMain(m *testing.M) {
 	// The modes start their node agents as this binary: run them when asked to.
-	falcon.RunAgentIfAsked()
-	prism.RunAgentIfAsked()
+	agentproc.RunIfAgent()
 	os.Exit(m.Run())
 }
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -24,7 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	RunAgentIfAsked()
+	agentproc.RunIfAgent()
 	os.Exit(m.Run())
 }
 
@@ -337,11 +338,11 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
 	idx := labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	recorded := func() (piece, bool) {
-		st, err := prismState(host)
+		st, err := datapath.Attached(host, Name, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ms, err := readModeState(st)
+		ms, err := datapath.LoadModeState[modeState](st)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 
 	"github.com/cilium/ebpf"
 
@@ -14,11 +13,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// Pin layout under datapath.PinDir(target)/prism: maps and programs by their kernel names
-// (what bpftool shows) and one tcx link per device in links/.
-const pinSub = Name
-
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
+// Pin layout under datapath.ModePinDir: maps and programs by their kernel names (what bpftool
+// shows) and one tcx link per device in links/.
 
 // Rule criteria bits and endpoint flags, as in bpf/prism.bpf.c.
 const (
@@ -42,7 +38,7 @@ func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps and programs.
 func openPinned(target string) (*objects, error) {
-	o, err := bpfobj.Open[objects](Name, pinDir(target), true)
+	o, err := bpfobj.Open[objects](Name, datapath.ModePinDir(target, Name), true)
 	if err != nil {
 		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, netnsutil.Label(target))
 	}

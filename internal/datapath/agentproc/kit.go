@@ -1,0 +1,97 @@
+package agentproc
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Agent is the node agent of one mode, as a mode uses it: `const agent = agentproc.Agent(Name)`
+// and then agent.Start(st), agent.Stop(st), agent.Status(st)... instead of wrapping Start, Is and
+// Stop with its name again.
+type Agent string
+
+// Log is the agent's log file for target.
+func (a Agent) Log(target string) string { return Log(string(a), target) }
+
+// Start starts the agent for st.Target, detached, and records its PID in st (the caller or the
+// framework saves the record).
+func (a Agent) Start(st *datapath.State) error {
+	pid, err := Start(string(a), st.Target)
+	if err != nil {
+		return err
+	}
+	st.AgentPID = pid
+	return nil
+}
+
+// Stop stops st's agent; nil when st has none or it is no longer running.
+func (a Agent) Stop(st *datapath.State) error {
+	if st.AgentPID <= 0 {
+		return nil
+	}
+	return Stop(st.AgentPID, string(a), st.Target)
+}
+
+// Running tells whether st's agent is alive (a recycled PID is not).
+func (a Agent) Running(st *datapath.State) bool { return Is(st.AgentPID, string(a), st.Target) }
+
+// Status is the agent's part of a status line: "off" (attached without one), "pid N, running"
+// or "pid N, not running (log FILE)".
+func (a Agent) Status(st *datapath.State) string {
+	switch {
+	case st.AgentPID <= 0:
+		return "off"
+	case a.Running(st):
+		return fmt.Sprintf("pid %d, running", st.AgentPID)
+	default:
+		return fmt.Sprintf("pid %d, not running (log %s)", st.AgentPID, a.Log(st.Target))
+	}
+}
+
+// WaitReady waits up to within for ready after Start (so attach returns with the mode live). It
+// fails at once, with the end of the agent's log, when the agent exits first.
+func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Duration, ready func() bool) error {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if ready() {
+			return nil
+		}
+		if !a.Running(st) {
+			return fmt.Errorf("%s: agent %d exited at start; its log %s ends: %s", a, st.AgentPID, a.Log(st.Target), LogTail(string(a), st.Target))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s: agent %d not ready after %s; its log %s: %s", a, st.AgentPID, within, a.Log(st.Target), LogTail(string(a), st.Target))
+}
+
+// Begin is the common start of an agent's run: a context that SIGTERM or SIGINT (detach, ^C)
+// ends, and the agent's logger (to stderr, which Start points at the log file), its lines
+// prefixed MODE-agent[TARGET]. The caller defers stop.
+func (a Agent) Begin(ctx context.Context, target string) (_ context.Context, stop context.CancelFunc, lg *log.Logger) {
+	ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	lg = log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+	return ctx, stop, lg
+}
+
+// RunIfAgent runs the agent and exits when this process was started as the agent of a
+// registered mode (datapath.AgentRunner). Test binaries that attach modes with agents call it
+// first thing in TestMain: their os.Executable is the test binary, not the CLI.
+func RunIfAgent() {
+	for _, m := range datapath.Modes() {
+		if r, ok := m.(datapath.AgentRunner); ok {
+			RunIfAsked(m.Name(), r.RunAgent)
+		}
+	}
+}
