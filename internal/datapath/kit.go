@@ -67,6 +67,17 @@ func Attached(target, mode string, wait time.Duration) (*State, error) {
 	}
 }
 
+// LoadAttached is Attached (without waiting) and LoadModeState of its record together.
+func LoadAttached[T any](target, mode string) (*State, T, error) {
+	st, err := Attached(target, mode, 0)
+	if err != nil {
+		var zero T
+		return nil, zero, err
+	}
+	ms, err := LoadModeState[T](st)
+	return st, ms, err
+}
+
 // NotAttached is the error for a mode that is not attached to target (it wraps ErrNotAttached).
 func NotAttached(target, mode string) error {
 	return fmt.Errorf("%s is not attached to %s (run `peregrine attach %s`): %w", mode, nsLabel(target), mode, ErrNotAttached)

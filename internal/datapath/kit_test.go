@@ -38,6 +38,12 @@ func TestModeStateRoundTrip(t *testing.T) {
 	if err != nil || ms.N != 2 || strings.Join(ms.Pieces, ",") != "a,b" {
 		t.Fatalf("read back %+v, %v", ms, err)
 	}
+	if st, ms, err := LoadAttached[kitState]("prg-kit-h1", "kitmode"); err != nil || st.Target != "prg-kit-h1" || ms.N != 2 {
+		t.Fatalf("LoadAttached: %+v, %v", ms, err)
+	}
+	if _, _, err := LoadAttached[kitState]("prg-kit-h9", "kitmode"); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("LoadAttached of nothing: %v", err)
+	}
 	back.ModeState = []byte(`{"n": "two"}`)
 	if _, err := LoadModeState[kitState](back); err == nil || !strings.Contains(err.Error(), "kitmode: the record's mode state is corrupt") {
 		t.Fatalf("corrupt mode state: %v", err)

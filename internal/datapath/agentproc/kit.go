@@ -2,6 +2,7 @@ package agentproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -76,13 +77,29 @@ func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Du
 	return fmt.Errorf("%s: agent %d not ready after %s; its log %s: %s", a, st.AgentPID, within, a.Log(st.Target), LogTail(string(a), st.Target))
 }
 
-// Begin is the common start of an agent's run: a context that SIGTERM or SIGINT (detach, ^C)
-// ends, and the agent's logger (to stderr, which Start points at the log file), its lines
-// prefixed MODE-agent[TARGET]. The caller defers stop.
-func (a Agent) Begin(ctx context.Context, target string) (_ context.Context, stop context.CancelFunc, lg *log.Logger) {
-	ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	lg = log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
-	return ctx, stop, lg
+// Run is an agent's whole run (a mode's RunAgent): body gets a context that SIGTERM or SIGINT
+// (detach, ^C) ends, the mode's record on target (waiting up to wait for it: the attaching
+// process may not have written it yet) and the agent's logger (stderr, which Start points at the
+// log file; lines prefixed MODE-agent[TARGET]). A body that returns nil (its context ended) or
+// ErrNotAttached (the record went: detached) stops the agent normally.
+func (a Agent) Run(ctx context.Context, target string, wait time.Duration,
+	body func(context.Context, *datapath.State, *log.Logger) error) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	lg := log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+	st, err := datapath.Attached(target, string(a), wait)
+	if err != nil {
+		return err
+	}
+	switch err := body(ctx, st, lg); {
+	case errors.Is(err, datapath.ErrNotAttached):
+		lg.Printf("attachment gone, stopping")
+	case err != nil:
+		return err
+	default:
+		lg.Printf("stopping")
+	}
+	return nil
 }
 
 // RunIfAgent runs the agent and exits when this process was started as the agent of a

@@ -2,6 +2,8 @@ package agentproc
 
 import (
 	"context"
+	"errors"
+	"log"
 	"os"
 	"strings"
 	"testing"
@@ -44,5 +46,36 @@ func TestAgentKitWithoutAnAgent(t *testing.T) {
 	}
 	if err := a.WaitReady(context.Background(), other, time.Second, func() bool { return true }); err != nil {
 		t.Fatalf("ready at once: %v", err)
+	}
+}
+
+// Run hands the body the record and ends normally when the record goes; an agent started for a
+// target without a record refuses to run.
+func TestAgentKitRun(t *testing.T) {
+	old := datapath.StateDir
+	datapath.StateDir = t.TempDir()
+	t.Cleanup(func() { datapath.StateDir = old })
+	const a = Agent("prg-kitmode")
+	ctx := context.Background()
+	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, *log.Logger) error {
+		t.Fatal("body ran without a record")
+		return nil
+	}); !errors.Is(err, datapath.ErrNotAttached) {
+		t.Fatalf("no record: %v", err)
+	}
+	if err := datapath.SaveState(&datapath.State{Mode: "prg-kitmode", Target: "prg-kit-h1", PID: 7}); err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	err := a.Run(ctx, "prg-kit-h1", 0, func(_ context.Context, st *datapath.State, _ *log.Logger) error {
+		got = st.PID
+		return datapath.ErrNotAttached
+	})
+	if err != nil || got != 7 {
+		t.Fatalf("detached while running: %v (record pid %d)", err, got)
+	}
+	boom := errors.New("boom")
+	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, *log.Logger) error { return boom }); err != boom {
+		t.Fatalf("failing body: %v", err)
 	}
 }

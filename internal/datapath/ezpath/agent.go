@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"sort"
 	"strings"
 	"time"
@@ -15,15 +16,11 @@ import (
 // --target=prg-<lab>-h1`, started by attach, stopped by detach).
 
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop, lg := agentKit.Begin(ctx, target)
-	defer stop()
-	st, err := datapath.Attached(target, Name, 0)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return err
@@ -46,7 +43,6 @@ func runAgent(ctx context.Context, target string) error {
 		}
 		select {
 		case <-ctx.Done():
-			lg.Printf("stopping")
 			return nil
 		case <-tick.C:
 		}

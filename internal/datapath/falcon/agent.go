@@ -49,15 +49,8 @@ type agent struct {
 	split  splitController // --split auto
 }
 
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop, lg := agentKit.Begin(ctx, target)
-	defer stop()
-	// The record is saved before the agent starts; allow a moment in case the attaching
-	// process's write is not visible yet, rather than failing the attach.
-	st, err := datapath.Attached(target, Name, time.Second)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
 	cfg, err := ConfigOfState(st)
 	if err != nil {
 		return err
@@ -97,13 +90,11 @@ func runAgent(ctx context.Context, target string) error {
 	for {
 		select {
 		case <-ctx.Done():
-			lg.Printf("stopping: %v", context.Cause(ctx))
 			// Leave the stages where vanilla runs them while nobody watches the load.
 			_ = objs.writeGate(Gate{Open: false, Epoch: a.epoch, UpdatedNs: monoNow()})
 			return nil
 		case <-detached:
-			lg.Printf("record is gone (detached): exiting")
-			return nil
+			return datapath.ErrNotAttached
 		case <-tick.C:
 			if err := a.sample(mon); err != nil {
 				lg.Printf("load sample: %v", err)

@@ -12,9 +12,6 @@ import (
 // `peregrine agent falcon --target=NS`, detached (internal/datapath/agentproc).
 const agentKit = agentproc.Agent(Name)
 
-// AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentKit.Log(target) }
-
 // waitAgentReady waits for the agent's first gate update, so attach returns with falcon live.
 func waitAgentReady(ctx context.Context, o *objects, st *datapath.State) error {
 	return agentKit.WaitReady(ctx, st, 5*time.Second, func() bool {

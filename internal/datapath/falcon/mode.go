@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
@@ -149,5 +150,9 @@ func (mode) Unload(ctx context.Context, st *datapath.State) error {
 // veth stages of every flow itself, so a mode stacked on it (mflow) leaves them alone.
 func (mode) SteersLaterStages() {}
 
-// RunAgent is `peregrine agent falcon --target NS`.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+// RunAgent is `peregrine agent falcon --target NS`. The record is saved before the agent starts;
+// it waits a moment in case the attaching process's write is not visible yet, rather than
+// failing the attach.
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, time.Second, runAgent)
+}

@@ -122,7 +122,7 @@ func (mode) Report(st *datapath.State) (string, error) {
 	if lv.AgentUp {
 		agent = "running"
 	}
-	fmt.Fprintf(&b, "  agent     pid %d %s (log %s)\n", lv.AgentPID, agent, AgentLog(st.Target))
+	fmt.Fprintf(&b, "  agent     pid %d %s (log %s)\n", lv.AgentPID, agent, agentKit.Log(st.Target))
 	gate := "CLOSED (average load at or above threshold: stages stay on the current CPU)"
 	if lv.Gate.Open {
 		gate = "open (pipelining)"

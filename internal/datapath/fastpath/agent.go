@@ -37,19 +37,13 @@ const (
 // agentKit starts, stops and describes the node agent (internal/datapath/agentproc).
 const agentKit = agentproc.Agent(Name)
 
-// AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentKit.Log(target) }
-
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop, lg := agentKit.Begin(ctx, target)
-	defer stop()
-	st, err := datapath.Attached(target, Name, 0)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
 	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil || ms.Overlay == nil {
 		return errors.Join(errors.New("fastpath: record has no overlay"), err)
@@ -64,13 +58,7 @@ func runAgent(ctx context.Context, target string) error {
 	w := datapath.Watch{Neighs: true, Routes: true, Event: a.event, NeighsSubscribed: a.learnNeighs,
 		Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Sync: a.syncAll, Log: lg}
 	lg.Printf("started (%s layout)", ms.Overlay.Layout)
-	err = w.Run(ctx, []string{target, ms.Overlay.VX.Dev.Netns})
-	if errors.Is(err, datapath.ErrNotAttached) {
-		lg.Printf("attachment gone, stopping")
-	} else {
-		lg.Printf("stopping")
-	}
-	return nil
+	return w.Run(ctx, []string{target, ms.Overlay.VX.Dev.Netns})
 }
 
 // syncAll is one round of the watch loop: forget every flow when a change asked for it, forget

@@ -34,11 +34,7 @@ type View struct {
 
 // Inspect reads the live view of the fast path on target.
 func Inspect(target string) (*View, error) {
-	st, err := datapath.Attached(target, Name, 0)
-	if err != nil {
-		return nil, err
-	}
-	ms, err := datapath.LoadModeState[modeState](st)
+	st, ms, err := datapath.LoadAttached[modeState](target, Name)
 	if err != nil {
 		return nil, err
 	}

@@ -29,19 +29,13 @@ const resyncEvery = time.Second
 // agentKit starts, stops and describes the node agent (internal/datapath/agentproc).
 const agentKit = agentproc.Agent(Name)
 
-// AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentKit.Log(target) }
-
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop, lg := agentKit.Begin(ctx, target)
-	defer stop()
-	st, err := datapath.Attached(target, Name, 0)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
 	objs, err := openPinned(target)
 	if err != nil {
 		return err
@@ -50,13 +44,7 @@ func runAgent(ctx context.Context, target string) error {
 	w := datapath.Watch{Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Log: lg,
 		Sync: func(context.Context) error { return agentSync(target, objs, lg) }}
 	lg.Printf("started")
-	err = w.Run(ctx, append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...))
-	if errors.Is(err, datapath.ErrNotAttached) {
-		lg.Printf("attachment gone, stopping")
-	} else {
-		lg.Printf("stopping")
-	}
-	return nil
+	return w.Run(ctx, append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...))
 }
 
 // agentSync is one round of the agent: re-discover, follow the VXLAN devices, sync the

@@ -291,11 +291,7 @@ type RuleView struct {
 
 // Inspect reads the live view of prism on target.
 func Inspect(target string) (*View, error) {
-	st, err := datapath.Attached(target, Name, 0)
-	if err != nil {
-		return nil, err
-	}
-	ms, err := datapath.LoadModeState[modeState](st)
+	st, ms, err := datapath.LoadAttached[modeState](target, Name)
 	if err != nil {
 		return nil, err
 	}
