@@ -7,14 +7,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // tempState points the records at a fresh directory for one test.
-func tempState(t *testing.T) {
-	old := StateDir
-	StateDir = t.TempDir()
-	t.Cleanup(func() { StateDir = old })
-}
+func tempState(t *testing.T) { testutil.Set(t, &StateDir, t.TempDir()) }
 
 type kitState struct {
 	Pieces []string `json:"pieces"`

@@ -85,3 +85,12 @@ func RequireCheck(t testing.TB, what string, check func() error) {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
+
+// Set gives a package variable (a directory, a hook) value v for the rest of the test and
+// restores it when the test ends.
+func Set[T any](t testing.TB, p *T, v T) {
+	t.Helper()
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}

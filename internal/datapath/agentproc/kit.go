@@ -112,3 +112,11 @@ func RunIfAgent() {
 		}
 	}
 }
+
+// TestMain is the TestMain of a test package that attaches modes with agents: a process the
+// tests started as an agent runs it (RunIfAgent), the test binary itself runs the tests. It takes
+// *testing.M (as its Run) so the CLI does not link the testing package.
+func TestMain(m interface{ Run() int }) {
+	RunIfAgent()
+	os.Exit(m.Run())
+}

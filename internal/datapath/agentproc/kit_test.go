@@ -10,14 +10,13 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // A record without an agent, or whose PID is not (or no longer) the mode's agent, is never
 // signalled and reads as such in status.
 func TestAgentKitWithoutAnAgent(t *testing.T) {
-	old := LogDir
-	LogDir = t.TempDir()
-	t.Cleanup(func() { LogDir = old })
+	testutil.Set(t, &LogDir, t.TempDir())
 	const a = Agent("prg-kitmode")
 	none := &datapath.State{Mode: "prg-kitmode", Target: "prg-kit-h1"}
 	if s := a.Status(none); s != "off" {
@@ -52,9 +51,7 @@ func TestAgentKitWithoutAnAgent(t *testing.T) {
 // Run hands the body the record and ends normally when the record goes; an agent started for a
 // target without a record refuses to run.
 func TestAgentKitRun(t *testing.T) {
-	old := datapath.StateDir
-	datapath.StateDir = t.TempDir()
-	t.Cleanup(func() { datapath.StateDir = old })
+	testutil.Set(t, &datapath.StateDir, t.TempDir())
 	const a = Agent("prg-kitmode")
 	ctx := context.Background()
 	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, *log.Logger) error {

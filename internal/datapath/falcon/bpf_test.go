@@ -3,7 +3,6 @@ package falcon
 import (
 	"bytes"
 	"net/netip"
-	"os"
 	"runtime"
 	"testing"
 
@@ -14,10 +13,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	agentproc.RunIfAgent() // the lab tests start the agent from this test binary
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 const (
 	tcxNext  = 0xffffffff // TCX_NEXT (-1) as the run's return value

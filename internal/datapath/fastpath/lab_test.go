@@ -22,10 +22,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	agentproc.RunIfAgent()
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 	t.Helper()

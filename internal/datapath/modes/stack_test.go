@@ -3,7 +3,6 @@ package modes
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
@@ -13,11 +12,8 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
-func TestMain(m *testing.M) {
-	// The modes start their node agents as this binary: run them when asked to.
-	agentproc.RunIfAgent()
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 // rpsMasks reads every receive knob (rps_cpus, rps_flow_cnt) of the lab's receive-side devices.
 // falcon and prism touch different hooks and knobs, so they stack; rps shares falcon's knobs,

@@ -9,7 +9,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -46,7 +46,7 @@ func openPinned(target string) (*objects, error) {
 }
 
 // addrWords puts an address in the program's layout: the raw bytes, IPv4 in word 0.
-func addrWords(a netip.Addr) [4]uint32 { return endpoints.AddrWords(a) }
+func addrWords(a netip.Addr) [4]uint32 { return flow.AddrWords(a) }
 
 // maskWords is the netmask of a prefix in the same layout.
 func maskWords(p netip.Prefix) [4]uint32 {
