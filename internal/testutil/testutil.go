@@ -94,3 +94,16 @@ func Set[T any](t testing.TB, p *T, v T) {
 	*p = v
 	t.Cleanup(func() { *p = old })
 }
+
+// LoadObjects loads a set of eBPF objects for program test runs (RequireBPF first), fails the
+// test when they do not load, and closes them when the test ends.
+func LoadObjects[T interface{ Close() error }](t testing.TB, load func() (T, error)) T {
+	t.Helper()
+	RequireBPF(t)
+	o, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	return o
+}

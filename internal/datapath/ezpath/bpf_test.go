@@ -41,12 +41,7 @@ func runProg(t *testing.T, p *ebpf.Program, in []byte) (uint32, []byte) {
 
 func torForTest(t *testing.T, tableSize int) *torObjects {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := newTorObjects(tableSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, func() (*torObjects, error) { return newTorObjects(tableSize) })
 	cfg := torEzpTorCfg{Vtep: nbo(tor1)}
 	cfg.VxlanPorts[0] = 4789
 	must(t, o.EzpTorCfg.Put(uint32(0), cfg))
@@ -174,12 +169,7 @@ func TestToRTableFullRefusesNewEntries(t *testing.T) {
 
 func hostForTest(t *testing.T) *hostObjects {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := newHostObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, newHostObjects)
 	must(t, o.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: 1, RelayHost: 1, RelayOv: 1}))
 	return o
 }

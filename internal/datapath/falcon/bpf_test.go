@@ -32,12 +32,7 @@ type harness struct {
 
 func newHarness(t *testing.T, cpus []int, twoChoice bool, gateOpen bool) *harness {
 	t.Helper()
-	testutil.RequireBPF(t)
-	o, err := loadObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, loadObjects)
 	cfg := Config{CPUs: cpus, Threshold: 80, TwoChoice: twoChoice, Repick: DefaultRepick}
 	if err := o.writeConfig(cfg, []uint16{4789, 8472}); err != nil {
 		t.Fatal(err)

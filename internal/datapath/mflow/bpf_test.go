@@ -20,12 +20,7 @@ import (
 
 func loadTest(t *testing.T) *mfObjects {
 	t.Helper()
-	testutil.RequireBPF(t)
-	o, err := loadObjects(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, func() (*mfObjects, error) { return loadObjects(nil) })
 	return o
 }
 
