@@ -58,12 +58,15 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func torStat(t *testing.T, o *torObjects, i int) uint64 {
+// statOf is counter i of a per-CPU statistics map of n counters, summed over the CPUs.
+func statOf(t *testing.T, m *ebpf.Map, n, i int) uint64 {
 	t.Helper()
-	s, err := sumPerCPU(o.PrgEzpTstat, torStatN)
+	s, err := sumPerCPU(m, n)
 	must(t, err)
 	return s[i]
 }
+
+func torStat(t *testing.T, o *torObjects, i int) uint64 { return statOf(t, o.PrgEzpTstat, torStatN, i) }
 
 func TestToRDownEncapsulatesTaggedFrames(t *testing.T) {
 	o := torForTest(t, 0)
@@ -175,10 +178,7 @@ func hostForTest(t *testing.T) *hostObjects {
 }
 
 func hostStat(t *testing.T, o *hostObjects, i int) uint64 {
-	t.Helper()
-	s, err := sumPerCPU(o.PrgEzpHstat, hostStatN)
-	must(t, err)
-	return s[i]
+	return statOf(t, o.PrgEzpHstat, hostStatN, i)
 }
 
 func TestHostPortTagsOffloadedFlowsOnly(t *testing.T) {

@@ -195,12 +195,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
-			after := labtest.RxKnobs(t, l)
-			for k, v := range before {
-				if after[k] != v {
-					t.Errorf("%s: %q after detach, %q before attach", k, after[k], v)
-				}
-			}
+			labtest.SameKnobs(t, l, before, "after detach")
 			if agentKit.Running(st) {
 				t.Errorf("agent %d still runs after detach", st.AgentPID)
 			}
@@ -336,12 +331,7 @@ func TestRefusals(t *testing.T) {
 		if st, _ := datapath.LoadState(host, "falcon"); st != nil {
 			t.Errorf("%s: a record was left", what)
 		}
-		after := labtest.RxKnobs(t, l)
-		for k, v := range before {
-			if after[k] != v {
-				t.Errorf("%s: %s changed to %q", what, k, after[k])
-			}
-		}
+		labtest.SameKnobs(t, l, before, what)
 	}
 	for name, o := range map[string]datapath.Options{
 		"absent CPU":    {CPUs: []int{0, 1000}},

@@ -82,12 +82,7 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 			}
 			tcp.WaitFlowing(t, 1<<20, 5*time.Second) // still running after detach
 			t.Logf("%d bytes carried across attach and detach", tcp.Finish(t))
-			after := labtest.RxKnobs(t, l)
-			for k, v := range before {
-				if after[k] != v {
-					t.Errorf("%s is %q after detach, was %q", k, after[k], v)
-				}
-			}
+			labtest.SameKnobs(t, l, before, "after detach")
 			if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
 				t.Errorf("pins left at %s", datapath.ModePinDir(host, Name))
 			}
@@ -118,12 +113,7 @@ func TestRefusals(t *testing.T) {
 		if st, _ := datapath.LoadState(host, "mflow"); st != nil {
 			t.Errorf("%s: a record was left", name)
 		}
-		after := labtest.RxKnobs(t, l)
-		for k, v := range before {
-			if after[k] != v {
-				t.Errorf("%s: %s changed to %q", name, k, after[k])
-			}
-		}
+		labtest.SameKnobs(t, l, before, name)
 		if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
 			t.Errorf("%s: pins left at %s", name, datapath.ModePinDir(host, Name))
 		}

@@ -59,12 +59,7 @@ func TestFalconAndPrismStack(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err == nil || errors.Is(err, nil) {
 		t.Fatal("nothing left to detach should be an error")
 	}
-	after := labtest.RxKnobs(t, l)
-	for k, v := range before {
-		if after[k] != v {
-			t.Errorf("%s: %q before, %q after detaching both", k, v, after[k])
-		}
-	}
+	labtest.SameKnobs(t, l, before, "after detaching both")
 }
 
 // mflow attached after falcon splits only the NIC stage and leaves the later stages to falcon;
@@ -99,10 +94,5 @@ func TestMflowStacksOnFalcon(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err != nil {
 		t.Fatal(err)
 	}
-	after := labtest.RxKnobs(t, l)
-	for k, v := range before {
-		if after[k] != v {
-			t.Errorf("%s: %q before, %q after", k, v, after[k])
-		}
-	}
+	labtest.SameKnobs(t, l, before, "after detach")
 }
