@@ -39,23 +39,7 @@ type fzEnv struct {
 	per []mfMfStats
 }
 
-func (e *fzEnv) sum() mfMfStats {
-	var s mfMfStats
-	if err := e.o.PrgMfStats.Lookup(uint32(0), &e.per); err != nil {
-		e.t.Fatal(err)
-	}
-	for _, v := range e.per {
-		s.Split += v.Split
-		s.Mice += v.Mice
-		s.Passed += v.Passed
-		s.Batches += v.Batches
-		s.Merged += v.Merged
-		if v.LastHash != 0 {
-			s.LastHash, s.LastSlot = v.LastHash, v.LastSlot
-		}
-	}
-	return s
-}
+func (e *fzEnv) sum() mfMfStats { return sumStats(e.t, e.o, &e.per) }
 
 // run runs p on frame with gso_segs segs and returns what it counted.
 func (e *fzEnv) run(p *ebpf.Program, frame []byte, segs uint32) fzStats {
