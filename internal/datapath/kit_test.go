@@ -51,7 +51,7 @@ func TestModeStateRoundTrip(t *testing.T) {
 func TestAttachedSaysHowToAttach(t *testing.T) {
 	tempState(t)
 	_, err := Attached("prg-kit-h2", "kitmode", 0)
-	if !errors.Is(err, ErrNotAttached) || !strings.Contains(err.Error(), "kitmode is not attached to netns prg-kit-h2 (run `peregrine attach kitmode`)") {
+	if !errors.Is(err, ErrNotAttached) || !strings.Contains(err.Error(), "kitmode is not attached to prg-kit-h2 (run `peregrine attach kitmode`)") {
 		t.Fatalf("got %v", err)
 	}
 	// A record that appears while Attached waits is found.

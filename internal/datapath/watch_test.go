@@ -79,7 +79,7 @@ func TestWatchFollowsLinksAndLateNamespaces(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(context.Background(), []string{ns, late, ns}) }()
-	waitFor(t, "the missing namespace to be reported", func() bool { return strings.Contains(logs.String(), "no link events from netns "+late) })
+	waitFor(t, "the missing namespace to be reported", func() bool { return strings.Contains(logs.String(), "no link events from "+late) })
 	time.Sleep(100 * time.Millisecond) // the subscription in ns is up by now
 	if n := syncs.Load(); n != 0 {
 		t.Fatalf("%d syncs before any event (SyncFirst is off, Every an hour)", n)
@@ -100,7 +100,7 @@ func TestWatchFollowsLinksAndLateNamespaces(t *testing.T) {
 	if err := netnsutil.Create(late); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the late namespace's subscription", func() bool { return strings.Contains(logs.String(), "link events from netns "+late+" again") })
+	waitFor(t, "the late namespace's subscription", func() bool { return strings.Contains(logs.String(), "link events from "+late+" again") })
 	before := syncs.Load()
 	addLink(t, late, "kitl0")
 	waitFor(t, "a sync for the late namespace", func() bool { return syncs.Load() > before })
