@@ -11,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
 
 // The programs run on crafted frames through BPF_PROG_TEST_RUN. A test run has no device behind
@@ -83,7 +84,7 @@ func TestToRDownEncapsulatesTaggedFrames(t *testing.T) {
 		t.Fatalf("outer Ethernet wrong: % x", out[:14])
 	}
 	ip := out[14:34]
-	if csum16(ip) != 0 || ip[9] != 17 || netip.AddrFrom4([4]byte(ip[12:16])) != tor1 || netip.AddrFrom4([4]byte(ip[16:20])) != tor2 {
+	if frames.Checksum(ip) != 0 || ip[9] != 17 || netip.AddrFrom4([4]byte(ip[12:16])) != tor1 || netip.AddrFrom4([4]byte(ip[16:20])) != tor2 {
 		t.Fatalf("outer IPv4 wrong (checksum, proto, VTEPs): % x", ip)
 	}
 	if int(binary.BigEndian.Uint16(ip[2:])) != len(out)-14 {

@@ -320,7 +320,7 @@ func fzEncap(u []byte, vtep, vni uint32, nh torEzpNexthop, hash uint32) []byte {
 	binary.BigEndian.PutUint16(ip[2:], uint16(len(u)+36))
 	binary.LittleEndian.PutUint32(ip[12:], nbo(tor1))
 	binary.LittleEndian.PutUint32(ip[16:], vtep)
-	binary.BigEndian.PutUint16(ip[10:], csum16(ip))
+	binary.BigEndian.PutUint16(ip[10:], frames.Checksum(ip))
 	binary.BigEndian.PutUint16(o[34:], uint16(49152|hash&0x3fff))
 	binary.BigEndian.PutUint16(o[36:], 4789)
 	binary.BigEndian.PutUint16(o[38:], uint16(len(u)+16))
