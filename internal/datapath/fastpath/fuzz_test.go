@@ -815,13 +815,8 @@ func TestFuzzDockerLearnTx(t *testing.T) {
 	e := newFzEnvLayout(t, true, true)
 	g := fzGen{e.rng}
 	fzLearnCheck(t, e, e.o.PrgFastpathDlrnTx, true, g.tx, func(b []byte) (fpFpKey, fpFpFlow, bool) {
-		p, r := fzParse(b, 0)
-		if r != fzParsed {
-			return fpFpKey{}, fpFpFlow{}, false
-		}
-		k := p.keyOut()
-		f, ok := e.flows[k]
-		if !ok || f.OutTtlSeen == 0 || f.OutTtlSeen < p.ttl {
+		p, k, f, ok := e.learnable(b, 0, true)
+		if !ok {
 			return k, f, false
 		}
 		copy(f.Tmpl[:14], b[:14])
