@@ -29,12 +29,12 @@ type Watch struct {
 	// mode can read the current entries and compare the next update with them.
 	NeighsSubscribed func(ns string)
 	Debounce         time.Duration // a Sync runs this long after the first event of a burst
-	Every            time.Duration // and at least this often
+	Every            time.Duration // and at least this often (required, > 0)
 	SyncFirst        bool          // and once at the start, before any event
 	// Sync brings the mode up to date. ErrNotAttached (the record is gone) ends Run with it;
 	// other errors are logged and the loop goes on.
 	Sync func(ctx context.Context) error
-	Log  *log.Logger
+	Log  *log.Logger // required: subscription trouble and Sync errors go here
 }
 
 // resubscribeAfter is the first wait before a failed subscription is tried again; it doubles
