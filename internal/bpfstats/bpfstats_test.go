@@ -12,9 +12,7 @@ import (
 )
 
 func TestSysctlFallbackRestoresPreviousValue(t *testing.T) {
-	old := SysctlPath
-	t.Cleanup(func() { SysctlPath = old })
-	SysctlPath = filepath.Join(t.TempDir(), "bpf_stats_enabled")
+	testutil.Set(t, &SysctlPath, filepath.Join(t.TempDir(), "bpf_stats_enabled"))
 	for _, prev := range []string{"0", "1"} {
 		if err := os.WriteFile(SysctlPath, []byte(prev+"\n"), 0o644); err != nil {
 			t.Fatal(err)

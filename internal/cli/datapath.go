@@ -13,6 +13,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode, for attach and status
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // targetFlags select which host namespaces a datapath command works on.
@@ -53,12 +54,7 @@ func modeList() string {
 	return b.String()
 }
 
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
-}
+func label(ns string) string { return netnsutil.Label(ns) }
 
 func newDetachCmd() *cobra.Command {
 	var tf targetFlags

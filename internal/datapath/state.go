@@ -52,20 +52,6 @@ func statePath(target, mode string) string {
 	return filepath.Join(StateDir, stateKey(target)+"."+mode+".json")
 }
 
-// ReadModeState decodes the mode's own part of a record into v (left as is when there is none).
-func ReadModeState(st *State, v any) error {
-	if len(st.ModeState) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(st.ModeState, v); err != nil {
-		return fmt.Errorf("%s: the record's mode state is corrupt: %w", st.Mode, err)
-	}
-	return nil
-}
-
-// WriteModeState puts v in the record as the mode's own part (SaveState writes it to disk).
-func WriteModeState(st *State, v any) { st.ModeState, _ = json.Marshal(v) }
-
 // SaveState writes a record (a mode saves progress with it, so a crash can still be undone).
 func SaveState(st *State) error { return saveState(st) }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -219,7 +218,7 @@ func Discover(host, underlayOverride string) (*Topology, error) {
 				if u := underlayOf(hv, vx); u != nil {
 					add(hv, u, StageNIC)
 				} else {
-					t.Notes = append(t.Notes, fmt.Sprintf("could not tell the underlay behind %s/%s: pass --underlay", nsLabel(v.name), vx.Name))
+					t.Notes = append(t.Notes, fmt.Sprintf("could not tell the underlay behind %s: pass --underlay", Dev{Netns: v.name, Name: vx.Name}))
 				}
 			}
 			if m := v.byIndex(vx.Attrs().MasterIndex); m != nil {
@@ -250,8 +249,8 @@ func discoverBridgePorts(t *Topology, views []*nsView, v *nsView, br netlink.Lin
 		add(v, l, StageVethHost)
 		peer, pv := vethPeer(views, v, l)
 		if peer == nil {
-			t.Notes = append(t.Notes, fmt.Sprintf("%s/%s: its peer is in a namespace with no name (not under /var/run/netns or /var/run/docker/netns); its stage is left alone",
-				nsLabel(v.name), l.Attrs().Name))
+			t.Notes = append(t.Notes, fmt.Sprintf("%s: its peer is in a namespace with no name (not under /var/run/netns or /var/run/docker/netns); its stage is left alone",
+				Dev{Netns: v.name, Name: l.Attrs().Name}))
 			continue
 		}
 		add(pv, peer, StageVeth)
@@ -318,9 +317,5 @@ func underlayOf(hv *nsView, vx *netlink.Vxlan) netlink.Link {
 	return nil
 }
 
-func nsLabel(ns string) string {
-	if ns == "" {
-		return "the current network namespace"
-	}
-	return strings.TrimPrefix(ns, netnsutil.RunDir+"/")
-}
+// nsLabel is netnsutil.Label, short for this package's many messages.
+var nsLabel = netnsutil.Label

@@ -61,10 +61,10 @@ func Verify(ctx context.Context, l *Lab) error {
 		if err != nil {
 			return fmt.Errorf("verify: listen in %s: %w", ep.Netns, err)
 		}
-		go serveTCPEcho(tl, ep.Name)
+		go ServeTCPEcho(tl, ep.Name)
 		go serveUDPEcho(ul, ep.Name)
 		if il != nil {
-			go serveTCPEcho(il, ep.Name)
+			go ServeTCPEcho(il, ep.Name)
 		}
 	}
 	var mu sync.Mutex
@@ -114,8 +114,9 @@ func Verify(ctx context.Context, l *Lab) error {
 	return nil
 }
 
-// serveTCPEcho greets every connection with the node's name and a newline, then echoes.
-func serveTCPEcho(l net.Listener, name string) {
+// ServeTCPEcho greets every connection with name and a newline, then echoes, until l is closed
+// (the lab's verification, and tests that need to know which endpoint answered).
+func ServeTCPEcho(l net.Listener, name string) {
 	for {
 		c, err := l.Accept()
 		if err != nil {

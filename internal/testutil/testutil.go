@@ -85,3 +85,25 @@ func RequireCheck(t testing.TB, what string, check func() error) {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
+
+// Set gives a package variable (a directory, a hook) value v for the rest of the test and
+// restores it when the test ends.
+func Set[T any](t testing.TB, p *T, v T) {
+	t.Helper()
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}
+
+// LoadObjects loads a set of eBPF objects for program test runs (RequireBPF first), fails the
+// test when they do not load, and closes them when the test ends.
+func LoadObjects[T interface{ Close() error }](t testing.TB, load func() (T, error)) T {
+	t.Helper()
+	RequireBPF(t)
+	o, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	return o
+}

@@ -74,14 +74,6 @@ func prepare(defaults func() error, names ...string) error {
 	return nil
 }
 
-// nsLabel names a namespace for error messages.
-func nsLabel(ns string) string {
-	if ns == "" {
-		return "current netns"
-	}
-	return "netns " + ns
-}
-
 // lastLines returns the last n non-empty lines of s, joined by " | " so they fit in one error.
 func lastLines(s string, n int) string {
 	s = stripANSI(s)
@@ -132,9 +124,9 @@ func toolError(tool, ns string, err error, stderr, stdout string) error {
 		tail, src = lastLines(stdout, stderrLines), "stdout"
 	}
 	if tail == "" {
-		return fmt.Errorf("%s (%s): %w (stderr empty)", tool, nsLabel(ns), err)
+		return fmt.Errorf("%s (%s): %w (stderr empty)", tool, netnsutil.Label(ns), err)
 	}
-	return fmt.Errorf("%s (%s): %w; last %s: %s", tool, nsLabel(ns), err, src, tail)
+	return fmt.Errorf("%s (%s): %w; last %s: %s", tool, netnsutil.Label(ns), err, src, tail)
 }
 
 // jsonErrorField returns the top-level "error" string of a JSON document, or "".

@@ -275,7 +275,7 @@ func TestFailuresLeaveNothingBehind(t *testing.T) {
 		// An address the server namespace does not own: the bind fails.
 		_, err := Iperf3Config{ServerNS: nsA, ServerAddr: "198.18.251.99", ClientNS: nsB, Duration: time.Second}.Run(context.Background())
 		t.Logf("%v", err)
-		if err == nil || !strings.Contains(err.Error(), "iperf3 server (netns "+nsA+")") || !strings.Contains(err.Error(), "last stdout") && !strings.Contains(err.Error(), "last stderr") {
+		if err == nil || !strings.Contains(err.Error(), "iperf3 server ("+nsA+")") || !strings.Contains(err.Error(), "last stdout") && !strings.Contains(err.Error(), "last stderr") {
 			t.Errorf("want an iperf3 server error with its output, got %v", err)
 		}
 		assertNoProcs(t, nsA, nsB)

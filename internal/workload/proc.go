@@ -89,7 +89,7 @@ func startProc(ns, tool, cpus string, argv []string, outMax int) (*proc, error) 
 		close(p.done)
 	}()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("%s (%s): start %q: %w", tool, nsLabel(ns), strings.Join(argv, " "), err)
+		return nil, fmt.Errorf("%s (%s): start %q: %w", tool, netnsutil.Label(ns), strings.Join(argv, " "), err)
 	}
 	return p, nil
 }

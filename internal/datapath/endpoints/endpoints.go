@@ -6,7 +6,6 @@
 package endpoints
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -38,7 +38,7 @@ type Endpoint struct {
 
 // Key is the endpoint's key in the table (struct prg_pod_key).
 func (e Endpoint) Key() Key {
-	k := Key{Netns: e.Domain, Family: 4, Addr: AddrWords(e.Addr)}
+	k := Key{Netns: e.Domain, Family: 4, Addr: flow.AddrWords(e.Addr)}
 	if e.Addr.Is6() {
 		k.Family = 6
 	}
@@ -149,22 +149,7 @@ func read(vx VXLAN, h, peer datapath.Dev) ([]Endpoint, error) {
 	return out, err
 }
 
-// AddrWords puts an address in the tables' layout: the raw bytes, IPv4 in word 0.
-func AddrWords(a netip.Addr) [4]uint32 {
-	var w [4]uint32
-	if a.Is4() {
-		b := a.As4()
-		w[0] = binary.LittleEndian.Uint32(b[:])
-		return w
-	}
-	b := a.As16()
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return w
-}
-
-// WordsAddr is AddrWords backwards.
+// WordsAddr is flow.AddrWords (the tables' layout: the raw bytes, IPv4 in word 0) backwards.
 func WordsAddr(family uint32, w [4]uint32) netip.Addr {
 	if family == 4 {
 		return netip.AddrFrom4([4]byte{byte(w[0]), byte(w[0] >> 8), byte(w[0] >> 16), byte(w[0] >> 24)})

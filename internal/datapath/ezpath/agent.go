@@ -5,37 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 )
 
 // The controller runs in the node agent of the lab's first host (`peregrine agent ezpath
 // --target=prg-<lab>-h1`, started by attach, stopped by detach).
 
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-// RunAgentIfAsked runs the agent and exits when this process was started as one (test binaries
-// call it first in TestMain).
-func RunAgentIfAsked() { agentproc.RunIfAsked(ModeName, runAgent) }
-
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	lg := log.New(os.Stderr, "ezpath-agent["+target+"] ", log.LstdFlags|log.Lmicroseconds)
-	st, err := datapath.LoadState(target, ModeName)
-	if err != nil || st == nil {
-		return fmt.Errorf("ezpath is not attached to %s: %v", target, err)
-	}
-	var ms modeState
-	if err := datapath.ReadModeState(st, &ms); err != nil {
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil {
 		return err
 	}
 	cfg := ms.Config
@@ -56,7 +43,6 @@ func runAgent(ctx context.Context, target string) error {
 		}
 		select {
 		case <-ctx.Done():
-			lg.Printf("stopping")
 			return nil
 		case <-tick.C:
 		}
@@ -241,8 +227,8 @@ func Flows(labName string, window time.Duration) ([]FlowView, error) {
 
 // Report implements datapath.Reporter for `peregrine status`.
 func (mode) Report(st *datapath.State) (string, error) {
-	var ms modeState
-	if err := datapath.ReadModeState(st, &ms); err != nil {
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil {
 		return "", err
 	}
 	r, err := openRack(ms.Config.Lab)
@@ -273,9 +259,9 @@ func (mode) Report(st *datapath.State) (string, error) {
 	led, _ := ReadLedger(ms.Config.Lab)
 	agent := "none on this host (the lab's controller runs with h1)"
 	if st.AgentPID != 0 {
-		agent = fmt.Sprintf("pid %d, not running (log %s)", st.AgentPID, agentproc.Log(ModeName, st.Target))
-		if agentproc.Is(st.AgentPID, ModeName, st.Target) {
-			agent = fmt.Sprintf("pid %d, running (policy %s, every %s)", st.AgentPID, ms.Config.Policy, ms.Config.Interval)
+		agent = agentKit.Status(st)
+		if agentKit.Running(st) {
+			agent += fmt.Sprintf(" (policy %s, every %s)", ms.Config.Policy, ms.Config.Interval)
 		}
 	}
 	var tenants []string

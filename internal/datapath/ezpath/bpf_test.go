@@ -11,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
 
 // The programs run on crafted frames through BPF_PROG_TEST_RUN. A test run has no device behind
@@ -41,12 +42,7 @@ func runProg(t *testing.T, p *ebpf.Program, in []byte) (uint32, []byte) {
 
 func torForTest(t *testing.T, tableSize int) *torObjects {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := newTorObjects(tableSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, func() (*torObjects, error) { return newTorObjects(tableSize) })
 	cfg := torEzpTorCfg{Vtep: nbo(tor1)}
 	cfg.VxlanPorts[0] = 4789
 	must(t, o.EzpTorCfg.Put(uint32(0), cfg))
@@ -63,12 +59,15 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func torStat(t *testing.T, o *torObjects, i int) uint64 {
+// statOf is counter i of a per-CPU statistics map of n counters, summed over the CPUs.
+func statOf(t *testing.T, m *ebpf.Map, n, i int) uint64 {
 	t.Helper()
-	s, err := sumPerCPU(o.PrgEzpTstat, torStatN)
+	s, err := sumPerCPU(m, n)
 	must(t, err)
 	return s[i]
 }
+
+func torStat(t *testing.T, o *torObjects, i int) uint64 { return statOf(t, o.PrgEzpTstat, torStatN, i) }
 
 func TestToRDownEncapsulatesTaggedFrames(t *testing.T) {
 	o := torForTest(t, 0)
@@ -85,7 +84,7 @@ func TestToRDownEncapsulatesTaggedFrames(t *testing.T) {
 		t.Fatalf("outer Ethernet wrong: % x", out[:14])
 	}
 	ip := out[14:34]
-	if csum16(ip) != 0 || ip[9] != 17 || netip.AddrFrom4([4]byte(ip[12:16])) != tor1 || netip.AddrFrom4([4]byte(ip[16:20])) != tor2 {
+	if frames.Checksum(ip) != 0 || ip[9] != 17 || netip.AddrFrom4([4]byte(ip[12:16])) != tor1 || netip.AddrFrom4([4]byte(ip[16:20])) != tor2 {
 		t.Fatalf("outer IPv4 wrong (checksum, proto, VTEPs): % x", ip)
 	}
 	if int(binary.BigEndian.Uint16(ip[2:])) != len(out)-14 {
@@ -174,21 +173,13 @@ func TestToRTableFullRefusesNewEntries(t *testing.T) {
 
 func hostForTest(t *testing.T) *hostObjects {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := newHostObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, newHostObjects)
 	must(t, o.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: 1, RelayHost: 1, RelayOv: 1}))
 	return o
 }
 
 func hostStat(t *testing.T, o *hostObjects, i int) uint64 {
-	t.Helper()
-	s, err := sumPerCPU(o.PrgEzpHstat, hostStatN)
-	must(t, err)
-	return s[i]
+	return statOf(t, o.PrgEzpHstat, hostStatN, i)
 }
 
 func TestHostPortTagsOffloadedFlowsOnly(t *testing.T) {

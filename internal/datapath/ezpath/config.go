@@ -34,7 +34,7 @@ type Config struct {
 	Drain     time.Duration `json:"drain" opt:"drain" default:"200ms" range:"1ms..1m" help:"wait between removing the hosts' tag rules and the switch entries"`
 }
 
-var schema = option.Declare(ModeName, Config{})
+var schema = option.Declare(Name, Config{})
 
 // DefaultDrain is the drain's declared default, for `ezpath unoffload` (TestDeclaredDefaults
 // keeps the two equal).
@@ -61,7 +61,7 @@ func ParseConfig(extra map[string]string) (Config, error) {
 	return configOf(datapath.Options{Extra: extra})
 }
 
-func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](ModeName, o) }
+func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }
 
 // Budget is how many entries of each switch table the controller may fill: a tenth of the
 // table is kept free for manual offloads and churn, as a switch keeps SRAM headroom.

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
 
-// Test frames, built byte by byte as they appear on the wire.
+// The test containers' addresses.
 
 var (
 	macA = net.HardwareAddr{0x02, 0x42, 198, 19, 1, 2}
@@ -16,44 +18,24 @@ var (
 	ipB  = netip.MustParseAddr("198.19.2.2")
 )
 
-func csum16(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	for s>>16 != 0 {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
+// Test frames come from internal/testutil/frames; these put them in the shapes the tests use.
 
 func ethHdr(dst, src net.HardwareAddr, proto uint16) []byte {
-	b := append(append([]byte{}, dst...), src...)
-	return binary.BigEndian.AppendUint16(b, proto)
+	return frames.EthMAC(dst, src, proto, nil)
 }
 
-// ipv4 is an IPv4 header with a valid checksum followed by payload.
+// ipv4 is an IPv4 header (TTL 64) with a valid checksum followed by payload.
 func ipv4(src, dst netip.Addr, proto byte, payload []byte) []byte {
-	h := make([]byte, 20)
-	h[0], h[8], h[9] = 0x45, 64, proto
-	binary.BigEndian.PutUint16(h[2:], uint16(20+len(payload)))
-	s, d := src.As4(), dst.As4()
-	copy(h[12:], s[:])
-	copy(h[16:], d[:])
-	binary.BigEndian.PutUint16(h[10:], csum16(h))
-	return append(h, payload...)
+	return frames.IPv4{Src: src, Dst: dst, Proto: proto}.Wrap(payload)
 }
 
-// tcpSeg is a TCP header (ports, data offset) and some payload.
+// tcpSeg is a TCP header (ports, data offset) and n bytes of payload counting up.
 func tcpSeg(sport, dport uint16, n int) []byte {
-	b := make([]byte, 20+n)
-	binary.BigEndian.PutUint16(b[0:], sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	b[12] = 5 << 4
-	for i := 20; i < len(b); i++ {
-		b[i] = byte(i)
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(20 + i)
 	}
-	return b
+	return frames.TCP(sport, dport, p)
 }
 
 // innerFrame is container A's TCP frame to container B.
@@ -71,15 +53,8 @@ func tagged(f []byte, vid uint16) []byte {
 
 // vxlanFrame wraps inner in outer Ethernet/IPv4/UDP/VXLAN from src to dst VTEP.
 func vxlanFrame(inner []byte, src, dst netip.Addr, vni uint32, port uint16) []byte {
-	vx := make([]byte, 8)
-	vx[0] = 0x08
-	binary.BigEndian.PutUint32(vx[4:], vni<<8)
-	udp := make([]byte, 8)
-	binary.BigEndian.PutUint16(udp[0:], 50000)
-	binary.BigEndian.PutUint16(udp[2:], port)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(vx)+len(inner)))
-	udp = append(append(udp, vx...), inner...)
-	return append(ethHdr(net.HardwareAddr{0x0e, 0x42, 198, 18, 0, 254}, net.HardwareAddr{0x0a, 0x42, 198, 18, 0, 1}, 0x0800), ipv4(src, dst, 17, udp)...)
+	return frames.EthMAC(net.HardwareAddr{0x0e, 0x42, 198, 18, 0, 254}, net.HardwareAddr{0x0a, 0x42, 198, 18, 0, 1}, 0x0800,
+		ipv4(src, dst, 17, frames.UDP(50000, port, frames.VXLAN(vni, inner))))
 }
 
 // ipFor gives each container name of the planner tests its own address.

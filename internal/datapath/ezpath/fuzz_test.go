@@ -99,25 +99,6 @@ func fzPop(b []byte) ([]byte, bool) {
 	return out, true
 }
 
-func fzEach(t *testing.T, rng *rand.Rand, n int, check func([]byte)) int {
-	runs := 0
-	one := func(b []byte) {
-		if !t.Failed() {
-			runs++
-			check(b)
-		}
-	}
-	for i := 0; i < n && !t.Failed(); i++ {
-		f := fzFrame(rng)
-		if i%2048 == 0 {
-			frames.Cuts(f, one)
-			continue
-		}
-		one(f)
-	}
-	return runs
-}
-
 func fzCheck(t *testing.T, name string, p *ebpf.Program, in []byte, wret uint32, want []byte) {
 	t.Helper()
 	ret, out := runProg(t, p, append([]byte{}, in...))
@@ -168,7 +149,7 @@ func TestFuzzHost(t *testing.T) {
 	egress := map[uint32]bool{nbo(ipB): true, nbo(fzIPs[2]): true}
 	vids := map[int]uint32{testVID: 77, testVID + 1: 78}
 	counts := map[string]int{}
-	runs := fzEach(t, rng, n, func(b []byte) {
+	runs := frames.Each(t.Failed, n, 2048, func() []byte { return fzFrame(rng) }, func(b []byte) {
 		// prg_ezp_port: unicast IPv4 (ethertype, version 4 and IHL >= 5, no tag) to an offloaded
 		// destination from this veth is tagged (metadata) and redirected to ezp0; the rest goes
 		// on unchanged.
@@ -259,7 +240,7 @@ func TestFuzzToR(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(91, 92))
 	counts := map[string]int{}
-	runs := fzEach(t, rng, frames.FuzzCount(10000), func(b []byte) {
+	runs := frames.Each(t.Failed, frames.FuzzCount(10000), 2048, func() []byte { return fzFrame(rng) }, func(b []byte) {
 		if len(flows) > 8000 { // the register is an LRU of 16384: start over before it evicts
 			var k torEzpFlowKey
 			var v torEzpFlowVal
@@ -339,7 +320,7 @@ func fzEncap(u []byte, vtep, vni uint32, nh torEzpNexthop, hash uint32) []byte {
 	binary.BigEndian.PutUint16(ip[2:], uint16(len(u)+36))
 	binary.LittleEndian.PutUint32(ip[12:], nbo(tor1))
 	binary.LittleEndian.PutUint32(ip[16:], vtep)
-	binary.BigEndian.PutUint16(ip[10:], csum16(ip))
+	binary.BigEndian.PutUint16(ip[10:], frames.Checksum(ip))
 	binary.BigEndian.PutUint16(o[34:], uint16(49152|hash&0x3fff))
 	binary.BigEndian.PutUint16(o[36:], 4789)
 	binary.BigEndian.PutUint16(o[38:], uint16(len(u)+16))

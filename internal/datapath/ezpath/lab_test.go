@@ -33,7 +33,7 @@ func torLabSpec(t *testing.T, spec lab.Spec, extra map[string]string) *lab.Lab {
 	name := spec.Name
 	t.Cleanup(func() {
 		for _, h := range []string{"h1", "h2"} {
-			if st, _ := datapath.LoadState(lab.NsPrefix(name)+h, ModeName); st != nil {
+			if st, _ := datapath.LoadState(lab.NsPrefix(name)+h, Name); st != nil {
 				_, _ = datapath.Detach(context.Background(), lab.NsPrefix(name)+h, "")
 			}
 		}
@@ -54,7 +54,7 @@ func torLabSpec(t *testing.T, spec lab.Spec, extra map[string]string) *lab.Lab {
 		opts[k] = v
 	}
 	for _, h := range l.Hosts {
-		if _, err := datapath.Attach(ctx, h.Netns, ModeName, datapath.Options{Extra: opts}); err != nil {
+		if _, err := datapath.Attach(ctx, h.Netns, Name, datapath.Options{Extra: opts}); err != nil {
 			t.Fatalf("attach %s: %v", h.Netns, err)
 		}
 	}

@@ -1,11 +1,10 @@
 package ezpath
 
 import (
-	"os"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 )
 
-func TestMain(m *testing.M) {
-	RunAgentIfAsked() // attach starts the controller from this test binary
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }

@@ -6,8 +6,8 @@ import "github.com/peregrine-net/peregrine/internal/datapath"
 // peregrine_mode_table_entries): the host's programs as direction "host", its switch's as "tor",
 // by counter name; the switch tables' occupancy and the lab's offloaded pairs.
 func (mode) Counters(st *datapath.State) (map[[2]string]uint64, map[string]int, error) {
-	var ms modeState
-	if err := datapath.ReadModeState(st, &ms); err != nil {
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil {
 		return nil, nil, err
 	}
 	r, err := openRack(ms.Config.Lab)

@@ -19,18 +19,20 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// ModeName is the mode's name for attach/detach.
-const ModeName = "ezpath"
+// Name is the mode's name for attach/detach.
+const Name = "ezpath"
 
-// pinSub is ezpath's directory under a host's datapath.PinDir: host/ (host programs and maps)
-// and tor/ (the data plane of the host's ToR switch), each with its tcx links in links/.
-const pinSub = "ezpath"
+// ezpath's pin directory (datapath.ModePinDir) holds host/ (host programs and maps) and tor/
+// (the data plane of the host's ToR switch), each with its tcx links in links/.
+
+// agentKit starts and stops the lab's controller (internal/datapath/agentproc).
+const agentKit = agentproc.Agent(Name)
 
 type mode struct{}
 
 func init() { datapath.Register(mode{}) }
 
-func (mode) Name() string { return ModeName }
+func (mode) Name() string { return Name }
 func (mode) Summary() string {
 	return "EZPath: selected flows skip the hosts' VXLAN stack; the ToR switches (lab --tor) encapsulate, hosts only tag (802.1Q)"
 }
@@ -97,13 +99,13 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(datapath.PinDir(st.Target), pinSub)
+	dir := datapath.ModePinDir(st.Target, Name)
 	if err := bpfobj.CheckNoPins(who, dir); err != nil {
 		return err
 	}
 	ms := modeState{Config: cfg, Host: i, Relay: true, Tenants: r.tenants}
 	st.Pins = append(st.Pins, dir)
-	save := func() error { datapath.WriteModeState(st, ms); return datapath.SaveState(st) }
+	save := func() error { return datapath.SaveModeState(st, ms) }
 	if err := save(); err != nil {
 		return err
 	}
@@ -181,11 +183,9 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	// One controller per lab: the first host's attachment runs it (it needs every host's
 	// tables, and hosts attached later join its view on its next poll).
 	if i == 1 {
-		pid, err := agentproc.Start(ModeName, st.Target)
-		if err != nil {
+		if err := agentKit.Start(st); err != nil {
 			return err
 		}
-		st.AgentPID = pid
 	}
 	return save()
 }
@@ -297,18 +297,15 @@ func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
 // Unload takes the host's pairs off the switch path (in the mandatory order), detaches the
 // programs and removes the relay pair; the framework removes the pins afterwards.
 func (mode) Unload(_ context.Context, st *datapath.State) error {
-	var errs []error
-	if st.AgentPID != 0 {
-		errs = append(errs, agentproc.Stop(st.AgentPID, ModeName, st.Target))
-	}
-	var ms modeState
-	if err := datapath.ReadModeState(st, &ms); err != nil {
+	errs := []error{agentKit.Stop(st)}
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil {
 		errs = append(errs, err)
 	}
 	if ms.Config.Lab != "" {
 		errs = append(errs, unoffloadHost(ms.Config.Lab, ms.Host, ms.Config.Drain))
 	}
-	dir := filepath.Join(datapath.PinDir(st.Target), pinSub)
+	dir := datapath.ModePinDir(st.Target, Name)
 	for _, sub := range []string{"host", "tor"} {
 		for _, pin := range bpfobj.LinkPins(filepath.Join(dir, sub)) {
 			errs = append(errs, bpfobj.DetachPin(pin))
@@ -366,8 +363,10 @@ func hostOf(name string) int {
 func otherHostsAttached(labName, self string) bool {
 	states, _ := datapath.AllStates()
 	for _, st := range states {
-		var ms modeState
-		if st.Mode == ModeName && st.Target != self && datapath.ReadModeState(st, &ms) == nil && ms.Config.Lab == labName {
+		if st.Mode != Name || st.Target == self {
+			continue
+		}
+		if ms, err := datapath.LoadModeState[modeState](st); err == nil && ms.Config.Lab == labName {
 			return true
 		}
 	}

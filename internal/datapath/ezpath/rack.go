@@ -127,7 +127,7 @@ func (r *rack) remoteVTEP(ep endpoint) netip.Addr {
 
 // attached tells whether ezpath runs on host i.
 func (r *rack) attached(i int) bool {
-	st, err := datapath.LoadState(hostNs(r.lab, i), ModeName)
+	st, err := datapath.LoadState(hostNs(r.lab, i), Name)
 	return err == nil && st != nil && st.Complete
 }
 
@@ -172,10 +172,10 @@ func (r *rack) endpointAt(t int, addr netip.Addr) (endpoint, bool) {
 }
 
 func (r *rack) torDir(i int) string {
-	return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "tor")
+	return filepath.Join(datapath.ModePinDir(hostNs(r.lab, i), Name), "tor")
 }
 func (r *rack) hostDir(i int) string {
-	return filepath.Join(datapath.PinDir(hostNs(r.lab, i)), pinSub, "host")
+	return filepath.Join(datapath.ModePinDir(hostNs(r.lab, i), Name), "host")
 }
 
 // portIfindex is the ifindex of a container's bridge-side veth in its overlay namespace.

@@ -31,21 +31,7 @@ func serveBanner(t *testing.T, ns, addr string, port int, banner string) {
 		return err
 	}))
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-				if _, err := io.WriteString(c, banner+"\n"); err == nil {
-					_, _ = io.Copy(c, c)
-				}
-			}()
-		}
-	}()
+	go lab.ServeTCPEcho(l, banner)
 }
 
 // ask connects from inside ns to addr:port, reads the banner and has a message echoed.

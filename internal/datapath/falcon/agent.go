@@ -7,19 +7,15 @@ import (
 	"log"
 	"math"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
 
@@ -53,24 +49,8 @@ type agent struct {
 	split  splitController // --split auto
 }
 
-func runAgent(ctx context.Context, target string) error {
-	lg := log.New(os.Stderr, "falcon-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
-	// The record is saved before the agent starts; allow a moment in case the attaching
-	// process's write is not visible yet, rather than failing the attach.
-	var st *datapath.State
-	var err error
-	for i := 0; i < 50; i++ {
-		if st, err = datapath.LoadState(target, Name); err != nil || st != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return err
-	}
-	if st == nil || st.Mode != Name {
-		return fmt.Errorf("falcon is not attached to %s (no record at %s)", label(target), datapath.StateDir)
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
 	cfg, err := ConfigOfState(st)
 	if err != nil {
 		return err
@@ -82,12 +62,7 @@ func runAgent(ctx context.Context, target string) error {
 	defer objs.Close()
 	g, _ := objs.readGate()
 	a := &agent{target: target, cfg: cfg, objs: objs, log: lg, epoch: g.Epoch}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	lg.Printf("started: CPUs %v, threshold %d%%, two-choice %v, interval %v, load signal %s", cfg.CPUs, cfg.Threshold, cfg.TwoChoice, cfg.Interval, cfg.loadSignal())
-
-	events := make(chan struct{}, 1)
-	a.watch(ctx, st.Topology, events)
 
 	mon, err := probe.NewLoadMonitor(cfg.Interval, ewmaAlpha)
 	if err != nil {
@@ -105,56 +80,29 @@ func runAgent(ctx context.Context, target string) error {
 	defer pins.Stop()
 	// Rescans (discovery walks every namespace) run beside the load sampling, never in its way.
 	detached := make(chan struct{})
-	go a.rescanLoop(ctx, events, detached)
+	w := datapath.Watch{Debounce: rescanDebounce, Every: rescanBackstop, Log: lg,
+		Sync: func(context.Context) error { return a.rescan() }}
+	go func() {
+		if errors.Is(w.Run(ctx, watchedNamespaces(st.Topology)), datapath.ErrNotAttached) {
+			close(detached)
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
-			lg.Printf("stopping: %v", context.Cause(ctx))
 			// Leave the stages where vanilla runs them while nobody watches the load.
 			_ = objs.writeGate(Gate{Open: false, Epoch: a.epoch, UpdatedNs: monoNow()})
 			return nil
 		case <-detached:
-			lg.Printf("record is gone (detached): exiting")
-			return nil
+			return datapath.ErrNotAttached
 		case <-tick.C:
 			if err := a.sample(mon); err != nil {
 				lg.Printf("load sample: %v", err)
 			}
 		case <-pins.C:
-			if _, err := os.Stat(filepath.Join(pinDir(target), "prg_falcon_gate")); err != nil {
+			if _, err := os.Stat(filepath.Join(datapath.ModePinDir(target, Name), "prg_falcon_gate")); err != nil {
 				lg.Printf("pins are gone (detached): exiting")
 				return nil
-			}
-		}
-	}
-}
-
-// rescanLoop re-runs discovery shortly after link events (debounced) and every rescanBackstop;
-// it closes detached when the record is gone.
-func (a *agent) rescanLoop(ctx context.Context, events <-chan struct{}, detached chan<- struct{}) {
-	backstop := time.NewTicker(rescanBackstop)
-	defer backstop.Stop()
-	var debounce <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-events:
-			if debounce == nil {
-				debounce = time.After(rescanDebounce)
-			}
-		case <-backstop.C:
-			if debounce == nil {
-				debounce = time.After(0)
-			}
-		case <-debounce:
-			debounce = nil
-			if err := a.rescan(); err != nil {
-				if errors.Is(err, datapath.ErrNotAttached) {
-					close(detached)
-					return
-				}
-				a.log.Printf("rescan: %v", err)
 			}
 		}
 	}
@@ -212,43 +160,15 @@ func monoNow() uint64 {
 	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec)
 }
 
-// watch subscribes to link events in the namespaces of the overlay (where bridge ports appear).
-func (a *agent) watch(ctx context.Context, t *datapath.Topology, events chan<- struct{}) {
-	nss := map[string]bool{t.Host: true}
+// watchedNamespaces are where the overlay's devices are (where bridge ports come and go).
+func watchedNamespaces(t *datapath.Topology) []string {
+	nss := []string{t.Host}
 	for _, d := range t.Devs {
 		if d.Stage == datapath.StageVXLAN || d.Stage == datapath.StageVethHost {
-			nss[d.Netns] = true
+			nss = append(nss, d.Netns)
 		}
 	}
-	for ns := range nss {
-		h, err := netnsutil.Handle(ns)
-		if err != nil {
-			a.log.Printf("watch %s: %v", label(ns), err)
-			continue
-		}
-		ch := make(chan netlink.LinkUpdate, 64)
-		err = netlink.LinkSubscribeWithOptions(ch, ctx.Done(), netlink.LinkSubscribeOptions{
-			Namespace: &h,
-			ErrorCallback: func(err error) {
-				if ctx.Err() == nil { // closing the subscription at exit reports an error too
-					a.log.Printf("netlink %s: %v", label(ns), err)
-				}
-			},
-		})
-		h.Close()
-		if err != nil {
-			a.log.Printf("watch %s: %v", label(ns), err)
-			continue
-		}
-		go func() {
-			for range ch {
-				select {
-				case events <- struct{}{}:
-				default:
-				}
-			}
-		}()
-	}
+	return nss
 }
 
 // rescan re-discovers the node and reconciles the bridge ports falcon is attached to.
@@ -267,7 +187,7 @@ func (a *agent) rescan() error {
 	}
 	mask := cpuset.Mask(a.cfg.CPUs)
 	return datapath.UpdateState(a.target, Name, 2*time.Second, func(st *datapath.State) error {
-		ms, err := readModeState(st)
+		ms, err := datapath.LoadModeState[modeState](st)
 		if err != nil {
 			return err
 		}
@@ -318,7 +238,7 @@ func (a *agent) rescan() error {
 			ms.Pieces = append(ms.Pieces, p)
 			a.log.Printf("port %s (peer %s) appeared: attached", p.Dev, p.Next)
 		}
-		datapath.WriteModeState(st, ms)
+		datapath.SetModeState(st, ms)
 		return errors.Join(errs...)
 	})
 }
@@ -383,11 +303,4 @@ func (a *agent) dropKnobs(ks []datapath.Knob, d datapath.Dev) []datapath.Knob {
 		a.log.Printf("restore knobs of %s: %v", d, err)
 	}
 	return slices.Clip(rest)
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }

@@ -106,12 +106,12 @@ func (a *agent) autoSplit(s probe.CPUStat) {
 func (a *agent) dropSplit() error {
 	return datapath.UpdateState(a.target, Name, 2*time.Second, func(st *datapath.State) error {
 		err := splitDetach(st)
-		ms, rerr := readModeState(st)
+		ms, rerr := datapath.LoadModeState[modeState](st)
 		if rerr != nil {
 			return rerr
 		}
 		ms.SplitPins = nil
-		datapath.WriteModeState(st, ms)
+		datapath.SetModeState(st, ms)
 		return err
 	})
 }

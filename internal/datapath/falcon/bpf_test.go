@@ -3,20 +3,18 @@ package falcon
 import (
 	"bytes"
 	"net/netip"
-	"os"
 	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	RunAgentIfAsked() // the lab tests start the agent from this test binary
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 const (
 	tcxNext  = 0xffffffff // TCX_NEXT (-1) as the run's return value
@@ -34,12 +32,7 @@ type harness struct {
 
 func newHarness(t *testing.T, cpus []int, twoChoice bool, gateOpen bool) *harness {
 	t.Helper()
-	testutil.RequireBPF(t)
-	o, err := loadObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, loadObjects)
 	cfg := Config{CPUs: cpus, Threshold: 80, TwoChoice: twoChoice, Repick: DefaultRepick}
 	if err := o.writeConfig(cfg, []uint16{4789, 8472}); err != nil {
 		t.Fatal(err)

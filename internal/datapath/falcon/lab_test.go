@@ -30,8 +30,8 @@ import (
 
 // Integration tests on lab topologies. The underlay's receive is pinned to CPU0 (--rx-cpus 0, a
 // NIC's IRQ core), so vanilla runs every stage of a flow on CPU0; falcon must move the VXLAN and
-// veth stageDevs to the CPUs the model predicts. With 2 CPUs three stageDevs cannot all differ, so
-// flows are picked whose stageDevs alternate: NIC 0 -> VXLAN 1 -> veth 0, and NIC 0 -> VXLAN 0 ->
+// veth stages to the CPUs the model predicts. With 2 CPUs three stages cannot all differ, so
+// flows are picked whose stages alternate: NIC 0 -> VXLAN 1 -> veth 0, and NIC 0 -> VXLAN 0 ->
 // veth 1. The first proves that a hash set at the underlay's ingress survives decapsulation and
 // decides vxlan0's RPS; the second that the bridge port's hash decides the container veth's.
 
@@ -41,12 +41,10 @@ func labUp(t *testing.T, spec lab.Spec) *lab.Lab {
 	return labtest.Up(t, spec)
 }
 
-// stagesOf finds the receive stageDevs of container h1-c1 on host h1.
+// stageDevs are the receive stages of container h1-c1 on host h1.
 type stageDevs struct {
 	nic, vxlan, veth datapath.Dev
-	nicKey, vxKey    stage.DevKey
-	vethKey          stage.DevKey
-	nicIno, vethIno  uint64
+	nicIno, vethIno  uint64 // namespace inodes, for the model's device salts
 }
 
 func findStages(t *testing.T, l *lab.Lab) stageDevs {
@@ -67,16 +65,12 @@ func findStages(t *testing.T, l *lab.Lab) stageDevs {
 			s.veth = d
 		}
 	}
-	key := func(d datapath.Dev) (stage.DevKey, uint64) {
-		ino, err := inodeOf(d.Netns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return stage.DevKey{Netns: ino, Ifindex: uint32(d.Ifindex)}, ino
+	if s.nicIno, err = inodeOf(s.nic.Netns); err == nil {
+		s.vethIno, err = inodeOf(s.veth.Netns)
 	}
-	s.nicKey, s.nicIno = key(s.nic)
-	s.vxKey, _ = key(s.vxlan)
-	s.vethKey, s.vethIno = key(s.veth)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
@@ -128,61 +122,24 @@ func sendFlow(t *testing.T, l *lab.Lab, s stageDevs, f Flow, n int) map[string]m
 		t.Fatal(err)
 	}
 	defer send.Close()
-	p, err := stage.Start(stage.Options{NetnsNames: []string{s.nic.Netns, s.vxlan.Netns, s.veth.Netns}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	before, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload := make([]byte, 64)
-	for i := 0; i < n; i++ {
-		if _, err := send.Write(payload); err != nil {
-			t.Fatal(err)
+	devs := []labtest.StageDev{{Netns: s.nic.Netns, Ifindex: s.nic.Ifindex}, {Netns: s.vxlan.Netns, Ifindex: s.vxlan.Ifindex},
+		{Netns: s.veth.Netns, Ifindex: s.veth.Ifindex}}
+	c := labtest.StageCPUs(t, devs, func() {
+		payload := make([]byte, 64)
+		for i := 0; i < n; i++ {
+			if _, err := send.Write(payload); err != nil {
+				t.Fatal(err)
+			}
+			if i%20 == 19 {
+				time.Sleep(time.Millisecond)
+			}
 		}
-		if i%20 == 19 {
-			time.Sleep(time.Millisecond)
-		}
-	}
-	// Every stage is done with a datagram once the receiver has it.
-	labtest.Eventually(t, 5*time.Second, "datagrams delivered", func() (bool, string) {
-		return got.Load() >= int64(n)*95/100, fmt.Sprintf("%d of %d received", got.Load(), n)
+		// Every stage is done with a datagram once the receiver has it.
+		labtest.Eventually(t, 5*time.Second, "datagrams delivered", func() (bool, string) {
+			return got.Load() >= int64(n)*95/100, fmt.Sprintf("%d of %d received", got.Load(), n)
+		})
 	})
-	after, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := after.Sub(before)
-	out := map[string]map[int]uint64{"nic": {}, "vxlan": {}, "veth": {}}
-	for _, dc := range d.Devices {
-		switch dc.DevKey {
-		case s.nicKey:
-			out["nic"][dc.CPU] += dc.Packets
-		case s.vxKey:
-			out["vxlan"][dc.CPU] += dc.Packets
-		case s.vethKey:
-			out["veth"][dc.CPU] += dc.Packets
-		}
-	}
-	return out
-}
-
-// mostlyOn asserts that at least 90 % of a stage's packets ran on cpu.
-func mostlyOn(t *testing.T, what string, counts map[int]uint64, cpu int) {
-	t.Helper()
-	var total uint64
-	for _, v := range counts {
-		total += v
-	}
-	if total < 100 {
-		t.Errorf("%s: only %d packets seen: %v", what, total, counts)
-		return
-	}
-	if counts[cpu]*10 < total*9 {
-		t.Errorf("%s: %v packets per CPU, want >= 90%% on CPU %d", what, counts, cpu)
-	}
+	return map[string]map[int]uint64{"nic": c[0], "vxlan": c[1], "veth": c[2]}
 }
 
 func falconOpts() datapath.Options {
@@ -206,7 +163,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			f := pickFlow(l, s, 1, 0)
 			vanilla := sendFlow(t, l, s, f, 3000)
 			for _, st := range []string{"nic", "vxlan", "veth"} {
-				mostlyOn(t, "vanilla "+st, vanilla[st], 0)
+				labtest.MostlyOn(t, "vanilla "+st, vanilla[st], 0, 100)
 			}
 
 			st, err := datapath.Attach(context.Background(), host, "falcon", falconOpts())
@@ -214,23 +171,23 @@ func TestPipeliningOnLabs(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
-			if st.AgentPID == 0 || !isAgent(st.AgentPID, host) {
+			if st.AgentPID == 0 || !agentKit.Running(st) {
 				t.Fatalf("agent %d is not running", st.AgentPID)
 			}
 
 			got := sendFlow(t, l, s, f, 3000)
 			t.Logf("vanilla: %v; falcon flow 1: %v", vanilla, got)
-			mostlyOn(t, "falcon nic", got["nic"], 0)
-			mostlyOn(t, "falcon vxlan (hash set at the underlay's ingress)", got["vxlan"], 1)
-			mostlyOn(t, "falcon veth (hash set at the bridge port's egress)", got["veth"], 0)
+			labtest.MostlyOn(t, "falcon nic", got["nic"], 0, 100)
+			labtest.MostlyOn(t, "falcon vxlan (hash set at the underlay's ingress)", got["vxlan"], 1, 100)
+			labtest.MostlyOn(t, "falcon veth (hash set at the bridge port's egress)", got["veth"], 0, 100)
 
 			f2 := pickFlow(l, s, 0, 1)
 			got = sendFlow(t, l, s, f2, 3000)
-			mostlyOn(t, "falcon flow 2 vxlan", got["vxlan"], 0)
-			mostlyOn(t, "falcon flow 2 veth", got["veth"], 1)
+			labtest.MostlyOn(t, "falcon flow 2 vxlan", got["vxlan"], 0, 100)
+			labtest.MostlyOn(t, "falcon flow 2 veth", got["veth"], 1, 100)
 
 			// status can read the live state
-			text, err := Mode{}.Report(st)
+			text, err := mode{}.Report(st)
 			if err != nil || !strings.Contains(text, "gate      open") {
 				t.Errorf("report: %v\n%s", err, text)
 			}
@@ -238,22 +195,17 @@ func TestPipeliningOnLabs(t *testing.T) {
 			if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
-			after := labtest.RxKnobs(t, l)
-			for k, v := range before {
-				if after[k] != v {
-					t.Errorf("%s: %q after detach, %q before attach", k, after[k], v)
-				}
-			}
-			if isAgent(st.AgentPID, host) {
+			labtest.SameKnobs(t, l, before, "after detach")
+			if agentKit.Running(st) {
 				t.Errorf("agent %d still runs after detach", st.AgentPID)
 			}
-			if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("pins remain at %s", pinDir(host))
+			if _, err := os.Stat(datapath.ModePinDir(host, Name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pins remain at %s", datapath.ModePinDir(host, Name))
 			}
 			assertNoFalconProgs(t, s.nic, ebpf.AttachTCXIngress)
 			vanilla = sendFlow(t, l, s, f, 3000)
-			mostlyOn(t, "after detach vxlan", vanilla["vxlan"], 0)
-			mostlyOn(t, "after detach veth", vanilla["veth"], 0)
+			labtest.MostlyOn(t, "after detach vxlan", vanilla["vxlan"], 0, 100)
+			labtest.MostlyOn(t, "after detach veth", vanilla["veth"], 0, 100)
 		})
 	}
 }
@@ -357,7 +309,7 @@ func hasPiece(t *testing.T, host string, next datapath.Dev) bool {
 	if err != nil || st == nil {
 		return false
 	}
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,12 +331,7 @@ func TestRefusals(t *testing.T) {
 		if st, _ := datapath.LoadState(host, "falcon"); st != nil {
 			t.Errorf("%s: a record was left", what)
 		}
-		after := labtest.RxKnobs(t, l)
-		for k, v := range before {
-			if after[k] != v {
-				t.Errorf("%s: %s changed to %q", what, k, after[k])
-			}
-		}
+		labtest.SameKnobs(t, l, before, what)
 	}
 	for name, o := range map[string]datapath.Options{
 		"absent CPU":    {CPUs: []int{0, 1000}},
@@ -400,7 +347,7 @@ func TestRefusals(t *testing.T) {
 	}
 
 	// Another process's pins in the way.
-	dir := pinDir(host)
+	dir := datapath.ModePinDir(host, Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -497,10 +444,10 @@ func TestLabDownStopsAgent(t *testing.T) {
 	if err := lab.Down(l.Spec.Name, nil); err != nil {
 		t.Fatal(err)
 	}
-	if isAgent(st.AgentPID, host) {
+	if agentKit.Running(st) {
 		t.Errorf("agent %d survived lab down", st.AgentPID)
 	}
-	if _, err := os.Stat(pinDir(host)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(datapath.ModePinDir(host, Name)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins survived lab down")
 	}
 	if st, _ := datapath.LoadState(host, "falcon"); st != nil {
@@ -513,5 +460,5 @@ func readModeStateOf(host string) (modeState, error) {
 	if err != nil || st == nil {
 		return modeState{}, err
 	}
-	return readModeState(st)
+	return datapath.LoadModeState[modeState](st)
 }

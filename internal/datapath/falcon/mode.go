@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
@@ -12,26 +13,26 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
-// Mode is FALCON as a datapath mode.
-type Mode struct{}
+// mode is FALCON as a datapath mode.
+type mode struct{}
 
-func init() { datapath.Register(Mode{}) }
+func init() { datapath.Register(mode{}) }
 
 // Name is the mode's name.
 const Name = "falcon"
 
-func (Mode) Name() string { return Name }
+func (mode) Name() string { return Name }
 
 // Options declares falcon's options (Config).
-func (Mode) Options() *option.Schema { return schema }
-func (Mode) Summary() string {
+func (mode) Options() *option.Schema { return schema }
+func (mode) Summary() string {
 	return "FALCON: each stage (VXLAN, container veth) of a flow on its own CPU, two-choice balanced, load-gated"
 }
 
 // Knobs validates the settings, refuses to stack on another falcon, and plans the RPS knobs of
 // every device whose RPS carries a stage transition: the VXLAN devices and the container veths.
 // The underlay's own receive CPU is the NIC's (RSS/IRQ affinity) and is left alone.
-func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	cfg, err := configOf(o)
 	if err != nil {
 		return nil, err
@@ -57,7 +58,7 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 // checkNotAttached refuses when falcon's pins for the target exist or a prg_falcon program
 // already sits on one of the devices falcon would use. Nothing has been changed when it is called.
 func checkNotAttached(t *datapath.Topology) error {
-	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, datapath.ModePinDir(t.Host, Name)); err != nil {
 		return err
 	}
 	for _, d := range t.Devs {
@@ -73,7 +74,7 @@ func checkNotAttached(t *datapath.Topology) error {
 
 // Load loads and pins the programs, attaches them to the underlay (ingress) and every bridge
 // port (egress), and starts the node agent that runs the load monitor and follows containers.
-func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+func (mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	cfg, err := configOf(o)
 	if err != nil {
 		return err
@@ -94,7 +95,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err := objs.writeGate(Gate{Open: false, Epoch: 1}); err != nil {
 		return err
 	}
-	dir := pinDir(st.Target)
+	dir := datapath.ModePinDir(st.Target, Name)
 	st.Pins = append(st.Pins, dir)
 	if err := datapath.SaveState(st); err != nil {
 		return err
@@ -110,12 +111,12 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	var ms modeState
 	for i := range pieces {
 		if err := attachPiece(objs, st.Target, &pieces[i]); err != nil {
-			datapath.WriteModeState(st, ms)
+			datapath.SetModeState(st, ms)
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, pieces[i])
 	}
-	datapath.WriteModeState(st, ms)
+	datapath.SetModeState(st, ms)
 	if cfg.Split == "on" {
 		if err := splitAttach(t, cfg, st); err != nil {
 			return err
@@ -124,26 +125,20 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	if err := datapath.SaveState(st); err != nil {
 		return err
 	}
-	pid, err := startAgent(st.Target)
-	if err != nil {
+	if err := agentKit.Start(st); err != nil {
 		return err
 	}
-	st.AgentPID = pid
 	if err := datapath.SaveState(st); err != nil {
 		return err
 	}
-	return waitAgentReady(ctx, objs, pid, st.Target)
+	return waitAgentReady(ctx, objs, st)
 }
 
 // Unload stops the agent, detaches every piece and the GRO split. The pins themselves (and with
 // them the maps) go with the record's Pins, which the framework removes.
-func (Mode) Unload(ctx context.Context, st *datapath.State) error {
-	var errs []error
-	if st.AgentPID > 0 {
-		errs = append(errs, stopAgent(st.AgentPID, st.Target))
-	}
-	errs = append(errs, splitDetach(st))
-	ms, err := readModeState(st)
+func (mode) Unload(ctx context.Context, st *datapath.State) error {
+	errs := []error{agentKit.Stop(st), splitDetach(st)}
+	ms, err := datapath.LoadModeState[modeState](st)
 	errs = append(errs, err)
 	for _, p := range ms.Pieces {
 		errs = append(errs, detachPiece(nil, p))
@@ -151,11 +146,19 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 	return errors.Join(errs...)
 }
 
-// RunAgent is `peregrine agent falcon --target NS`.
-func (Mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+// SteersLaterStages marks falcon a datapath.StageSteerer: it places the VXLAN and container
+// veth stages of every flow itself, so a mode stacked on it (mflow) leaves them alone.
+func (mode) SteersLaterStages() {}
+
+// RunAgent is `peregrine agent falcon --target NS`. The record is saved before the agent starts;
+// it waits a moment in case the attaching process's write is not visible yet, rather than
+// failing the attach.
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, time.Second, runAgent)
+}
 
 // Example shows the mode in `attach --help`.
-func (Mode) Example() string {
+func (mode) Example() string {
 	return `  sudo peregrine attach falcon --lab --cpus 0-1 --threshold 85 --interval 20ms
   sudo peregrine attach falcon --static                          # first choice only (no two-choice balancing)
   sudo peregrine attach falcon --lab --split-cpus 1 --split auto # GRO split only while the NIC core saturates`

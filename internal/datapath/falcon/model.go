@@ -1,8 +1,9 @@
 package falcon
 
 import (
-	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"net/netip"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )

@@ -1,8 +1,9 @@
 package falcon
 
 import (
-	"github.com/peregrine-net/peregrine/internal/probe"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/probe"
 )
 
 // RPSHash must land on its index for every set size the program accepts and every flow hash.

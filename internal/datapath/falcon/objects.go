@@ -2,18 +2,14 @@ package falcon
 
 import (
 	"fmt"
-	"path/filepath"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 )
 
-// Pin layout under datapath.PinDir(target)/falcon: the maps and programs by their kernel names
-// (what bpftool shows), and one tcx link per device in links/. Removing the directory detaches
+// Pin layout under datapath.ModePinDir: the maps and programs by their kernel names (what
+// bpftool shows), and one tcx link per device in links/. Removing the directory detaches
 // everything once no process holds the objects open.
-const pinSub = Name
-
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
 
 // objects are bpf2go's objects of one attachment, loaded fresh or re-opened from the pins.
 type objects = falObjects
@@ -26,7 +22,7 @@ func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps (and programs when progs is set).
 func openPinned(target string, progs bool) (*objects, error) {
-	return bpfobj.Open[objects](Name, pinDir(target), progs)
+	return bpfobj.Open[objects](Name, datapath.ModePinDir(target, Name), progs)
 }
 
 // writeConfig fills the static settings.

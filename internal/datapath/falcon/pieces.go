@@ -27,11 +27,6 @@ type modeState struct {
 	SplitPins []string `json:"split_pins,omitempty"` // grosplit's pins (--split)
 }
 
-func readModeState(st *datapath.State) (modeState, error) {
-	var ms modeState
-	return ms, datapath.ReadModeState(st, &ms)
-}
-
 func (p Piece) key() string { return fmt.Sprintf("%d/%d/%s", p.Inode, p.Dev.Ifindex, p.Dev.Name) }
 
 // inodeOf returns the namespace inode of a device's namespace.
@@ -63,7 +58,7 @@ func attachPiece(o *objects, target string, p *Piece) error {
 	if p.Stage == StageIDVXLAN {
 		prog, egress = o.PrgFalconNic, false
 	}
-	p.LinkPin = bpfobj.LinkPin(pinDir(target), p.Inode, p.Dev.Ifindex, p.Dev.Name, "")
+	p.LinkPin = bpfobj.LinkPin(datapath.ModePinDir(target, Name), p.Inode, p.Dev.Ifindex, p.Dev.Name, "")
 	if err := bpfobj.AttachTCX(prog, p.Dev.Netns, p.Dev.Ifindex, egress, p.LinkPin); err != nil {
 		o.delDev(p.Inode, p.Dev.Ifindex)
 		return fmt.Errorf("falcon: %s: %w", p.Dev, err)

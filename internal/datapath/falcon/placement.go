@@ -6,6 +6,6 @@ import (
 )
 
 // Placement: each stage of a flow (VXLAN, the container's veth) may be steered to a CPU of its own, chosen per stage.
-func (Mode) Placement() results.Placement { return results.PlacementStagePerCore }
+func (mode) Placement() results.Placement { return results.PlacementStagePerCore }
 
-var _ datapath.Placer = Mode{}
+var _ datapath.Placer = mode{}

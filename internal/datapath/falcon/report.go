@@ -42,7 +42,7 @@ func ReadLive(st *datapath.State, window time.Duration) (*Live, error) {
 		return nil, err
 	}
 	defer o.Close()
-	lv := &Live{Config: cfg, AgentPID: st.AgentPID, AgentUp: isAgent(st.AgentPID, st.Target), Load: map[int]uint32{}}
+	lv := &Live{Config: cfg, AgentPID: st.AgentPID, AgentUp: agentKit.Running(st), Load: map[int]uint32{}}
 	if lv.Gate, err = o.readGate(); err != nil {
 		return nil, fmt.Errorf("falcon: read gate: %w", err)
 	}
@@ -99,7 +99,7 @@ func readStats(o *objects) ([]uint64, error) {
 }
 
 // Report is the status text.
-func (Mode) Report(st *datapath.State) (string, error) {
+func (mode) Report(st *datapath.State) (string, error) {
 	lv, err := ReadLive(st, 300*time.Millisecond)
 	if err != nil {
 		return "", err
@@ -113,7 +113,7 @@ func (Mode) Report(st *datapath.State) (string, error) {
 	fmt.Fprintf(&b, "  falcon    CPUs %v, threshold %d%% of %s load, %s, monitor every %v, re-pick after %v idle\n", c.CPUs, c.Threshold, c.loadSignal(), mode, c.Interval, c.Repick)
 	if c.Split != "off" {
 		active := "attached"
-		if ms, err := readModeState(st); err == nil && len(ms.SplitPins) == 0 {
+		if ms, err := datapath.LoadModeState[modeState](st); err == nil && len(ms.SplitPins) == 0 {
 			active = "standing by (no saturated NIC core seen)"
 		}
 		fmt.Fprintf(&b, "            GRO split %s on CPUs %v: %s\n", c.Split, c.SplitCPUs, active)
@@ -122,7 +122,7 @@ func (Mode) Report(st *datapath.State) (string, error) {
 	if lv.AgentUp {
 		agent = "running"
 	}
-	fmt.Fprintf(&b, "  agent     pid %d %s (log %s)\n", lv.AgentPID, agent, AgentLog(st.Target))
+	fmt.Fprintf(&b, "  agent     pid %d %s (log %s)\n", lv.AgentPID, agent, agentKit.Log(st.Target))
 	gate := "CLOSED (average load at or above threshold: stages stay on the current CPU)"
 	if lv.Gate.Open {
 		gate = "open (pipelining)"

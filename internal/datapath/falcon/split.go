@@ -18,7 +18,7 @@ import (
 // core and off when it cools (autosplit.go).
 
 func splitAttach(t *datapath.Topology, cfg Config, st *datapath.State) error {
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return err
 	}
@@ -26,7 +26,7 @@ func splitAttach(t *datapath.Topology, cfg Config, st *datapath.State) error {
 		pins, err := grosplit.Attach(grosplit.Config{Netns: d.Netns, Device: d.Name, CPUs: cfg.SplitCPUs,
 			PinDir: filepath.Join(datapath.PinDir(st.Target), "grosplit-"+bpfobj.Sanitize(d.Name))})
 		ms.SplitPins = append(ms.SplitPins, pins...)
-		datapath.WriteModeState(st, ms)
+		datapath.SetModeState(st, ms)
 		if err != nil {
 			return fmt.Errorf("falcon: GRO split on %s: %w", d, err)
 		}
@@ -35,7 +35,7 @@ func splitAttach(t *datapath.Topology, cfg Config, st *datapath.State) error {
 }
 
 func splitDetach(st *datapath.State) error {
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil || len(ms.SplitPins) == 0 {
 		return err
 	}

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"log"
 	"net"
-	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -37,29 +34,17 @@ const (
 	idleAfter   = 60 * time.Second // flows neither direction learned for this long are dropped
 )
 
-// AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentproc.Log(Name, target) }
+// agentKit starts, stops and describes the node agent (internal/datapath/agentproc).
+const agentKit = agentproc.Agent(Name)
 
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-func startAgent(target string) (int, error)  { return agentproc.Start(Name, target) }
-func isAgent(pid int, target string) bool    { return agentproc.Is(pid, Name, target) }
-func stopAgent(pid int, target string) error { return agentproc.Stop(pid, Name, target) }
-
-// RunAgentIfAsked runs the agent and exits when this process was started as one (test binaries
-// that attach fastpath call it first thing in TestMain).
-func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }
-
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	lg := log.New(os.Stderr, "fastpath-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
-	st, err := datapath.LoadState(target, Name)
-	if err != nil || st == nil {
-		return errors.Join(errors.New("fastpath is not attached"), err)
-	}
-	ms, err := readModeState(st)
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil || ms.Overlay == nil {
 		return errors.Join(errors.New("fastpath: record has no overlay"), err)
 	}
@@ -68,69 +53,54 @@ func runAgent(ctx context.Context, target string) error {
 		return err
 	}
 	defer p.Close()
-	a := &agent{target: target, p: p, lg: lg, resync: make(chan struct{}, 1), flush: make(chan string, 1),
-		neigh: map[string]string{}}
+	a := &agent{target: target, p: p, lg: lg, flush: make(chan string, 1), neigh: map[string]string{}}
 	a.ov.Store(ms.Overlay)
-	nss := []string{target}
-	if ms.Overlay.VX.Dev.Netns != target {
-		nss = append(nss, ms.Overlay.VX.Dev.Netns)
-	}
-	for _, ns := range nss {
-		if err := a.watch(ctx, ns); err != nil {
-			lg.Printf("no netlink events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
-		}
-	}
+	w := datapath.Watch{Neighs: true, Routes: true, Event: a.event, NeighsSubscribed: a.learnNeighs,
+		Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Sync: a.syncAll, Log: lg}
 	lg.Printf("started (%s layout)", ms.Overlay.Layout)
-	tick := time.NewTicker(resyncEvery)
-	defer tick.Stop()
-	for {
-		cur, err := datapath.LoadState(target, Name)
-		if err != nil || cur == nil {
-			lg.Printf("attachment gone, stopping")
-			return nil
-		}
-		a.sync(cur)
-		select {
-		case <-ctx.Done():
-			lg.Printf("stopping")
-			return nil
-		case why := <-a.flush:
-			n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
-			lg.Printf("%s: forgot %d flows", why, n)
-		case <-a.resync:
-			time.Sleep(20 * time.Millisecond) // a burst of events (a pod with several links) settles first
-		case <-tick.C:
-			now := monoNs()
-			a.forget(func(_ fpFpKey, f *fpFpFlow) bool {
-				last := max(f.OutNs, f.InNs)
-				return last != 0 && now-last > uint64(idleAfter)
-			})
-		}
+	return w.Run(ctx, []string{target, ms.Overlay.VX.Dev.Netns})
+}
+
+// syncAll is one round of the watch loop: forget every flow when a change asked for it, forget
+// the idle ones once a resyncEvery, and sync the overlay and the pods.
+func (a *agent) syncAll(context.Context) error {
+	cur, err := datapath.LoadState(a.target, Name)
+	if err != nil || cur == nil {
+		return datapath.ErrNotAttached
 	}
+	select {
+	case why := <-a.flush:
+		n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
+		a.lg.Printf("%s: forgot %d flows", why, n)
+	default:
+	}
+	if time.Since(a.expired) >= resyncEvery {
+		a.expired = time.Now()
+		now := monoNs()
+		a.forget(func(_ fpFpKey, f *fpFpFlow) bool {
+			last := max(f.OutNs, f.InNs)
+			return last != 0 && now-last > uint64(idleAfter)
+		})
+	}
+	a.sync(cur)
+	return nil
 }
 
 type agent struct {
-	target string
-	p      *pinned
-	lg     *log.Logger
-	ov     atomic.Pointer[overlay] // read by the netlink watchers, replaced by sync
-	resync chan struct{}
-	flush  chan string
-	mu     sync.Mutex        // guards neigh (one watcher per namespace)
-	neigh  map[string]string // neighbour/FDB key -> address, to tell a real change from a state change
+	target  string
+	p       *pinned
+	lg      *log.Logger
+	ov      atomic.Pointer[overlay] // read by the netlink watchers, replaced by sync
+	flush   chan string             // why every flow must go (a watched device or neighbour changed)
+	expired time.Time               // when idle flows were last forgotten
+	mu      sync.Mutex              // guards neigh (one watcher per namespace)
+	neigh   map[string]string       // neighbour/FDB key -> address, to tell a real change from a state change
 }
 
 func monoNs() uint64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
 	return uint64(ts.Nano())
-}
-
-func (a *agent) poke(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 func (a *agent) flushFor(why string) {
@@ -207,62 +177,29 @@ func (a *agent) forget(drop func(fpFpKey, *fpFpFlow) bool) int {
 	return n
 }
 
-// watch subscribes to link, neighbour/FDB and route changes of namespace ns.
-func (a *agent) watch(ctx context.Context, ns string) error {
-	h, err := netnsutil.Handle(ns)
-	if err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	links := make(chan netlink.LinkUpdate, 64)
-	neighs := make(chan netlink.NeighUpdate, 256)
-	routes := make(chan netlink.RouteUpdate, 64)
-	err = errors.Join(netlink.LinkSubscribeAt(h, links, done), netlink.NeighSubscribeAt(h, neighs, done),
-		netlink.RouteSubscribeAt(h, routes, done))
-	if err != nil {
-		close(done)
-		h.Close()
-		return err
-	}
-	if nh, err := netlink.NewHandleAt(h); err == nil {
-		a.learnNeighs(nh, ns)
-		nh.Close()
-	}
-	go func() {
-		defer h.Close()
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case u, ok := <-links:
-				if !ok {
-					return
-				}
-				a.poke(a.resync)
-				if a.watched(ns, int(u.Index)) {
-					// The underlay or the VXLAN device changed (MTU, address, state...).
-					a.flushFor("device change on " + u.Attrs().Name)
-				}
-			case u, ok := <-neighs:
-				if !ok {
-					return
-				}
-				if a.neighChanged(ns, u) {
-					a.flushFor("neighbour/FDB change on ifindex " + itoa(u.LinkIndex))
-				}
-			case u, ok := <-routes:
-				if !ok {
-					return
-				}
-				if u.Table == unix.RT_TABLE_LOCAL {
-					continue // addresses of devices coming and going; the link event covers them
-				}
-				a.flushFor("route change " + u.Dst.String())
-			}
+// event sorts an update of the watch loop: a change of the underlay or the VXLAN device, of one
+// of their neighbour/FDB entries' addresses, or of a route (outside the local table) forgets
+// every flow; any link change resyncs the pods.
+func (a *agent) event(ns string, u any) bool {
+	switch u := u.(type) {
+	case netlink.LinkUpdate:
+		if a.watched(ns, int(u.Index)) {
+			// The underlay or the VXLAN device changed (MTU, address, state...).
+			a.flushFor("device change on " + u.Attrs().Name)
 		}
-	}()
-	return nil
+		return true
+	case netlink.NeighUpdate:
+		if a.neighChanged(ns, u) {
+			a.flushFor("neighbour/FDB change on ifindex " + itoa(u.LinkIndex))
+			return true
+		}
+	case netlink.RouteUpdate:
+		if u.Table != unix.RT_TABLE_LOCAL { // addresses of devices coming and going: the link event covers them
+			a.flushFor("route change " + u.Dst.String())
+			return true
+		}
+	}
+	return false
 }
 
 // neighChanged tells whether a neighbour or FDB entry of the underlay or the VXLAN device (the
@@ -302,7 +239,17 @@ func neighKey(ns string, n netlink.Neigh) (key, val string) {
 
 // learnNeighs records the current entries of the watched devices of ns, so the first event of
 // an entry is compared with what it was.
-func (a *agent) learnNeighs(h *netlink.Handle, ns string) {
+func (a *agent) learnNeighs(ns string) {
+	nsh, err := netnsutil.Handle(ns)
+	if err != nil {
+		return
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		return
+	}
+	defer h.Close()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, fam := range []int{netlink.FAMILY_V4, unix.AF_BRIDGE} {

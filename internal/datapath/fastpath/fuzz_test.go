@@ -82,12 +82,7 @@ func newFzEnv(t *testing.T, learner bool) *fzEnv { return newFzEnvLayout(t, lear
 // on "lo", the flows' templates the bridge's Ethernet header.
 func newFzEnvLayout(t *testing.T, learner, docker bool) *fzEnv {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := loadObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, loadObjects)
 	ov := &overlay{Layout: LayoutRouted, VNI: fzVNI, Port: fzPort, VTEP: net.IP(vtepA.AsSlice()), PortMin: 32768, PortMax: 60999, MTU: fzMTU,
 		Underlay: devOf(1), VX: endpoints.VXLAN{Dev: devOf(1), MAC: macVxA, Inode: fzNetns, Routed: true}}
 	cfg := ov.cfg()
@@ -513,25 +508,13 @@ func (e *fzEnv) fzRun(p *ebpf.Program, pkt []byte, gso, mark uint32) (uint32, []
 // offset, and reinstalls the tables every 2048 runs (timestamps fresh, handover entries gone).
 func (e *fzEnv) fzEach(n int, gen func() []byte, check func([]byte)) int {
 	runs := 0
-	one := func(b []byte) {
-		if e.t.Failed() {
-			return
-		}
+	return frames.Each(e.t.Failed, n, 4096, gen, func(b []byte) {
 		if runs%2048 == 0 {
 			e.install()
 		}
 		runs++
 		check(b)
-	}
-	for i := 0; i < n && !e.t.Failed(); i++ {
-		f := gen()
-		if i%4096 == 0 {
-			frames.Cuts(f, one)
-			continue
-		}
-		one(f)
-	}
-	return runs
+	})
 }
 
 func TestFuzzTx(t *testing.T) {
@@ -630,6 +613,22 @@ func TestFuzzRx(t *testing.T) {
 
 // fzLearnCheck runs a learner over the generated frames: verdict TCX_NEXT, frame unchanged,
 // the flow the model names learned with the model's values, every other flow untouched.
+// learnable parses frame b (its inner frame at off) and finds the model's flow for its egress
+// (out) or ingress key; ok when the normal path has seen the flow at a TTL no lower than the
+// frame's, so the learner may complete that direction.
+func (e *fzEnv) learnable(b []byte, off int, out bool) (p fzPkt, k fpFpKey, f fpFpFlow, ok bool) {
+	p, r := fzParse(b, off)
+	if r != fzParsed {
+		return p, fpFpKey{}, fpFpFlow{}, false
+	}
+	seen := func(f fpFpFlow) uint8 { return f.InTtlSeen }
+	if k = p.keyIn(); out {
+		k, seen = p.keyOut(), func(f fpFpFlow) uint8 { return f.OutTtlSeen }
+	}
+	f, ok = e.flows[k]
+	return p, k, f, ok && seen(f) != 0 && seen(f) >= p.ttl
+}
+
 func fzLearnCheck(t *testing.T, e *fzEnv, p *ebpf.Program, marks bool, gen func() []byte, model func([]byte) (fpFpKey, fpFpFlow, bool)) {
 	learnt := 0
 	var k fpFpKey
@@ -699,13 +698,8 @@ func TestFuzzLearnTx(t *testing.T) {
 		if !vx || saddr != word(vtepA) {
 			return fpFpKey{}, fpFpFlow{}, false
 		}
-		p, r := fzParse(b, 50)
-		if r != fzParsed {
-			return fpFpKey{}, fpFpFlow{}, false
-		}
-		k := p.keyOut()
-		f, ok := e.flows[k]
-		if !ok || f.OutTtlSeen == 0 || f.OutTtlSeen < p.ttl {
+		p, k, f, ok := e.learnable(b, 50, true)
+		if !ok {
 			return k, f, false
 		}
 		copy(f.Tmpl[:], b[:64])
@@ -729,13 +723,8 @@ func TestFuzzLearnRx(t *testing.T) {
 		return f
 	}
 	fzLearnCheck(t, e, e.o.PrgFastpathLrnRx, false, gen, func(b []byte) (fpFpKey, fpFpFlow, bool) {
-		p, r := fzParse(b, 0)
-		if r != fzParsed {
-			return fpFpKey{}, fpFpFlow{}, false
-		}
-		k := p.keyIn()
-		f, ok := e.flows[k]
-		if !ok || f.InTtlSeen == 0 || f.InTtlSeen < p.ttl {
+		p, k, f, ok := e.learnable(b, 0, false)
+		if !ok {
 			return k, f, false
 		}
 		copy(f.InMac[:], b[:12])
@@ -826,13 +815,8 @@ func TestFuzzDockerLearnTx(t *testing.T) {
 	e := newFzEnvLayout(t, true, true)
 	g := fzGen{e.rng}
 	fzLearnCheck(t, e, e.o.PrgFastpathDlrnTx, true, g.tx, func(b []byte) (fpFpKey, fpFpFlow, bool) {
-		p, r := fzParse(b, 0)
-		if r != fzParsed {
-			return fpFpKey{}, fpFpFlow{}, false
-		}
-		k := p.keyOut()
-		f, ok := e.flows[k]
-		if !ok || f.OutTtlSeen == 0 || f.OutTtlSeen < p.ttl {
+		p, k, f, ok := e.learnable(b, 0, true)
+		if !ok {
 			return k, f, false
 		}
 		copy(f.Tmpl[:14], b[:14])

@@ -15,16 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	RunAgentIfAsked()
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 	t.Helper()
@@ -169,8 +168,8 @@ func TestLabFastPath(t *testing.T) {
 				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
-					t.Fatalf("%s left behind", pinDir(h))
+				if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
 				}
 			}
 			deadline := time.Now().Add(3 * time.Second)
@@ -310,8 +309,8 @@ func TestHandBuiltOverlay(t *testing.T) {
 		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.Stat(pinDir(h)); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s left behind", pinDir(h))
+		if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
 		}
 	}
 }

@@ -12,13 +12,14 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // linkPin names the pin of one tcx link: <netns inode>_<ifindex>_<device>_<in|eg>.
 func linkPin(target string, inode uint32, ifindex int, dev, dir string) string {
-	return filepath.Join(pinDir(target), linksSub, fmt.Sprintf("%d_%d_%s_%s", inode, ifindex,
+	return filepath.Join(datapath.ModePinDir(target, Name), linksSub, fmt.Sprintf("%d_%d_%s_%s", inode, ifindex,
 		strings.NewReplacer("/", "_", ".", "_").Replace(dev), dir))
 }
 
@@ -102,7 +103,7 @@ func attachPods(p *pinned, target string, ov *overlay, eps []endpoints.Endpoint)
 // pruneLinks removes the pins of links whose device is gone (the kernel detached them) and
 // returns how many.
 func pruneLinks(target string, nsByInode map[uint32]string) int {
-	dir := filepath.Join(pinDir(target), linksSub)
+	dir := filepath.Join(datapath.ModePinDir(target, Name), linksSub)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return 0

@@ -8,7 +8,6 @@ package fastpath
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Name is the mode's name.
@@ -57,17 +57,6 @@ type modeState struct {
 	Notes   []string `json:"notes,omitempty"`
 }
 
-func readModeState(st *datapath.State) (modeState, error) {
-	var ms modeState
-	if len(st.ModeState) == 0 {
-		return ms, nil
-	}
-	if err := json.Unmarshal(st.ModeState, &ms); err != nil {
-		return ms, fmt.Errorf("fastpath: record's mode state is corrupt: %w", err)
-	}
-	return ms, nil
-}
-
 // Knobs: the fast path changes no sysfs knob. Unknown options are refused here, before anything
 // changes.
 func (mode) Knobs(_ *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
@@ -85,15 +74,15 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		return err
 	}
 	ov.OneWay = c.OneWay
-	if _, err := os.Stat(pinDir(st.Target)); err == nil {
-		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", pinDir(st.Target), label(st.Target))
+	if _, err := os.Stat(datapath.ModePinDir(st.Target, Name)); err == nil {
+		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", datapath.ModePinDir(st.Target, Name), netnsutil.Label(st.Target))
 	}
 	objs, err := loadObjects()
 	if err != nil {
 		return err
 	}
 	defer objs.Close()
-	dir := pinDir(st.Target)
+	dir := datapath.ModePinDir(st.Target, Name)
 	st.Pins = append(st.Pins, dir)
 	if err := pinObjects(objs, dir); err != nil {
 		return err
@@ -105,8 +94,7 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	if ov.UDPCsum {
 		ms.Notes = append(ms.Notes, fmt.Sprintf("%s computes outer UDP checksums; fast-path frames carry 0 (RFC 7348 allows it over IPv4; eBPF cannot mark GSO packets for per-segment outer checksums)", ov.VX.Dev))
 	}
-	st.ModeState, _ = json.Marshal(ms)
-	if err := datapath.SaveState(st); err != nil {
+	if err := datapath.SaveModeState(st, ms); err != nil {
 		return err
 	}
 	p := &pinned{fpMaps: objs.fpMaps, fpPrograms: objs.fpPrograms}
@@ -127,13 +115,9 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	if _, err := attachPods(p, st.Target, ov, eps); err != nil {
 		return err
 	}
-	st.ModeState, _ = json.Marshal(ms)
+	datapath.SetModeState(st, ms)
 	if c.Agent {
-		pid, err := startAgent(st.Target)
-		if err != nil {
-			return err
-		}
-		st.AgentPID = pid
+		return agentKit.Start(st)
 	}
 	return nil
 }
@@ -141,15 +125,12 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 // Unload stops the agent, turns the programs off (a packet in flight finds no config and takes
 // the normal path) and removes the tcx links; the framework removes the pin directory after.
 func (mode) Unload(_ context.Context, st *datapath.State) error {
-	var errs []error
-	if st.AgentPID != 0 {
-		errs = append(errs, stopAgent(st.AgentPID, st.Target))
-	}
+	errs := []error{agentKit.Stop(st)}
 	if p, err := openPinned(st.Target, false); err == nil {
 		_ = p.PrgFastpathCfg.Put(uint32(0), fpFpCfg{})
 		p.Close()
 	}
-	if err := os.RemoveAll(filepath.Join(pinDir(st.Target), linksSub)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.RemoveAll(filepath.Join(datapath.ModePinDir(st.Target, Name), linksSub)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("fastpath: remove links: %w", err))
 	}
 	return errors.Join(errs...)

@@ -11,16 +11,12 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// Pin layout under datapath.PinDir(target)/fastpath: maps and programs by their kernel names
-// (what bpftool shows), tcx links in links/.
-const (
-	pinSub   = "fastpath"
-	linksSub = "links"
-)
-
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
+// Pin layout under datapath.ModePinDir: maps and programs by their kernel names (what bpftool
+// shows), tcx links in links/.
+const linksSub = "links"
 
 // cfg.flags and flow.flags, as in bpf/fastpath.bpf.c.
 const (
@@ -93,13 +89,13 @@ func (p *pinned) tables() endpoints.Tables {
 }
 
 func openPinned(target string, progs bool) (*pinned, error) {
-	dir := pinDir(target)
+	dir := datapath.ModePinDir(target, Name)
 	p := &pinned{}
 	for name, m := range mapsOf(&p.fpMaps) {
 		var err error
 		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, label(target), err)
+			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, netnsutil.Label(target), err)
 		}
 	}
 	if progs {
@@ -114,13 +110,6 @@ func openPinned(target string, progs bool) (*pinned, error) {
 		}
 	}
 	return p, nil
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }
 
 func fmtInt(i int64) string { return fmt.Sprint(i) }

@@ -50,7 +50,7 @@ func readOverlay(t *datapath.Topology) (*overlay, []string, error) {
 		return nil, nil, fmt.Errorf("fastpath: %w", err)
 	}
 	if len(vxs) == 0 {
-		return nil, nil, fmt.Errorf("fastpath: no VXLAN device in %s", label(t.Host))
+		return nil, nil, fmt.Errorf("fastpath: no VXLAN device in %s", netnsutil.Label(t.Host))
 	}
 	var notes []string
 	for _, v := range vxs[1:] {

@@ -36,12 +36,7 @@ type progEnv struct {
 
 func newProgEnv(t *testing.T) *progEnv {
 	t.Helper()
-	testutil.RequireRoot(t)
-	o, err := loadObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, loadObjects)
 	ov := &overlay{Layout: LayoutRouted, VNI: 1, Port: 8472, VTEP: net.IP(vtepA.AsSlice()), PortMin: 32768, PortMax: 60999, MTU: 1500,
 		Underlay: devOf(1), VX: endpoints.VXLAN{Dev: devOf(1), MAC: macVxA, Inode: 4026531840, Routed: true}}
 	e := &progEnv{o: o, cfg: ov.cfg()}

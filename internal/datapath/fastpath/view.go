@@ -34,14 +34,7 @@ type View struct {
 
 // Inspect reads the live view of the fast path on target.
 func Inspect(target string) (*View, error) {
-	st, err := datapath.LoadState(target, Name)
-	if err != nil {
-		return nil, err
-	}
-	if st == nil {
-		return nil, fmt.Errorf("fastpath is not attached to %s (run `peregrine attach fastpath`)", label(target))
-	}
-	ms, err := readModeState(st)
+	st, ms, err := datapath.LoadAttached[modeState](target, Name)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +43,7 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	defer p.Close()
-	v := &View{Target: target, Notes: ms.Notes, Agent: "off"}
+	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st)}
 	if ov := ms.Overlay; ov != nil {
 		v.Layout, v.VXLAN, v.Underlay = ov.Layout, ov.VX.Dev.String(), ov.Underlay.String()
 		v.SkipsOut, v.SkipsIn = Skipped(ov.Layout)
@@ -75,12 +68,6 @@ func Inspect(target string) (*View, error) {
 	}
 	if v.Endpoints, err = endpoints.List(p.tables()); err != nil {
 		return nil, err
-	}
-	if st.AgentPID != 0 {
-		v.Agent = fmt.Sprintf("pid %d, not running (log %s)", st.AgentPID, AgentLog(target))
-		if isAgent(st.AgentPID, target) {
-			v.Agent = fmt.Sprintf("pid %d, running", st.AgentPID)
-		}
 	}
 	return v, nil
 }

@@ -97,7 +97,7 @@ func Attach(cfg Config) (pins []string, err error) {
 			Program: objs.PrgGrosplit, Interface: dev.Attrs().Index, Flags: link.XDPDriverMode,
 		})
 		if err != nil {
-			return fmt.Errorf("grosplit: attach XDP to %s in %s: %w", cfg.Device, nsLabel(cfg.Netns), err)
+			return fmt.Errorf("grosplit: attach XDP to %s in %s: %w", cfg.Device, netnsutil.Label(cfg.Netns), err)
 		}
 		defer l.Close()
 		if err := l.Pin(p); err != nil {
@@ -156,13 +156,6 @@ func Pins(pinDir string) []string {
 		out = append(out, filepath.Join(pinDir, e.Name()))
 	}
 	return out
-}
-
-func nsLabel(netns string) string {
-	if netns == "" {
-		return "the current namespace"
-	}
-	return "netns " + netns
 }
 
 // isUnder reports whether dir is root or inside it.

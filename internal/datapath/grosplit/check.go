@@ -38,11 +38,11 @@ func Check(netns, device string) error {
 	return netnsutil.Do(netns, func() error {
 		dev, err := netlink.LinkByName(device)
 		if err != nil {
-			return fmt.Errorf("grosplit: device %s in %s: %w", device, nsLabel(netns), err)
+			return fmt.Errorf("grosplit: device %s in %s: %w", device, netnsutil.Label(netns), err)
 		}
 		if x := dev.Attrs().Xdp; x != nil && x.Attached {
 			return fmt.Errorf("grosplit: device %s in %s already has an XDP program (id %d): one program per device, detach it first",
-				device, nsLabel(netns), x.ProgId)
+				device, netnsutil.Label(netns), x.ProgId)
 		}
 		if err := vethPeerChecksums(netns, dev); err != nil {
 			return err

@@ -46,7 +46,7 @@ func vethPeerChecksums(netns string, dev netlink.Link) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("grosplit: veth peer %d of %s in %s: %w", peerIdx, dev.Attrs().Name, nsLabel(peerNs), err)
+		return fmt.Errorf("grosplit: veth peer %d of %s in %s: %w", peerIdx, dev.Attrs().Name, netnsutil.Label(peerNs), err)
 	}
 	out, err := netnsutil.Run(context.Background(), peerNs, "ethtool", "-k", peerName)
 	if err != nil {
@@ -61,7 +61,7 @@ func vethPeerChecksums(netns string, dev netlink.Link) error {
 			return fmt.Errorf("grosplit: veth %s: its peer %s (%s) has tx checksum offload on, so it sends partial checksums "+
 				"that only the original skb knows about; XDP-redirected frames would be dropped as checksum errors. "+
 				"Make the peer send wire-like frames first: %sethtool -K %s tx off",
-				dev.Attrs().Name, peerName, nsLabel(peerNs), where, peerName)
+				dev.Attrs().Name, peerName, netnsutil.Label(peerNs), where, peerName)
 		}
 	}
 	return nil

@@ -20,12 +20,7 @@ import (
 
 func loadTest(t *testing.T) *mfObjects {
 	t.Helper()
-	testutil.RequireBPF(t)
-	o, err := loadObjects(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, func() (*mfObjects, error) { return loadObjects(nil) })
 	return o
 }
 
@@ -66,16 +61,18 @@ type runResult struct {
 	hashedSlot bool // the run wrote a hash (last_hash changed)
 }
 
-func sumStats(t *testing.T, o *mfObjects) mfMfStats {
+// sumStats adds up the CPUs' counters (the last hash is any CPU's that wrote one); per is
+// reused across calls by the fuzz loop.
+func sumStats(t testing.TB, o *mfObjects, per *[]mfMfStats) mfMfStats {
 	t.Helper()
-	var per []mfMfStats
-	if err := o.PrgMfStats.Lookup(uint32(0), &per); err != nil {
+	if err := o.PrgMfStats.Lookup(uint32(0), per); err != nil {
 		t.Fatal(err)
 	}
 	var s mfMfStats
-	for _, v := range per {
+	for _, v := range *per {
 		s.Split += v.Split
 		s.Mice += v.Mice
+		s.Passed += v.Passed
 		s.Batches += v.Batches
 		s.Merged += v.Merged
 		if v.LastHash != 0 {
@@ -98,7 +95,7 @@ func run(t *testing.T, o *mfObjects, prog *ebpf.Program, frame []byte, segs uint
 	if err := o.PrgMfStats.Update(uint32(0), per, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
-	before := sumStats(t, o)
+	before := sumStats(t, o, &per)
 	ctx := make([]byte, 192) // struct __sk_buff; gso_segs is at offset 164
 	binary.LittleEndian.PutUint32(ctx[164:], segs)
 	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx})
@@ -108,7 +105,7 @@ func run(t *testing.T, o *mfObjects, prog *ebpf.Program, frame []byte, segs uint
 	if int32(ret) != -1 {
 		t.Fatalf("program returned %d, want TCX_NEXT (-1): it must never drop or redirect", int32(ret))
 	}
-	after := sumStats(t, o)
+	after := sumStats(t, o, &per)
 	return runResult{slot: int(after.LastSlot), hash: uint32(after.LastHash), split: after.Split - before.Split,
 		mice: after.Mice - before.Mice, batches: after.Batches - before.Batches, merged: after.Merged - before.Merged,
 		hashedSlot: after.LastHash != 0}

@@ -39,23 +39,7 @@ type fzEnv struct {
 	per []mfMfStats
 }
 
-func (e *fzEnv) sum() mfMfStats {
-	var s mfMfStats
-	if err := e.o.PrgMfStats.Lookup(uint32(0), &e.per); err != nil {
-		e.t.Fatal(err)
-	}
-	for _, v := range e.per {
-		s.Split += v.Split
-		s.Mice += v.Mice
-		s.Passed += v.Passed
-		s.Batches += v.Batches
-		s.Merged += v.Merged
-		if v.LastHash != 0 {
-			s.LastHash, s.LastSlot = v.LastHash, v.LastSlot
-		}
-	}
-	return s
-}
+func (e *fzEnv) sum() mfMfStats { return sumStats(e.t, e.o, &e.per) }
 
 // run runs p on frame with gso_segs segs and returns what it counted.
 func (e *fzEnv) run(p *ebpf.Program, frame []byte, segs uint32) fzStats {
@@ -155,26 +139,6 @@ func fzSegs(rng *rand.Rand) uint32 {
 	return 0
 }
 
-// fzEach runs n generated frames through check, every 2048th truncated at every offset.
-func fzEach(t *testing.T, n int, gen func() []byte, check func([]byte)) int {
-	runs := 0
-	one := func(b []byte) {
-		if !t.Failed() {
-			runs++
-			check(b)
-		}
-	}
-	for i := 0; i < n && !t.Failed(); i++ {
-		f := gen()
-		if i%2048 == 0 {
-			frames.Cuts(f, one)
-			continue
-		}
-		one(f)
-	}
-	return runs
-}
-
 func TestFuzzDev(t *testing.T) {
 	for _, c := range []Config{
 		{CPUs: []int{2, 3, 5}, Batch: 4, Window: time.Second},                  // every flow an elephant
@@ -187,7 +151,7 @@ func TestFuzzDev(t *testing.T) {
 		type state struct{ seq, pkts, bytes, batches uint64 }
 		model := map[mfPrgFlow]*state{}
 		split := 0
-		runs := fzEach(t, frames.FuzzCount(6000)/2, func() []byte { return fzOuter(rng) }, func(b []byte) {
+		runs := frames.Each(t.Failed, frames.FuzzCount(6000)/2, 2048, func() []byte { return fzOuter(rng) }, func(b []byte) {
 			if len(model) > 8000 { // the LRU holds 16384: start over before it evicts
 				var k mfPrgFlow
 				var v mfMfFlowState
@@ -288,7 +252,7 @@ func TestFuzzPort(t *testing.T) {
 		}
 		n := uint32(len(c.CPUs))
 		merged := 0
-		runs := fzEach(t, frames.FuzzCount(6000), func() []byte { return fzInner(rng) }, func(b []byte) {
+		runs := frames.Each(t.Failed, frames.FuzzCount(6000), 2048, func() []byte { return fzInner(rng) }, func(b []byte) {
 			segs := fzSegs(rng)
 			in := append([]byte{}, b...)
 			got := e.run(e.o.PrgMflowPort, b, segs)

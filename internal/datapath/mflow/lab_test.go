@@ -47,14 +47,14 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 				}
 				return false, fmt.Sprintf("flows %+v", flows)
 			})
-			report, err := Mode{}.Report(st)
+			report, err := mode{}.Report(st)
 			if err != nil {
 				t.Errorf("report: %v", err)
 			}
 			t.Logf("status:\n%s", report)
 			batchCPUs, drops := map[int]uint64{}, uint64(0)
 			if at == SplitFullPath {
-				ms, err := readModeState(st)
+				ms, err := datapath.LoadModeState[modeState](st)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -82,14 +82,9 @@ func TestTCPSurvivesAttachDetach(t *testing.T) {
 			}
 			tcp.WaitFlowing(t, 1<<20, 5*time.Second) // still running after detach
 			t.Logf("%d bytes carried across attach and detach", tcp.Finish(t))
-			after := labtest.RxKnobs(t, l)
-			for k, v := range before {
-				if after[k] != v {
-					t.Errorf("%s is %q after detach, was %q", k, after[k], v)
-				}
-			}
-			if _, err := os.Stat(pinDir(host)); err == nil {
-				t.Errorf("pins left at %s", pinDir(host))
+			labtest.SameKnobs(t, l, before, "after detach")
+			if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
+				t.Errorf("pins left at %s", datapath.ModePinDir(host, Name))
 			}
 		})
 	}
@@ -118,14 +113,9 @@ func TestRefusals(t *testing.T) {
 		if st, _ := datapath.LoadState(host, "mflow"); st != nil {
 			t.Errorf("%s: a record was left", name)
 		}
-		after := labtest.RxKnobs(t, l)
-		for k, v := range before {
-			if after[k] != v {
-				t.Errorf("%s: %s changed to %q", name, k, after[k])
-			}
-		}
-		if _, err := os.Stat(pinDir(host)); err == nil {
-			t.Errorf("%s: pins left at %s", name, pinDir(host))
+		labtest.SameKnobs(t, l, before, name)
+		if _, err := os.Stat(datapath.ModePinDir(host, Name)); err == nil {
+			t.Errorf("%s: pins left at %s", name, datapath.ModePinDir(host, Name))
 		}
 	}
 }

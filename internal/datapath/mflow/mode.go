@@ -14,26 +14,25 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/grosplit"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
 )
 
-// Mode is MFLOW as a datapath mode.
-type Mode struct{}
+// mode is MFLOW as a datapath mode.
+type mode struct{}
 
-func init() { datapath.Register(Mode{}) }
+func init() { datapath.Register(mode{}) }
 
 // Name is the mode's name.
 const Name = "mflow"
 
-func (Mode) Name() string { return Name }
+func (mode) Name() string { return Name }
 
 // Options declares mflow's options (Config).
-func (Mode) Options() *option.Schema { return schema }
-func (Mode) Summary() string {
+func (mode) Options() *option.Schema { return schema }
+func (mode) Summary() string {
 	return "MFLOW: elephant flows cut into micro-flows (batches) processed on several CPUs; IRQ split (XDP) or device split"
 }
 
@@ -58,16 +57,6 @@ type tcxTarget struct {
 	dev    datapath.Dev
 }
 
-func readModeState(st *datapath.State) (modeState, error) {
-	var ms modeState
-	return ms, datapath.ReadModeState(st, &ms)
-}
-
-func saveModeState(st *datapath.State, ms modeState) error {
-	datapath.WriteModeState(st, ms)
-	return datapath.SaveState(st)
-}
-
 // reorderCounters are what status shows of each receiving container.
 var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "TcpExt.TCPTSReorder",
 	"TcpExt.TCPDSACKRecv", "Tcp.RetransSegs", "TcpExt.TCPSpuriousRTOs"}
@@ -75,12 +64,12 @@ var reorderCounters = []string{"TcpExt.TCPOFOQueue", "TcpExt.TCPSACKReorder", "T
 func configOf(o datapath.Options) (Config, error) { return datapath.ConfigOf[Config](Name, o) }
 
 // Knobs validates, refuses to stack, and plans the RPS masks (see the package doc).
-func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	c, err := configOf(o)
 	if err != nil {
 		return nil, err
 	}
-	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, datapath.ModePinDir(t.Host, Name)); err != nil {
 		return nil, err
 	}
 	nics := t.ByStage(datapath.StageNIC)
@@ -98,20 +87,23 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	if note != "" {
 		t.Notes = append(t.Notes, note)
 	}
-	// Together with falcon (attached first): mflow splits the NIC stage, falcon keeps placing
-	// the later stages (VXLAN, container veth) one CPU per flow and stage, so mflow leaves their
-	// knobs to falcon; falcon's pinning already merges each flow's batches, and device scaling
-	// would fight falcon over the VXLAN device's RPS.
-	withFalcon := false
-	if fst, err := datapath.LoadState(t.Host, falcon.Name); err == nil && fst != nil {
-		withFalcon = true
+	// Together with a mode that steers the later stages (datapath.StageSteerer: falcon, attached
+	// first): mflow splits the NIC stage, the other keeps placing the later stages (VXLAN,
+	// container veth) one CPU per flow and stage, so mflow leaves their knobs to it; its pinning
+	// already merges each flow's batches, and device scaling would fight it over the VXLAN
+	// device's RPS.
+	steerer, err := datapath.StageSteererOn(t.Host)
+	if err != nil {
+		return nil, err
+	}
+	if steerer != "" {
 		if c.SplitAt == SplitDevice {
-			return nil, fmt.Errorf("mflow: --split-at device steers the VXLAN stage, which falcon (attached to %s) already does: use --split-at full-path together with falcon", t.Host)
+			return nil, fmt.Errorf("mflow: --split-at device steers the VXLAN stage, which %s (attached to %s) already does: use --split-at full-path together with %s", steerer, t.Host, steerer)
 		}
 		if c.Merge {
-			return nil, fmt.Errorf("mflow: --merge is redundant with falcon attached: falcon keeps each flow on one CPU per stage")
+			return nil, fmt.Errorf("mflow: --merge is redundant with %s attached: %s keeps each flow on one CPU per stage", steerer, steerer)
 		}
-		t.Notes = append(t.Notes, "mflow: falcon is attached: mflow splits the NIC stage, falcon places the VXLAN and veth stages")
+		t.Notes = append(t.Notes, fmt.Sprintf("mflow: %s is attached: mflow splits the NIC stage, %s places the VXLAN and veth stages", steerer, steerer))
 	}
 	mask := cpuset.Mask(c.CPUs)
 	var ks []datapath.Knob
@@ -127,8 +119,8 @@ func (Mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, er
 	}
 	for _, d := range t.Devs {
 		var err error
-		if withFalcon && (d.Stage == datapath.StageVXLAN || d.Stage == datapath.StageVeth) {
-			continue // falcon's
+		if steerer != "" && (d.Stage == datapath.StageVXLAN || d.Stage == datapath.StageVeth) {
+			continue // the steerer's
 		}
 		switch {
 		case d.Stage == datapath.StageNIC && c.SplitAt == SplitFullPath:
@@ -188,15 +180,15 @@ func irqCPUs(nics []datapath.Dev) ([]int, error) {
 }
 
 // Load attaches the split (XDP or tcx), the merge pieces, and records it all.
-func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
+func (mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	c, err := configOf(o)
 	if err != nil {
 		return err
 	}
 	ms := modeState{Config: c}
-	dir := pinDir(st.Target)
+	dir := datapath.ModePinDir(st.Target, Name)
 	st.Pins = append(st.Pins, dir) // removed by the framework after Unload
-	if err := saveModeState(st, ms); err != nil {
+	if err := datapath.SaveModeState(st, ms); err != nil {
 		return err
 	}
 	ports, err := t.VXLANPortSet()
@@ -214,7 +206,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 					Window: c.Window, MiceAffine: c.MiceAffine}})
 			ms.SplitPins = append(ms.SplitPins, pins...)
 			ms.SplitDirs = append(ms.SplitDirs, sd)
-			if serr := saveModeState(st, ms); serr != nil {
+			if serr := datapath.SaveModeState(st, ms); serr != nil {
 				return errors.Join(err, serr)
 			}
 			if err != nil {
@@ -268,7 +260,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 				return fmt.Errorf("mflow: %s: %w", tg.dev, err)
 			}
 			ms.Links = append(ms.Links, pin)
-			if err := saveModeState(st, ms); err != nil {
+			if err := datapath.SaveModeState(st, ms); err != nil {
 				return err
 			}
 		}
@@ -285,7 +277,7 @@ func (Mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 			ms.SoftnetDropped[r.CPU] = r.Dropped
 		}
 	}
-	return saveModeState(st, ms)
+	return datapath.SaveModeState(st, ms)
 }
 
 func pick(cs probe.Counters) map[string]int64 {
@@ -299,11 +291,11 @@ func pick(cs probe.Counters) map[string]int64 {
 }
 
 // Unload detaches the tcx links, then the XDP split; the pin directory goes with st.Pins.
-func (Mode) Unload(ctx context.Context, st *datapath.State) error {
-	ms, err := readModeState(st)
+func (mode) Unload(ctx context.Context, st *datapath.State) error {
+	ms, err := datapath.LoadModeState[modeState](st)
 	errs := []error{err}
 	links := ms.Links
-	for _, p := range bpfobj.LinkPins(pinDir(st.Target)) { // pins a crash left out of the record
+	for _, p := range bpfobj.LinkPins(datapath.ModePinDir(st.Target, Name)) { // pins a crash left out of the record
 		if !slices.Contains(links, p) {
 			links = append(links, p)
 		}
@@ -312,10 +304,10 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 		errs = append(errs, bpfobj.DetachPin(p))
 	}
 	pins := ms.SplitPins
-	if entries, err := os.ReadDir(pinDir(st.Target)); err == nil {
+	if entries, err := os.ReadDir(datapath.ModePinDir(st.Target, Name)); err == nil {
 		for _, e := range entries {
 			if strings.HasPrefix(e.Name(), "xdp-") {
-				for _, p := range grosplit.Pins(filepath.Join(pinDir(st.Target), e.Name())) {
+				for _, p := range grosplit.Pins(filepath.Join(datapath.ModePinDir(st.Target, Name), e.Name())) {
 					if !slices.Contains(pins, p) {
 						pins = append(pins, p)
 					}
@@ -330,7 +322,7 @@ func (Mode) Unload(ctx context.Context, st *datapath.State) error {
 }
 
 // Example shows the mode in `attach --help`.
-func (Mode) Example() string {
+func (mode) Example() string {
 	return `  sudo peregrine attach mflow --lab --cpus 0-1 --batch 256 --elephant-pps 10000
   sudo peregrine attach mflow --split-at device --merge`
 }

@@ -11,18 +11,15 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 )
 
-// Pin layout under datapath.PinDir(target)/mflow: the skb-level maps by their kernel names,
-// one tcx link per device in links/, and the XDP split of each underlay in xdp-<device>/.
+// Pin layout under datapath.ModePinDir: the skb-level maps by their kernel names, one tcx link
+// per device in links/, and the XDP split of each underlay in xdp-<device>/.
 const (
-	pinSub   = Name
 	mapStats = "prg_mf_stats"
 	mapFlows = "prg_mf_flows"
 )
 
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
-
 func splitDir(target, dev string) string {
-	return filepath.Join(pinDir(target), "xdp-"+bpfobj.Sanitize(dev))
+	return filepath.Join(datapath.ModePinDir(target, Name), "xdp-"+bpfobj.Sanitize(dev))
 }
 
 // loadObjects loads prg_mflow_dev/port and their maps. flows, if not nil, is the flow map to use

@@ -6,6 +6,6 @@ import (
 )
 
 // Placement: a flow is cut into batches after the NIC stage, and the batches' later stages run on all the other CPUs.
-func (Mode) Placement() results.Placement { return results.PlacementSplitAfterNIC }
+func (mode) Placement() results.Placement { return results.PlacementSplitAfterNIC }
 
-var _ datapath.Placer = Mode{}
+var _ datapath.Placer = mode{}

@@ -26,7 +26,7 @@ type SkbStats struct {
 
 // ReadSkbStats reads prg_mf_stats of an attachment.
 func ReadSkbStats(target string) (SkbStats, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(target), mapStats), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(datapath.ModePinDir(target, Name), mapStats), nil)
 	if err != nil {
 		return SkbStats{}, fmt.Errorf("mflow: open stats: %w", err)
 	}
@@ -57,7 +57,7 @@ type Flow = grosplit.FlowState
 
 // ReadFlows lists the flows of an attachment: the XDP split's (full-path) or the tcx program's.
 func ReadFlows(st *datapath.State) ([]Flow, error) {
-	ms, err := readModeState(st)
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func ReadFlows(st *datapath.State) ([]Flow, error) {
 		}
 		return out, nil
 	}
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(st.Target), mapFlows), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(datapath.ModePinDir(st.Target, Name), mapFlows), nil)
 	if err != nil {
 		return nil, fmt.Errorf("mflow: open flow map: %w", err)
 	}
@@ -90,8 +90,8 @@ func ReadFlows(st *datapath.State) ([]Flow, error) {
 
 // Report is the status text: settings, split counters and batches per CPU, the split flows,
 // drops in every queue mflow adds, and the receivers' reordering counters since attach.
-func (Mode) Report(st *datapath.State) (string, error) {
-	ms, err := readModeState(st)
+func (mode) Report(st *datapath.State) (string, error) {
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return "", err
 	}

@@ -3,23 +3,17 @@ package modes
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
-	"github.com/peregrine-net/peregrine/internal/datapath/prism"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
-func TestMain(m *testing.M) {
-	// The modes start their node agents as this binary: run them when asked to.
-	falcon.RunAgentIfAsked()
-	prism.RunAgentIfAsked()
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 // rpsMasks reads every receive knob (rps_cpus, rps_flow_cnt) of the lab's receive-side devices.
 // falcon and prism touch different hooks and knobs, so they stack; rps shares falcon's knobs,
@@ -65,12 +59,7 @@ func TestFalconAndPrismStack(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err == nil || errors.Is(err, nil) {
 		t.Fatal("nothing left to detach should be an error")
 	}
-	after := labtest.RxKnobs(t, l)
-	for k, v := range before {
-		if after[k] != v {
-			t.Errorf("%s: %q before, %q after detaching both", k, v, after[k])
-		}
-	}
+	labtest.SameKnobs(t, l, before, "after detaching both")
 }
 
 // mflow attached after falcon splits only the NIC stage and leaves the later stages to falcon;
@@ -105,10 +94,5 @@ func TestMflowStacksOnFalcon(t *testing.T) {
 	if _, err := datapath.Detach(ctx, host, ""); err != nil {
 		t.Fatal(err)
 	}
-	after := labtest.RxKnobs(t, l)
-	for k, v := range before {
-		if after[k] != v {
-			t.Errorf("%s: %q before, %q after", k, v, after[k])
-		}
-	}
+	labtest.SameKnobs(t, l, before, "after detach")
 }

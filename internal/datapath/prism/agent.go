@@ -5,19 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"os/signal"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // The node agent keeps the endpoint map current as containers come and go, and puts prg_prism_vx
@@ -32,67 +26,47 @@ import (
 
 const resyncEvery = time.Second
 
-// AgentLog is the log file of the agent for a target.
-func AgentLog(target string) string { return agentproc.Log(Name, target) }
+// agentKit starts, stops and describes the node agent (internal/datapath/agentproc).
+const agentKit = agentproc.Agent(Name)
 
 // RunAgent implements datapath.AgentRunner.
-func (mode) RunAgent(ctx context.Context, target string) error { return runAgent(ctx, target) }
+func (mode) RunAgent(ctx context.Context, target string) error {
+	return agentKit.Run(ctx, target, 0, runAgent)
+}
 
-func runAgent(ctx context.Context, target string) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	lg := log.New(os.Stderr, "prism-agent["+label(target)+"] ", log.LstdFlags|log.Lmicroseconds)
-	st, err := prismState(target)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+	target := st.Target
 	objs, err := openPinned(target)
 	if err != nil {
 		return err
 	}
 	defer objs.Close()
-	events := make(chan struct{}, 1)
-	watched := map[string]bool{}
-	for _, ns := range append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...) {
-		if watched[ns] {
-			continue
-		}
-		watched[ns] = true
-		if err := watchLinks(ctx, ns, events); err != nil {
-			lg.Printf("no link events from %s (resyncing every %s instead): %v", label(ns), resyncEvery, err)
-		}
-	}
+	w := datapath.Watch{Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Log: lg,
+		Sync: func(context.Context) error { return agentSync(target, objs, lg) }}
 	lg.Printf("started")
-	tick := time.NewTicker(resyncEvery)
-	defer tick.Stop()
-	for {
-		cur, err := datapath.LoadState(target, Name)
-		if err != nil || cur == nil || cur.Mode != Name {
-			lg.Printf("attachment gone, stopping")
-			return nil
-		}
-		if t, err := datapath.Discover(cur.Target, cur.Options.Underlay); err != nil {
-			lg.Printf("discover: %v", err)
-		} else {
-			if err := followVXLAN(cur, t, objs, lg); err != nil {
-				lg.Printf("VXLAN devices: %v", err)
-			}
-			if rep, err := resync(t, objs); err != nil {
-				lg.Printf("sync: %v", err)
-			} else if rep.Added+rep.Updated+rep.Gone+rep.Expired > 0 {
-				lg.Printf("endpoints: %d live, %d added, %d updated, %d gone, %d expired", rep.Live, rep.Added, rep.Updated, rep.Gone, rep.Expired)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			lg.Printf("stopping")
-			return nil
-		case <-events:
-			// A burst of events (a container with several links) settles first.
-			time.Sleep(20 * time.Millisecond)
-		case <-tick.C:
-		}
+	return w.Run(ctx, append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...))
+}
+
+// agentSync is one round of the agent: re-discover, follow the VXLAN devices, sync the
+// endpoints.
+func agentSync(target string, objs *objects, lg *log.Logger) error {
+	cur, err := datapath.LoadState(target, Name)
+	if err != nil || cur == nil || cur.Mode != Name {
+		return datapath.ErrNotAttached
 	}
+	t, err := datapath.Discover(cur.Target, cur.Options.Underlay)
+	if err != nil {
+		return fmt.Errorf("discover: %w", err)
+	}
+	if err := followVXLAN(cur, t, objs, lg); err != nil {
+		lg.Printf("VXLAN devices: %v", err)
+	}
+	if rep, err := resync(t, objs); err != nil {
+		lg.Printf("sync: %v", err)
+	} else if rep.Added+rep.Updated+rep.Gone+rep.Expired > 0 {
+		lg.Printf("endpoints: %d live, %d added, %d updated, %d gone, %d expired", rep.Live, rep.Added, rep.Updated, rep.Gone, rep.Expired)
+	}
+	return nil
 }
 
 func nsOf(ds []datapath.Dev) []string {
@@ -111,11 +85,11 @@ func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *l
 	if err != nil {
 		return err
 	}
-	if ms, err := readModeState(cur); err == nil && !vxlanChanged(ms, vxs, cur.Topology, t) {
+	if ms, err := datapath.LoadModeState[modeState](cur); err == nil && !vxlanChanged(ms, vxs, cur.Topology, t) {
 		return nil // the usual case: nothing to record
 	}
 	return datapath.UpdateState(cur.Target, Name, time.Second, func(st *datapath.State) error {
-		ms, err := readModeState(st)
+		ms, err := datapath.LoadModeState[modeState](st)
 		if err != nil {
 			return err
 		}
@@ -155,7 +129,7 @@ func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *l
 			errs = append(errs, err)
 		}
 		st.Topology = t
-		datapath.WriteModeState(st, ms)
+		datapath.SetModeState(st, ms)
 		return errors.Join(errs...)
 	})
 }
@@ -194,7 +168,7 @@ func resync(t *datapath.Topology, objs *objects) (syncReport, error) {
 
 // Sync brings the endpoint map of target up to date once (what the agent does continuously).
 func Sync(target string) (added, updated, gone int, err error) {
-	st, err := prismState(target)
+	st, err := datapath.Attached(target, Name, 0)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -210,44 +184,3 @@ func Sync(target string) (added, updated, gone int, err error) {
 	rep, err := resync(t, objs)
 	return rep.Added, rep.Updated, rep.Gone, err
 }
-
-// watchLinks signals events on every link change in namespace ns until ctx ends.
-func watchLinks(ctx context.Context, ns string, events chan<- struct{}) error {
-	h, err := netnsutil.Handle(ns)
-	if err != nil {
-		return err
-	}
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	if err := netlink.LinkSubscribeAt(h, ch, done); err != nil {
-		h.Close()
-		return err
-	}
-	go func() {
-		defer h.Close()
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-ch:
-				if !ok {
-					return
-				}
-				select {
-				case events <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return nil
-}
-
-func startAgent(target string) (int, error)  { return agentproc.Start(Name, target) }
-func isAgent(pid int, target string) bool    { return agentproc.Is(pid, Name, target) }
-func stopAgent(pid int, target string) error { return agentproc.Stop(pid, Name, target) }
-
-// RunAgentIfAsked runs the agent and exits when this process was started as one. Test binaries
-// that attach prism call it first thing in TestMain (their os.Executable is the test binary).
-func RunAgentIfAsked() { agentproc.RunIfAsked(Name, runAgent) }

@@ -227,14 +227,7 @@ func TestFuzzVX(t *testing.T) {
 				hits++
 			}
 		}
-		for i := 0; i < n && !t.Failed(); i++ {
-			f := fzInner(rng)
-			if i%2048 == 0 {
-				frames.Cuts(f, check)
-				continue
-			}
-			check(f)
-		}
+		frames.Each(t.Failed, n, 2048, func() []byte { return fzInner(rng) }, check)
 		t.Logf("routed=%v: %d frames by verdict %v", routed, runs, kinds)
 		if hits == 0 || kinds[tcShot] == 0 || kinds[tcxNext] == 0 {
 			t.Fatalf("routed=%v: verdicts %v: the generator misses a path", routed, kinds)
@@ -306,26 +299,20 @@ func TestFuzzNIC(t *testing.T) {
 				hp++
 			}
 		}
-		for i := 0; i < n && !t.Failed(); i++ {
-			var f []byte
+		frames.Each(t.Failed, n, 2048, func() []byte {
 			if rng.IntN(6) == 0 {
-				f = frames.Random(rng, ports)
-			} else {
-				port := ports[rng.IntN(2)]
-				if rng.IntN(10) == 0 {
-					port = 9999
-				}
-				f = frames.Encap(uint16(rng.Uint32()), port, rng.Uint32()&0xffffff, fzInner(rng))
-				if rng.IntN(4) == 0 {
-					f = frames.Mutate(rng, f, 50+14+40+24+20)
-				}
+				return frames.Random(rng, ports)
 			}
-			if i%2048 == 0 {
-				frames.Cuts(f, check)
-				continue
+			port := ports[rng.IntN(2)]
+			if rng.IntN(10) == 0 {
+				port = 9999
 			}
-			check(f)
-		}
+			f := frames.Encap(uint16(rng.Uint32()), port, rng.Uint32()&0xffffff, fzInner(rng))
+			if rng.IntN(4) == 0 {
+				f = frames.Mutate(rng, f, 50+14+40+24+20)
+			}
+			return f
+		}, check)
 		t.Logf("plan %v: %d frames, %d steered, %d of them HP", c, runs, steered, hp)
 		if steered == 0 || hp == 0 || hp == steered {
 			t.Fatalf("plan %v: %d steered, %d HP: the generator misses a path", c, steered, hp)

@@ -166,7 +166,7 @@ func attachNIC(o *objects, target string, d datapath.Dev) (piece, error) {
 		return p, fmt.Errorf("prism: namespace of %s: %w", d, err)
 	}
 	p.Inode = uint32(ino)
-	p.LinkPin = bpfobj.LinkPin(pinDir(target), ino, d.Ifindex, d.Name, "nic")
+	p.LinkPin = bpfobj.LinkPin(datapath.ModePinDir(target, Name), ino, d.Ifindex, d.Name, "nic")
 	if err := bpfobj.AttachTCX(o.PrgPrismNic, d.Netns, d.Ifindex, false, p.LinkPin); err != nil {
 		return p, fmt.Errorf("prism: underlay %s: %w", d, err)
 	}

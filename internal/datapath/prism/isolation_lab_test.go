@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
@@ -26,80 +24,8 @@ import (
 // underlay and VXLAN device.
 func rxStageCounts(t *testing.T, nic, vx datapath.Dev, send func()) (nicCPU, vxCPU map[int]uint64) {
 	t.Helper()
-	key := func(d datapath.Dev) stage.DevKey {
-		ino, err := netnsutil.Inode(netnsutil.Path(d.Netns))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return stage.DevKey{Netns: ino, Ifindex: uint32(d.Ifindex)}
-	}
-	p, err := stage.Start(stage.Options{NetnsNames: []string{nic.Netns, vx.Netns}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	before, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	send()
-	nk, vk := key(nic), key(vx)
-	count := func() (nicCPU, vxCPU map[int]uint64, total uint64) {
-		after, err := p.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		nicCPU, vxCPU = map[int]uint64{}, map[int]uint64{}
-		for _, dc := range after.Sub(before).Devices {
-			switch dc.DevKey {
-			case nk:
-				nicCPU[dc.CPU] += dc.Packets
-			case vk:
-				vxCPU[dc.CPU] += dc.Packets
-			}
-			if dc.DevKey == nk || dc.DevKey == vk {
-				total += dc.Packets
-			}
-		}
-		return nicCPU, vxCPU, total
-	}
-	labtest.Settled(2*time.Second, func() uint64 { _, _, n := count(); return n })
-	nicCPU, vxCPU, _ = count()
-	return nicCPU, vxCPU
-}
-
-// mostlyOn asserts that at least 90 % of at least min packets ran on cpu.
-func mostlyOn(t *testing.T, what string, counts map[int]uint64, cpu int, min uint64) {
-	t.Helper()
-	var total uint64
-	for _, v := range counts {
-		total += v
-	}
-	t.Logf("%s: packets per CPU %v", what, counts)
-	if total < min || counts[cpu]*10 < total*9 {
-		t.Errorf("%s: packets per CPU %v, want >= %d with >= 90%% on CPU %d", what, counts, min, cpu)
-	}
-}
-
-// udpBurst sends n datagrams from ns to addr:port at a modest rate (no drops).
-func udpBurst(t *testing.T, ns, addr string, port, n int) {
-	t.Helper()
-	if err := netnsutil.Do(ns, func() error {
-		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		for i := 0; i < n; i++ {
-			_, _ = c.Write(make([]byte, 1000))
-			if i%20 == 19 {
-				time.Sleep(time.Millisecond)
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := labtest.StageCPUs(t, []labtest.StageDev{{Netns: nic.Netns, Ifindex: nic.Ifindex}, {Netns: vx.Netns, Ifindex: vx.Ifindex}}, send)
+	return c[0], c[1]
 }
 
 func TestLabIsolationSplitsVXLANStage(t *testing.T) {
@@ -145,17 +71,17 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 			// HP: the ping-pong's VXLAN stage on the reserved CPU, its NIC stage on the IRQ core.
 			s0 := v.Stats
 			nicHP, vxHP := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 300) })
-			mostlyOn(t, "HP nic stage", nicHP, 0, 300)
-			mostlyOn(t, "HP vxlan stage", vxHP, 1, 300)
+			labtest.MostlyOn(t, "HP nic stage", nicHP, 0, 300)
+			labtest.MostlyOn(t, "HP vxlan stage", vxHP, 1, 300)
 			s1 := inspect(t, h2).Stats
 			if s1.IsoHP-s0.IsoHP < 300 || s1.Redirected-s0.Redirected < 300 {
 				t.Errorf("h2 steered %d / redirected %d HP packets, want >= 300", s1.IsoHP-s0.IsoHP, s1.Redirected-s0.Redirected)
 			}
 
 			// Bulk (LP): its VXLAN stage stays off the reserved CPU.
-			nicLP, vxLP := rxStageCounts(t, nic, vx, func() { udpBurst(t, c11.Netns, dst, lpPort, 3000) })
-			mostlyOn(t, "LP nic stage", nicLP, 0, 2500)
-			mostlyOn(t, "LP vxlan stage", vxLP, 0, 2500)
+			nicLP, vxLP := rxStageCounts(t, nic, vx, func() { udpBurst(t, c11.Netns, dst, lpPort, 3000, 1000) })
+			labtest.MostlyOn(t, "LP nic stage", nicLP, 0, 2500)
+			labtest.MostlyOn(t, "LP vxlan stage", vxLP, 0, 2500)
 			// Bulk TCP still arrives intact (its ACKs, LP too, go to h1's CPU 0).
 			bulkTCP(t, c21.Netns, c11.Netns, dst, 4<<20)
 			// LP arrives on the IRQ core, an LP CPU: kept there without an RPS hop, as on vanilla.
@@ -178,7 +104,7 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 			}
 			// Without isolation the VXLAN stage is back on the IRQ core.
 			_, vxAfter := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 200) })
-			mostlyOn(t, "vanilla vxlan stage", vxAfter, 0, 200)
+			labtest.MostlyOn(t, "vanilla vxlan stage", vxAfter, 0, 200)
 		})
 	}
 }

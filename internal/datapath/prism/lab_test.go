@@ -17,16 +17,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
-func TestMain(m *testing.M) {
-	RunAgentIfAsked()
-	os.Exit(m.Run())
-}
+// The tests attach modes whose agents are started as this test binary.
+func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
 const (
 	hpPort = 11111
@@ -224,7 +223,7 @@ func TestLabEndToEnd(t *testing.T) {
 			}
 			waitGone(t, l, "veth2") // the kernel destroys a namespace's devices asynchronously
 			b := inspect(t, h2).Stats
-			sendUDP(t, c11.Netns, vanishedIP, hpPort, 20)
+			udpBurst(t, c11.Netns, vanishedIP, hpPort, 20, 64)
 			a := labtest.Settled(2*time.Second, func() Stats { return inspect(t, h2).Stats })
 			if dropped := (a.Gone + a.Stale) - (b.Gone + b.Stale); dropped == 0 {
 				t.Errorf("HP packets to a vanished container were not dropped and counted: %+v", a)
@@ -296,7 +295,8 @@ func waitGone(t *testing.T, l *lab.Lab, veth string) {
 	}
 }
 
-func sendUDP(t *testing.T, ns, addr string, port, n int) {
+// udpBurst sends n datagrams of size bytes from ns to addr:port at a modest rate (no drops).
+func udpBurst(t *testing.T, ns, addr string, port, n, size int) {
 	t.Helper()
 	if err := netnsutil.Do(ns, func() error {
 		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
@@ -305,7 +305,10 @@ func sendUDP(t *testing.T, ns, addr string, port, n int) {
 		}
 		defer c.Close()
 		for i := 0; i < n; i++ {
-			_, _ = c.Write([]byte("to a vanished container"))
+			_, _ = c.Write(make([]byte, size))
+			if i%20 == 19 {
+				time.Sleep(time.Millisecond)
+			}
 		}
 		return nil
 	}); err != nil {
@@ -337,11 +340,11 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
 	idx := labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	recorded := func() (piece, bool) {
-		st, err := prismState(host)
+		st, err := datapath.Attached(host, Name, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ms, err := readModeState(st)
+		ms, err := datapath.LoadModeState[modeState](st)
 		if err != nil {
 			t.Fatal(err)
 		}

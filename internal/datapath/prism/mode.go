@@ -12,6 +12,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Option keys (declared on Config).
@@ -87,11 +88,6 @@ type modeState struct {
 	Isolation *isoConfig `json:"isolation,omitempty"`
 }
 
-func readModeState(st *datapath.State) (modeState, error) {
-	var ms modeState
-	return ms, datapath.ReadModeState(st, &ms)
-}
-
 // readRules reads the rules given at attach: text, and a file's.
 func readRules(text, f string) ([]Rule, error) {
 	if f != "" {
@@ -111,7 +107,7 @@ func readRules(text, f string) ([]Rule, error) {
 // Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
 // RPS. Bad rules and CPU lists are refused here, before anything is changed.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	if err := bpfobj.CheckNoPins(Name, pinDir(t.Host)); err != nil {
+	if err := bpfobj.CheckNoPins(Name, datapath.ModePinDir(t.Host, Name)); err != nil {
 		return nil, err
 	}
 	c, err := configOf(o)
@@ -132,14 +128,13 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 		return err
 	}
 	defer objs.Close()
-	dir := pinDir(st.Target)
+	dir := datapath.ModePinDir(st.Target, Name)
 	if err := objs.pin(dir); err != nil {
 		return err
 	}
 	st.Pins = append(st.Pins, dir)
 	ms := modeState{Rules: rules}
-	datapath.WriteModeState(st, ms)
-	if err := datapath.SaveState(st); err != nil {
+	if err := datapath.SaveModeState(st, ms); err != nil {
 		return err
 	}
 	if err := objs.PrgPrismCfg.Put(uint32(0), prsPrismCfg{}); err != nil {
@@ -168,8 +163,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, p)
-		datapath.WriteModeState(st, ms)
-		if err := datapath.SaveState(st); err != nil {
+		if err := datapath.SaveModeState(st, ms); err != nil {
 			return err
 		}
 	}
@@ -179,13 +173,9 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 		}
 	}
 	ms.Notes = append(notes, unmatchedNotes(rules, eps)...)
-	datapath.WriteModeState(st, ms)
+	datapath.SetModeState(st, ms)
 	if c.Agent {
-		pid, err := startAgent(st.Target)
-		if err != nil {
-			return err
-		}
-		st.AgentPID = pid
+		return agentKit.Start(st)
 	}
 	return nil
 }
@@ -202,7 +192,7 @@ func attachPiece(o *objects, target string, vx vxlanDev) (piece, error) {
 	if err := o.PrgPrismDev.Put(prsPrgDevKey{Netns: vx.Inode, Ifindex: uint32(vx.Dev.Ifindex)}, dv); err != nil {
 		return p, fmt.Errorf("prism: %s: device map: %w", vx.Dev, err)
 	}
-	p.LinkPin = bpfobj.LinkPin(pinDir(target), uint64(vx.Inode), vx.Dev.Ifindex, vx.Dev.Name, "")
+	p.LinkPin = bpfobj.LinkPin(datapath.ModePinDir(target, Name), uint64(vx.Inode), vx.Dev.Ifindex, vx.Dev.Name, "")
 	if err := bpfobj.AttachTCX(o.PrgPrismVx, vx.Dev.Netns, vx.Dev.Ifindex, false, p.LinkPin); err != nil {
 		return p, fmt.Errorf("prism: %s: %w", vx.Dev, err)
 	}
@@ -226,8 +216,7 @@ func attachIsolation(objs *objects, t *datapath.Topology, st *datapath.State, ms
 			return err
 		}
 		ms.Pieces = append(ms.Pieces, p)
-		datapath.WriteModeState(st, *ms)
-		if err := datapath.SaveState(st); err != nil {
+		if err := datapath.SaveModeState(st, *ms); err != nil {
 			return err
 		}
 	}
@@ -259,11 +248,8 @@ func unmatchedNotes(rules []Rule, eps []endpoint) []string {
 // Unload stops the agent and removes the tcx links (pins); the framework removes the rest of
 // the pin directory afterwards.
 func (mode) Unload(_ context.Context, st *datapath.State) error {
-	var errs []error
-	if st.AgentPID != 0 {
-		errs = append(errs, stopAgent(st.AgentPID, st.Target))
-	}
-	ms, err := readModeState(st)
+	errs := []error{agentKit.Stop(st)}
+	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -272,7 +258,7 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 			errs = append(errs, fmt.Errorf("prism: %s: %w", p.Dev, err))
 		}
 	}
-	for _, p := range bpfobj.LinkPins(pinDir(st.Target)) { // pinned by an attach that crashed before recording them
+	for _, p := range bpfobj.LinkPins(datapath.ModePinDir(st.Target, Name)) { // pinned by an attach that crashed before recording them
 		errs = append(errs, bpfobj.DetachPin(p))
 	}
 	return errors.Join(errs...)
@@ -301,11 +287,7 @@ type RuleView struct {
 
 // Inspect reads the live view of prism on target.
 func Inspect(target string) (*View, error) {
-	st, err := prismState(target)
-	if err != nil {
-		return nil, err
-	}
-	ms, err := readModeState(st)
+	st, ms, err := datapath.LoadAttached[modeState](target, Name)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +296,7 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	defer objs.Close()
-	v := &View{Target: target, Notes: ms.Notes, Agent: "off", Isolation: ms.Isolation}
+	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st), Isolation: ms.Isolation}
 	for _, r := range ms.Rules {
 		c, err := objs.ruleCount(r.ID)
 		if err != nil {
@@ -327,12 +309,6 @@ func Inspect(target string) (*View, error) {
 	}
 	if v.Endpoints, err = objs.endpoints(); err != nil {
 		return nil, err
-	}
-	if st.AgentPID != 0 {
-		v.Agent = fmt.Sprintf("pid %d, not running (endpoints frozen; log %s)", st.AgentPID, AgentLog(target))
-		if isAgent(st.AgentPID, target) {
-			v.Agent = fmt.Sprintf("pid %d, running", st.AgentPID)
-		}
 	}
 	return v, nil
 }
@@ -375,25 +351,14 @@ func (v *View) Format() string {
 	return b.String()
 }
 
-func prismState(target string) (*datapath.State, error) {
-	st, err := datapath.LoadState(target, Name)
-	if err != nil {
-		return nil, err
-	}
-	if st == nil || st.Mode != Name {
-		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
-	}
-	return st, nil
-}
-
 // changeRules applies fn to the installed rules under the record's lock and installs the result.
 func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error) {
 	var out []Rule
 	err := datapath.UpdateState(target, Name, 3*time.Second, func(st *datapath.State) error {
 		if st.Mode != Name {
-			return fmt.Errorf("%s has mode %s attached, not prism", label(target), st.Mode)
+			return fmt.Errorf("%s has mode %s attached, not prism", netnsutil.Label(target), st.Mode)
 		}
-		ms, err := readModeState(st)
+		ms, err := datapath.LoadModeState[modeState](st)
 		if err != nil {
 			return err
 		}
@@ -421,11 +386,11 @@ func changeRules(target string, fn func([]Rule) ([]Rule, error)) ([]Rule, error)
 			return err
 		}
 		ms.Rules, out = next, next
-		datapath.WriteModeState(st, ms)
+		datapath.SetModeState(st, ms)
 		return nil
 	})
 	if errors.Is(err, datapath.ErrNotAttached) {
-		return nil, fmt.Errorf("prism is not attached to %s (run `peregrine attach prism`)", label(target))
+		err = datapath.NotAttached(target, Name)
 	}
 	return out, err
 }
@@ -480,13 +445,6 @@ func DelRules(target string, which []string) ([]int, error) {
 		return out, err
 	})
 	return ids, err
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "this node"
-	}
-	return ns
 }
 
 // Example shows the mode in `attach --help`.

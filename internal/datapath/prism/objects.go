@@ -4,20 +4,17 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/datapath/flow"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// Pin layout under datapath.PinDir(target)/prism: maps and programs by their kernel names
-// (what bpftool shows) and one tcx link per device in links/.
-const pinSub = Name
-
-func pinDir(target string) string { return filepath.Join(datapath.PinDir(target), pinSub) }
+// Pin layout under datapath.ModePinDir: maps and programs by their kernel names (what bpftool
+// shows) and one tcx link per device in links/.
 
 // Rule criteria bits and endpoint flags, as in bpf/prism.bpf.c.
 const (
@@ -41,15 +38,15 @@ func (o *objects) pin(dir string) error { return bpfobj.Pin(Name, dir, o) }
 
 // openPinned re-opens an attachment's pinned maps and programs.
 func openPinned(target string) (*objects, error) {
-	o, err := bpfobj.Open[objects](Name, pinDir(target), true)
+	o, err := bpfobj.Open[objects](Name, datapath.ModePinDir(target, Name), true)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, label(target))
+		return nil, fmt.Errorf("%w (is prism attached to %s?)", err, netnsutil.Label(target))
 	}
 	return o, nil
 }
 
 // addrWords puts an address in the program's layout: the raw bytes, IPv4 in word 0.
-func addrWords(a netip.Addr) [4]uint32 { return endpoints.AddrWords(a) }
+func addrWords(a netip.Addr) [4]uint32 { return flow.AddrWords(a) }
 
 // maskWords is the netmask of a prefix in the same layout.
 func maskWords(p netip.Prefix) [4]uint32 {

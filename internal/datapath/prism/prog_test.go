@@ -46,15 +46,10 @@ type progEnv struct {
 
 func newProgEnv(t *testing.T, routed bool, rules string) *progEnv {
 	t.Helper()
-	testutil.RequireRoot(t)
 	// The test run uses the calling thread's namespace: keep the thread.
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
-	o, err := loadObjects()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := testutil.LoadObjects(t, loadObjects)
 	ino, err := netnsutil.Inode("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)

@@ -158,3 +158,25 @@ func FuzzCount(def int) int {
 	}
 	return def
 }
+
+// Each runs n frames from gen through check, every cutEvery-th one instead truncated at every
+// length (Cuts), and stops once failed says the test has failed; it returns how many frames
+// check saw.
+func Each(failed func() bool, n, cutEvery int, gen func() []byte, check func([]byte)) int {
+	runs := 0
+	one := func(b []byte) {
+		if !failed() {
+			runs++
+			check(b)
+		}
+	}
+	for i := 0; i < n && !failed(); i++ {
+		f := gen()
+		if i%cutEvery == 0 {
+			Cuts(f, one)
+			continue
+		}
+		one(f)
+	}
+	return runs
+}

@@ -63,6 +63,18 @@ func RxKnobs(t testing.TB, l *lab.Lab, files ...string) map[string]string {
 	return out
 }
 
+// SameKnobs reports (as errors of the test, each prefixed with what) every knob RxKnobs reads
+// with a value other than it had in before, an earlier RxKnobs of the same files.
+func SameKnobs(t testing.TB, l *lab.Lab, before map[string]string, what string, files ...string) {
+	t.Helper()
+	after := RxKnobs(t, l, files...)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s: %s is %q, was %q", what, k, after[k], v)
+		}
+	}
+}
+
 // Eventually polls cond every 10 ms until it holds or timeout passes; then it fails the test
 // with cond's last explanation. It replaces fixed sleeps ("traffic has started").
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {

@@ -1,0 +1,122 @@
+package agentproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Agent is the node agent of one mode, as a mode uses it: `const agent = agentproc.Agent(Name)`
+// and then agent.Start(st), agent.Stop(st), agent.Status(st)... instead of wrapping Start, Is and
+// Stop with its name again.
+type Agent string
+
+// Log is the agent's log file for target.
+func (a Agent) Log(target string) string { return Log(string(a), target) }
+
+// Start starts the agent for st.Target, detached, and records its PID in st (the caller or the
+// framework saves the record).
+func (a Agent) Start(st *datapath.State) error {
+	pid, err := Start(string(a), st.Target)
+	if err != nil {
+		return err
+	}
+	st.AgentPID = pid
+	return nil
+}
+
+// Stop stops st's agent; nil when st has none or it is no longer running.
+func (a Agent) Stop(st *datapath.State) error {
+	if st.AgentPID <= 0 {
+		return nil
+	}
+	return Stop(st.AgentPID, string(a), st.Target)
+}
+
+// Running tells whether st's agent is alive (a recycled PID is not).
+func (a Agent) Running(st *datapath.State) bool { return Is(st.AgentPID, string(a), st.Target) }
+
+// Status is the agent's part of a status line: "off" (attached without one), "pid N, running"
+// or "pid N, not running (log FILE)".
+func (a Agent) Status(st *datapath.State) string {
+	switch {
+	case st.AgentPID <= 0:
+		return "off"
+	case a.Running(st):
+		return fmt.Sprintf("pid %d, running", st.AgentPID)
+	default:
+		return fmt.Sprintf("pid %d, not running (log %s)", st.AgentPID, a.Log(st.Target))
+	}
+}
+
+// WaitReady waits up to within for ready after Start (so attach returns with the mode live). It
+// fails at once, with the end of the agent's log, when the agent exits first.
+func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Duration, ready func() bool) error {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if ready() {
+			return nil
+		}
+		if !a.Running(st) {
+			return fmt.Errorf("%s: agent %d exited at start; its log %s ends: %s", a, st.AgentPID, a.Log(st.Target), LogTail(string(a), st.Target))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s: agent %d not ready after %s; its log %s: %s", a, st.AgentPID, within, a.Log(st.Target), LogTail(string(a), st.Target))
+}
+
+// Run is an agent's whole run (a mode's RunAgent): body gets a context that SIGTERM or SIGINT
+// (detach, ^C) ends, the mode's record on target (waiting up to wait for it: the attaching
+// process may not have written it yet) and the agent's logger (stderr, which Start points at the
+// log file; lines prefixed MODE-agent[TARGET]). A body that returns nil (its context ended) or
+// ErrNotAttached (the record went: detached) stops the agent normally.
+func (a Agent) Run(ctx context.Context, target string, wait time.Duration,
+	body func(context.Context, *datapath.State, *log.Logger) error) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	lg := log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+	st, err := datapath.Attached(target, string(a), wait)
+	if err != nil {
+		return err
+	}
+	switch err := body(ctx, st, lg); {
+	case errors.Is(err, datapath.ErrNotAttached):
+		lg.Printf("attachment gone, stopping")
+	case err != nil:
+		return err
+	default:
+		lg.Printf("stopping")
+	}
+	return nil
+}
+
+// RunIfAgent runs the agent and exits when this process was started as the agent of a
+// registered mode (datapath.AgentRunner). Test binaries that attach modes with agents call it
+// first thing in TestMain: their os.Executable is the test binary, not the CLI.
+func RunIfAgent() {
+	for _, m := range datapath.Modes() {
+		if r, ok := m.(datapath.AgentRunner); ok {
+			RunIfAsked(m.Name(), r.RunAgent)
+		}
+	}
+}
+
+// TestMain is the TestMain of a test package that attaches modes with agents: a process the
+// tests started as an agent runs it (RunIfAgent), the test binary itself runs the tests. It takes
+// *testing.M (as its Run) so the CLI does not link the testing package.
+func TestMain(m interface{ Run() int }) {
+	RunIfAgent()
+	os.Exit(m.Run())
+}
