@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
@@ -107,5 +106,3 @@ func CurrentValue(k Knob) string {
 
 // SameValue compares a live knob value with a set one (CPU masks compare by value).
 func SameValue(live, set string) bool { return live == set || cpuset.SameMask(live, set) }
-
-func numCPU() int { return runtime.NumCPU() }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	_ "github.com/peregrine-net/peregrine/internal/datapath/rps" // the baseline the tests stack on
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
