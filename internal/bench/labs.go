@@ -94,7 +94,7 @@ func (tb *testbed) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := lab.Down(tb.lab.Spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+	if err := lab.Down(tb.lab.Spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

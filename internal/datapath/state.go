@@ -17,7 +17,14 @@ import (
 var (
 	StateDir = "/run/peregrine/datapath"
 	PinRoot  = "/sys/fs/bpf/peregrine"
+	// AgentLogDir holds the logs of the modes' node agents (agentproc writes them).
+	AgentLogDir = "/run/peregrine"
 )
+
+// AgentLog is the log file of a mode's agent for a target.
+func AgentLog(mode, target string) string {
+	return filepath.Join(AgentLogDir, mode+"-agent-"+stateKey(target)+".log")
+}
 
 // State records one attachment: everything needed to undo it from a fresh process.
 type State struct {

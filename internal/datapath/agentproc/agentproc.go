@@ -1,6 +1,6 @@
 // Package agentproc starts, identifies and stops the node agents of datapath modes. An agent is
 // this same binary run as `peregrine agent MODE --target=NS`, detached (its own session, output
-// to a log under LogDir), so it outlives the CLI that attached; its PID goes in the record.
+// to a log under datapath.AgentLogDir), so it outlives the CLI that attached; its PID goes in the record.
 package agentproc
 
 import (
@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -19,17 +18,12 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
-// LogDir holds the agents' logs.
-var LogDir = "/run/peregrine"
-
 // env marks a process started as a mode's agent. A test binary (which is not the peregrine CLI)
 // checks it in TestMain through RunIfAsked; the CLI ignores it and parses its arguments.
 func env(mode string) string { return "PEREGRINE_" + strings.ToUpper(mode) + "_AGENT" }
 
 // Log is the log file of a mode's agent for a target.
-func Log(mode, target string) string {
-	return filepath.Join(LogDir, mode+"-agent-"+filepath.Base(datapath.PinDir(target))+".log")
-}
+func Log(mode, target string) string { return datapath.AgentLog(mode, target) }
 
 // Start runs the agent of mode for target, detached, and returns its PID.
 func Start(mode, target string) (int, error) {
@@ -37,7 +31,7 @@ func Start(mode, target string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: find own binary to start the agent: %w", mode, err)
 	}
-	if err := os.MkdirAll(LogDir, 0o755); err != nil {
+	if err := os.MkdirAll(datapath.AgentLogDir, 0o755); err != nil {
 		return 0, err
 	}
 	logf, err := os.OpenFile(Log(mode, target), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

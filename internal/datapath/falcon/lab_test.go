@@ -495,7 +495,7 @@ func TestLabDownStopsAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lab.Down(l.Spec.Name, nil); err != nil {
+	if err := lab.Down(l.Spec.Name, nil, datapath.ForgetNamespaces); err != nil {
 		t.Fatal(err)
 	}
 	if isAgent(st.AgentPID, host) {

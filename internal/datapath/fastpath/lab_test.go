@@ -37,7 +37,7 @@ func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 				_, _ = datapath.Detach(context.Background(), h, "")
 			}
 		}
-		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+		if err := lab.Down(spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 			t.Errorf("down: %v", err)
 		}
 		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
