@@ -1,7 +1,5 @@
 package lab
 
-import "fmt"
-
 // dockerHost builds Docker's overlay driver layout on host i: the VXLAN device is created in
 // the host namespace (so its UDP socket and underlay stay there) and then moved into a separate
 // overlay namespace with the bridge; containers hang off the bridge. Remote containers are known
@@ -50,7 +48,7 @@ func (b *builder) dockerTenant(i, t int) error {
 		if err != nil {
 			return err
 		}
-		port := fmt.Sprintf("veth%d", j)
+		port := BridgePort(j)
 		index := 0
 		if t > 1 {
 			index = TenantPortIndex(t, j)
@@ -118,7 +116,7 @@ func (b *builder) flannelHost(i int) error {
 		if err != nil {
 			return err
 		}
-		port := fmt.Sprintf("veth%d", j)
+		port := BridgePort(j)
 		if err := host.veth(port, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
 			return err
 		}
