@@ -4,6 +4,7 @@ package main
 // nothing is left behind, also when the process is killed halfway.
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,11 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
+// bin is built with the crash points of internal/datapath (tag peregrine_crashtest) for
+// TestCrashedAttachIsRestoredByDetach; a production build has none (TestReleaseHasNoCrashPoint).
 var bin string
+
+const crashTag = "peregrine_crashtest"
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "peregrine-e2e")
@@ -25,7 +30,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755) // the not-root test runs the binary as nobody
 	bin = filepath.Join(dir, "peregrine")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", crashTag, "-o", bin, ".").CombinedOutput(); err != nil {
 		panic("build: " + err.Error() + "\n" + string(out))
 	}
 	code := m.Run()
@@ -71,6 +76,24 @@ func TestHelpTeaches(t *testing.T) {
 		out := mustRun(t, args...)
 		if !strings.Contains(out, "Example") && !strings.Contains(out, "Examples") {
 			t.Errorf("peregrine %s has no examples:\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
+
+// The crash-injection hook (an environment variable that makes attach exit halfway) is for tests
+// only: the binary built without the tag must not contain it, the test build must.
+func TestReleaseHasNoCrashPoint(t *testing.T) {
+	release := filepath.Join(t.TempDir(), "peregrine")
+	if out, err := exec.Command("go", "build", "-o", release, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for path, want := range map[string]bool{release: false, bin: true} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bytes.Contains(b, []byte("PEREGRINE_CRASH_AT")); got != want {
+			t.Errorf("%s contains the crash hook: %v, want %v", path, got, want)
 		}
 	}
 }
