@@ -11,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // CheckCPUs verifies every CPU is online (cpuset.CheckOnline; kept for callers outside datapath).
@@ -207,9 +208,7 @@ func ForgetNamespaces(nss []string, all bool) error {
 	for _, n := range nss { // also the logs of agents whose attach failed before it was recorded
 		logs, _ := filepath.Glob(AgentLog("*", n))
 		for _, l := range logs {
-			if err := os.Remove(l); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
+			errs = append(errs, safefile.Remove(l))
 		}
 	}
 	for _, st := range states {

@@ -66,6 +66,10 @@ func writeKnobs(ks []Knob, restore bool) []error {
 		if restore {
 			v = k.Old
 		}
+		if err := checkKnobPath(k.Path); err != nil {
+			errs = append(errs, fmt.Errorf("refusing to write %s: %w", k, err))
+			continue
+		}
 		if k.Netns != "" && !netnsutil.Exists(k.Netns) {
 			continue // the namespace is gone, and its knobs with it
 		}

@@ -52,7 +52,7 @@ func Leftovers(prefix string) []string {
 		}
 	}
 	// Node agents' logs: <mode>-agent-<pin dir named after the target namespace>.log.
-	if logs, _ := filepath.Glob("/run/peregrine/*-agent-" + prefix + "*.log"); len(logs) > 0 {
+	if logs, _ := filepath.Glob("/run/peregrine/agents/*-agent-" + prefix + "*.log"); len(logs) > 0 {
 		out = append(out, logs...)
 	}
 	return out

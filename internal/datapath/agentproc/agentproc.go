@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // env marks a process started as a mode's agent. A test binary (which is not the peregrine CLI)
@@ -31,10 +32,7 @@ func Start(mode, target string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: find own binary to start the agent: %w", mode, err)
 	}
-	if err := os.MkdirAll(datapath.AgentLogDir, 0o755); err != nil {
-		return 0, err
-	}
-	logf, err := os.OpenFile(Log(mode, target), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := safefile.OpenAppend(Log(mode, target)) // 0600 in a 0700 directory, no symlinks
 	if err != nil {
 		return 0, fmt.Errorf("%s: agent log: %w", mode, err)
 	}
@@ -88,7 +86,7 @@ func Is(pid int, mode, target string) bool {
 func Stop(pid int, mode, target string) error {
 	err := stop(pid, mode, target)
 	if err == nil {
-		_ = os.Remove(Log(mode, target))
+		_ = safefile.Remove(Log(mode, target))
 	}
 	return err
 }
@@ -116,7 +114,7 @@ func stop(pid int, mode, target string) error {
 // LogTail is the end of an agent's log, for error messages.
 func LogTail(mode, target string) string {
 	time.Sleep(100 * time.Millisecond) // let a dying agent's last words reach the file
-	b, _ := os.ReadFile(Log(mode, target))
+	b, _ := safefile.ReadFile(Log(mode, target))
 	if len(b) > 600 {
 		b = b[len(b)-600:]
 	}
