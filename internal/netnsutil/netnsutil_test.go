@@ -26,16 +26,22 @@ func threadNamespaces(t *testing.T) map[string][2]uint64 {
 	return out
 }
 
-// Regression: WithSysfs used to leave its thread in the target namespace (and a private mount
-// namespace); when Go ran it on the main thread, the whole process then looked as if it lived
-// in the lab namespace (/proc/self/ns/net), which confused device resolution and cleanup.
-func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
-	if os.Geteuid() != 0 { // testutil.RequireRoot's rule (testutil imports this package)
+// requireRoot is testutil.RequireRoot's rule (testutil imports this package).
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
 		if os.Getenv("PEREGRINE_ALLOW_NONROOT") == "1" {
 			t.Skip("needs root")
 		}
 		t.Fatal("needs root (network namespaces); run with sudo, or set PEREGRINE_ALLOW_NONROOT=1 to skip")
 	}
+}
+
+// Regression: WithSysfs used to leave its thread in the target namespace (and a private mount
+// namespace); when Go ran it on the main thread, the whole process then looked as if it lived
+// in the lab namespace (/proc/self/ns/net), which confused device resolution and cleanup.
+func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
+	requireRoot(t)
 	const ns = "prg-tnsutil"
 	if err := Create(ns); err != nil {
 		t.Fatal(err)
