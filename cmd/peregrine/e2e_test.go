@@ -242,16 +242,50 @@ func TestCrashedAttachIsRestoredByDetach(t *testing.T) {
 	}
 }
 
+// `lab down --all` removes everything with the prg- prefix, whoever made it. The test must not
+// remove labs it did not create, so it runs in a sandbox: its own mount and network namespaces
+// with private /run/netns, /run/peregrine, /sys and bpffs, where the labs it builds are the only
+// ones. A namespace made outside beforehand proves the sandbox holds.
 func TestDownAllRemovesEveryLab(t *testing.T) {
 	testutil.RequireRoot(t)
-	cleanupLab(t, "tall1")
-	cleanupLab(t, "tall2")
-	mustRun(t, "lab", "up", "--name", "tall1", "--style", "native")
-	mustRun(t, "lab", "up", "--name", "tall2", "--style", "flannel")
-	mustRun(t, "attach", "rps", "--lab", "--name", "tall2")
-	mustRun(t, "lab", "down", "--all")
-	testutil.AssertClean(t, "prg-tall")
-	if out := mustRun(t, "status"); !strings.Contains(out, "nothing attached") {
-		t.Fatalf("down --all should forget attachments on removed namespaces:\n%s", out)
+	const bystander = "prg-tbystand"
+	if err := netnsutil.Create(bystander); err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { netnsutil.Delete(bystander) })
+	script := `set -e
+mkdir -p /run/netns /run/peregrine
+mount -t tmpfs prg-sandbox /run/netns
+mount -t tmpfs prg-sandbox /run/peregrine
+mount -t sysfs sysfs /sys
+mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+"$BIN" lab up --name tall1 --style native >/dev/null 2>&1
+"$BIN" lab up --name tall2 --style flannel >/dev/null 2>&1
+"$BIN" attach rps --lab --name tall2 >/dev/null
+echo "before: $(ip netns list | grep -c prg-tall) namespaces, $(ls /sys/fs/bpf/peregrine 2>/dev/null | wc -l) pin dirs, $(ls /run/peregrine/datapath | wc -l) records"
+"$BIN" lab down --all >/dev/null 2>&1
+echo "status: $("$BIN" status 2>&1)"
+echo "left: netns[$(ip netns list)] links[$(ip -o link | grep prg- || true)] labs[$(ls -A /run/peregrine/labs)] records[$(ls /run/peregrine/datapath)] pins[$(ls -A /sys/fs/bpf/peregrine 2>/dev/null)]"
+`
+	cmd := exec.Command("unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "BIN="+bin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sandboxed lab up, attach, down --all: %v\n%s", err, out)
+	}
+	o := string(out)
+	if !strings.Contains(o, "before: 6 namespaces, 0 pin dirs, 2 records") { // rps pins nothing
+		t.Fatalf("the sandbox did not hold both labs and the attachment:\n%s", o)
+	}
+	if !strings.Contains(o, "nothing attached") {
+		t.Fatalf("down --all should forget attachments on removed namespaces:\n%s", o)
+	}
+	if !strings.Contains(o, "left: netns[] links[] labs[] records[] pins[]") {
+		t.Fatalf("down --all left something behind:\n%s", o)
+	}
+	if !netnsutil.Exists(bystander) {
+		t.Fatal("down --all in the sandbox removed a namespace it did not create")
+	}
+	testutil.AssertClean(t, "prg-tall")
 }

@@ -1,4 +1,4 @@
-package netnsutil
+package netnsutil_test
 
 import (
 	"errors"
@@ -6,24 +6,27 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // Open tells a missing namespace from a path that is no network namespace, with typed errors.
 func TestOpenTypedErrors(t *testing.T) {
-	if _, err := Open("/nonexistent/prg-nons"); !errors.Is(err, ErrNotExist) {
-		t.Errorf("missing path: %v, want ErrNotExist", err)
+	if _, err := netnsutil.Open("/nonexistent/prg-nons"); !errors.Is(err, netnsutil.ErrNotExist) {
+		t.Errorf("missing path: %v, want netnsutil.ErrNotExist", err)
 	}
 	stale := filepath.Join(t.TempDir(), "prg-stale") // what a deleted namespace's name leaves
 	if err := os.WriteFile(stale, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(stale); !errors.Is(err, ErrNotNetNS) || errors.Is(err, ErrNotExist) {
-		t.Errorf("plain file: %v, want ErrNotNetNS", err)
+	if _, err := netnsutil.Open(stale); !errors.Is(err, netnsutil.ErrNotNetNS) || errors.Is(err, netnsutil.ErrNotExist) {
+		t.Errorf("plain file: %v, want netnsutil.ErrNotNetNS", err)
 	}
-	if _, err := Open("/proc/self/ns/mnt"); !errors.Is(err, ErrNotNetNS) {
-		t.Errorf("a mount namespace: %v, want ErrNotNetNS", err)
+	if _, err := netnsutil.Open("/proc/self/ns/mnt"); !errors.Is(err, netnsutil.ErrNotNetNS) {
+		t.Errorf("a mount namespace: %v, want netnsutil.ErrNotNetNS", err)
 	}
-	ns, err := Open("/proc/self/ns/net")
+	ns, err := netnsutil.Open("/proc/self/ns/net")
 	if err != nil {
 		t.Fatalf("own network namespace: %v", err)
 	}
@@ -33,10 +36,10 @@ func TestOpenTypedErrors(t *testing.T) {
 	if err := ns.Close(); err != nil {
 		t.Error(err)
 	}
-	self, _ := Open("")
+	self, _ := netnsutil.Open("")
 	ran := false
 	if err := self.Do(func() error { ran = true; return nil }); err != nil || !ran || self.Fd() != -1 {
-		t.Errorf(`Open("") runs fn where we are: ran %v err %v fd %d`, ran, err, self.Fd())
+		t.Errorf(`netnsutil.Open("") runs fn where we are: ran %v err %v fd %d`, ran, err, self.Fd())
 	}
 }
 
@@ -44,17 +47,17 @@ func TestOpenTypedErrors(t *testing.T) {
 // gone (the handle holds it); the threads come back home (see the test above for the by-name
 // wrappers).
 func TestHandleEnteredManyTimes(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	const name = "prg-tnshandle"
-	if err := Create(name); err != nil {
+	if err := netnsutil.Create(name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { Delete(name) })
-	want, err := Inode(Path(name))
+	t.Cleanup(func() { netnsutil.Delete(name) })
+	want, err := netnsutil.Inode(netnsutil.Path(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := Open(name)
+	ns, err := netnsutil.Open(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +66,7 @@ func TestHandleEnteredManyTimes(t *testing.T) {
 		var ino uint64
 		if err := ns.Do(func() error {
 			var err error
-			ino, err = Inode("/proc/thread-self/ns/net")
+			ino, err = netnsutil.Inode("/proc/thread-self/ns/net")
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -83,13 +86,13 @@ func TestHandleEnteredManyTimes(t *testing.T) {
 	}); err != nil || mtu != "65536" {
 		t.Fatalf("WithSysfs on the handle: lo mtu %q, %v", mtu, err)
 	}
-	if err := Delete(name); err != nil {
+	if err := netnsutil.Delete(name); err != nil {
 		t.Fatal(err)
 	}
 	if got := inside(); got != want {
 		t.Fatalf("after the name was deleted: namespace %d, want %d (the handle holds it)", got, want)
 	}
-	if _, err := Open(name); !errors.Is(err, ErrNotExist) {
-		t.Fatalf("opening the deleted name: %v, want ErrNotExist", err)
+	if _, err := netnsutil.Open(name); !errors.Is(err, netnsutil.ErrNotExist) {
+		t.Fatalf("opening the deleted name: %v, want netnsutil.ErrNotExist", err)
 	}
 }
