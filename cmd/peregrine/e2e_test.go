@@ -247,12 +247,8 @@ func TestCrashedAttachIsRestoredByDetach(t *testing.T) {
 // with private /run/netns, /run/peregrine, /sys and bpffs, where the labs it builds are the only
 // ones. A namespace made outside beforehand proves the sandbox holds.
 func TestDownAllRemovesEveryLab(t *testing.T) {
-	testutil.RequireRoot(t)
 	const bystander = "prg-tbystand"
-	if err := netnsutil.Create(bystander); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netnsutil.Delete(bystander) })
+	testutil.TempNetns(t, bystander)
 	script := `set -e
 mkdir -p /run/netns /run/peregrine
 mount -t tmpfs prg-sandbox /run/netns

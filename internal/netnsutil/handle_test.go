@@ -47,12 +47,8 @@ func TestOpenTypedErrors(t *testing.T) {
 // gone (the handle holds it); the threads come back home (see the test above for the by-name
 // wrappers).
 func TestHandleEnteredManyTimes(t *testing.T) {
-	testutil.RequireRoot(t)
 	const name = "prg-tnshandle"
-	if err := netnsutil.Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netnsutil.Delete(name) })
+	testutil.TempNetns(t, name)
 	want, err := netnsutil.Inode(netnsutil.Path(name))
 	if err != nil {
 		t.Fatal(err)

@@ -33,12 +33,8 @@ func threadNamespaces(t *testing.T) map[string][2]uint64 {
 // namespace); when Go ran it on the main thread, the whole process then looked as if it lived
 // in the lab namespace (/proc/self/ns/net), which confused device resolution and cleanup.
 func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
-	testutil.RequireRoot(t)
 	const ns = "prg-tnsutil"
-	if err := netnsutil.Create(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netnsutil.Delete(ns) })
+	testutil.TempNetns(t, ns)
 	rootNet, _ := netnsutil.Inode("/proc/self/ns/net")
 	rootMnt, _ := netnsutil.Inode("/proc/self/ns/mnt")
 	var wg sync.WaitGroup

@@ -39,29 +39,36 @@ func openNoLinks(dirfd int, path string, flags uint64, mode uint64) (int, error)
 	}
 }
 
-// dir opens path as a directory of ours: no symlink on the way, owned by this user, not open to
-// group or others (a looser one left by an older peregrine is tightened to 0700). With create, a
-// missing directory is made (0700; missing parents 0755).
-func dir(path string, create bool) (int, error) {
-	fd, err := openNoLinks(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if errors.Is(err, unix.ENOENT) && create {
-		parent := filepath.Dir(path)
-		if parent == path {
-			return -1, &os.PathError{Op: "open", Path: path, Err: err}
-		}
-		pfd, perr := parentDir(parent)
+// openDir opens a directory without following symlinks; with create, a missing one is made
+// with perm, and missing parents 0755.
+func openDir(path string, flags uint64, perm uint32, create bool) (int, error) {
+	fd, err := openNoLinks(unix.AT_FDCWD, path, flags|unix.O_DIRECTORY, 0)
+	if errors.Is(err, unix.ENOENT) && create && filepath.Dir(path) != path {
+		pfd, perr := openDir(filepath.Dir(path), unix.O_PATH, parentMode, true)
 		if perr != nil {
 			return -1, perr
 		}
-		err = unix.Mkdirat(pfd, filepath.Base(path), DirMode)
+		err = unix.Mkdirat(pfd, filepath.Base(path), perm)
 		unix.Close(pfd)
 		if err != nil && !errors.Is(err, unix.EEXIST) {
 			return -1, &os.PathError{Op: "mkdir", Path: path, Err: err}
 		}
-		fd, err = openNoLinks(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		fd, err = openNoLinks(unix.AT_FDCWD, path, flags|unix.O_DIRECTORY, 0)
 	}
 	if err != nil {
 		return -1, refused("open directory", path, err)
+	}
+	return fd, nil
+}
+
+// dir opens path as a directory of ours: no symlink on the way, owned by this user, not open to
+// group or others (a looser one left by an older peregrine is tightened to 0700). With create, a
+// missing directory is made (0700; missing parents 0755, whose owner is not checked: /run is
+// root's, and every file operation goes through this directory's descriptor).
+func dir(path string, create bool) (int, error) {
+	fd, err := openDir(path, unix.O_RDONLY, DirMode, create)
+	if err != nil {
+		return -1, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -77,28 +84,6 @@ func dir(path string, create bool) (int, error) {
 			unix.Close(fd)
 			return -1, &os.PathError{Op: "chmod", Path: path, Err: err}
 		}
-	}
-	return fd, nil
-}
-
-// parentDir opens (making it if needed, 0755) a directory on the way to a private one, refusing
-// symlinks but not checking its owner (/run is root's; the last level is checked by dir).
-func parentDir(path string) (int, error) {
-	fd, err := openNoLinks(unix.AT_FDCWD, path, unix.O_PATH|unix.O_DIRECTORY, 0)
-	if errors.Is(err, unix.ENOENT) && filepath.Dir(path) != path {
-		pfd, perr := parentDir(filepath.Dir(path))
-		if perr != nil {
-			return -1, perr
-		}
-		err = unix.Mkdirat(pfd, filepath.Base(path), parentMode)
-		unix.Close(pfd)
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return -1, &os.PathError{Op: "mkdir", Path: path, Err: err}
-		}
-		fd, err = openNoLinks(unix.AT_FDCWD, path, unix.O_PATH|unix.O_DIRECTORY, 0)
-	}
-	if err != nil {
-		return -1, refused("open directory", path, err)
 	}
 	return fd, nil
 }

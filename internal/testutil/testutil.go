@@ -91,3 +91,13 @@ func RequireCheck(t testing.TB, what string, check func() error) {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
+
+// TempNetns makes a named namespace for the test (root required) and deletes it at the end.
+func TempNetns(t testing.TB, name string) {
+	t.Helper()
+	RequireRoot(t)
+	if err := netnsutil.Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netnsutil.Delete(name) })
+}
