@@ -128,6 +128,9 @@ func AllStates() ([]*State, error) {
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	if errors.Is(err, os.ErrPermission) {
+		return nil, fmt.Errorf("the datapath records (%s) are root's alone: run this as root (sudo)", StateDir)
+	}
 	if err != nil {
 		return nil, err
 	}
