@@ -4,6 +4,7 @@ package main
 // nothing is left behind, also when the process is killed halfway.
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,11 @@ import (
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
+// bin is built with the crash points of internal/datapath (tag peregrine_crashtest) for
+// TestCrashedAttachIsRestoredByDetach; a production build has none (TestReleaseHasNoCrashPoint).
 var bin string
+
+const crashTag = "peregrine_crashtest"
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "peregrine-e2e")
@@ -25,7 +30,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755) // the not-root test runs the binary as nobody
 	bin = filepath.Join(dir, "peregrine")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", crashTag, "-o", bin, ".").CombinedOutput(); err != nil {
 		panic("build: " + err.Error() + "\n" + string(out))
 	}
 	code := m.Run()
@@ -71,6 +76,24 @@ func TestHelpTeaches(t *testing.T) {
 		out := mustRun(t, args...)
 		if !strings.Contains(out, "Example") && !strings.Contains(out, "Examples") {
 			t.Errorf("peregrine %s has no examples:\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
+
+// The crash-injection hook (an environment variable that makes attach exit halfway) is for tests
+// only: the binary built without the tag must not contain it, the test build must.
+func TestReleaseHasNoCrashPoint(t *testing.T) {
+	release := filepath.Join(t.TempDir(), "peregrine")
+	if out, err := exec.Command("go", "build", "-o", release, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for path, want := range map[string]bool{release: false, bin: true} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bytes.Contains(b, []byte("PEREGRINE_CRASH_AT")); got != want {
+			t.Errorf("%s contains the crash hook: %v, want %v", path, got, want)
 		}
 	}
 }
@@ -219,16 +242,46 @@ func TestCrashedAttachIsRestoredByDetach(t *testing.T) {
 	}
 }
 
+// `lab down --all` removes everything with the prg- prefix, whoever made it. The test must not
+// remove labs it did not create, so it runs in a sandbox: its own mount and network namespaces
+// with private /run/netns, /run/peregrine, /sys and bpffs, where the labs it builds are the only
+// ones. A namespace made outside beforehand proves the sandbox holds.
 func TestDownAllRemovesEveryLab(t *testing.T) {
-	testutil.RequireRoot(t)
-	cleanupLab(t, "tall1")
-	cleanupLab(t, "tall2")
-	mustRun(t, "lab", "up", "--name", "tall1", "--style", "native")
-	mustRun(t, "lab", "up", "--name", "tall2", "--style", "flannel")
-	mustRun(t, "attach", "rps", "--lab", "--name", "tall2")
-	mustRun(t, "lab", "down", "--all")
-	testutil.AssertClean(t, "prg-tall")
-	if out := mustRun(t, "status"); !strings.Contains(out, "nothing attached") {
-		t.Fatalf("down --all should forget attachments on removed namespaces:\n%s", out)
+	const bystander = "prg-tbystand"
+	testutil.TempNetns(t, bystander)
+	script := `set -e
+mkdir -p /run/netns /run/peregrine
+mount -t tmpfs prg-sandbox /run/netns
+mount -t tmpfs prg-sandbox /run/peregrine
+mount -t sysfs sysfs /sys
+mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+"$BIN" lab up --name tall1 --style native >/dev/null 2>&1
+"$BIN" lab up --name tall2 --style flannel >/dev/null 2>&1
+"$BIN" attach rps --lab --name tall2 >/dev/null
+echo "before: $(ip netns list | grep -c prg-tall) namespaces, $(ls /sys/fs/bpf/peregrine 2>/dev/null | wc -l) pin dirs, $(ls /run/peregrine/datapath | wc -l) records"
+"$BIN" lab down --all >/dev/null 2>&1
+echo "status: $("$BIN" status 2>&1)"
+echo "left: netns[$(ip netns list)] links[$(ip -o link | grep prg- || true)] labs[$(ls -A /run/peregrine/labs)] records[$(ls /run/peregrine/datapath)] pins[$(ls -A /sys/fs/bpf/peregrine 2>/dev/null)]"
+`
+	cmd := exec.Command("unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "BIN="+bin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sandboxed lab up, attach, down --all: %v\n%s", err, out)
 	}
+	o := string(out)
+	if !strings.Contains(o, "before: 6 namespaces, 0 pin dirs, 2 records") { // rps pins nothing
+		t.Fatalf("the sandbox did not hold both labs and the attachment:\n%s", o)
+	}
+	if !strings.Contains(o, "nothing attached") {
+		t.Fatalf("down --all should forget attachments on removed namespaces:\n%s", o)
+	}
+	if !strings.Contains(o, "left: netns[] links[] labs[] records[] pins[]") {
+		t.Fatalf("down --all left something behind:\n%s", o)
+	}
+	if !netnsutil.Exists(bystander) {
+		t.Fatal("down --all in the sandbox removed a namespace it did not create")
+	}
+	testutil.AssertClean(t, "prg-tall")
 }

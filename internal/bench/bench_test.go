@@ -111,7 +111,7 @@ func TestStageProbeSeesThreeDockerStages(t *testing.T) {
 		t.Fatalf("stage probe cannot run on this kernel: %v", err)
 	}
 	spec := lab.Spec{Name: "tstg", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
-	t.Cleanup(func() { lab.Down(spec.Name, nil); testutil.AssertClean(t, lab.NsPrefix(spec.Name)) })
+	t.Cleanup(func() { lab.Down(spec.Name, nil, nil); testutil.AssertClean(t, lab.NsPrefix(spec.Name)) })
 	l, err := lab.Up(context.Background(), spec, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestBenchBetweenGivenNamespaces(t *testing.T) {
 	testutil.RequireRoot(t)
 	// Two plain namespaces made by someone else (here: a native lab), measured as found.
 	spec := lab.Spec{Name: "tgiv", Style: lab.StyleNative}
-	t.Cleanup(func() { lab.Down(spec.Name, nil) })
+	t.Cleanup(func() { lab.Down(spec.Name, nil, nil) })
 	if _, err := lab.Up(context.Background(), spec, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // newAgentCmd runs a mode's node agent in the foreground. Attach starts it detached (its own
-// session, log under /run/peregrine) and detach stops it; people rarely run it by hand.
+// session, log under /run/peregrine/agents) and detach stops it; people rarely run it by hand.
 func newAgentCmd() *cobra.Command {
 	var target string
 	c := &cobra.Command{

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -164,13 +165,13 @@ func newLabDownCmd() *cobra.Command {
 				return err
 			}
 			if all {
-				if err := lab.DownAll(stderrLog); err != nil {
+				if err := lab.DownAll(stderrLog, datapath.ForgetNamespaces); err != nil {
 					return err
 				}
 				fmt.Fprintln(os.Stderr, "removed every peregrine namespace, link, pin and record")
 				return nil
 			}
-			err := lab.Down(name, stderrLog)
+			err := lab.Down(name, stderrLog, datapath.ForgetNamespaces)
 			if errors.Is(err, lab.ErrNotUp) {
 				fmt.Fprintf(os.Stderr, "lab %q is not up: nothing to remove\n", name)
 				return nil

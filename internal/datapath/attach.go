@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // CheckCPUs verifies every CPU is online (cpuset.CheckOnline; kept for callers outside datapath).
@@ -173,9 +174,10 @@ func removePins(st *State) error {
 	return errors.Join(errs...)
 }
 
-// ForgetNamespaces is lab's cleanup hook: attachments whose target namespace is being removed
-// lose their record and pins (their knobs go with the namespace). With all, every other
-// attachment is detached properly and the pin root removed.
+// ForgetNamespaces is the datapath's part of a lab teardown (`lab down` passes it to lab.Down):
+// attachments whose target namespace is being removed lose their record, pins and agent log
+// (their knobs go with the namespace). With all, every other attachment is detached properly
+// and the pin root removed.
 func ForgetNamespaces(nss []string, all bool) error {
 	gone := map[string]bool{}
 	for _, n := range nss {
@@ -186,6 +188,12 @@ func ForgetNamespaces(nss []string, all bool) error {
 		return err
 	}
 	var errs []error
+	for _, n := range nss { // also the logs of agents whose attach failed before it was recorded
+		logs, _ := filepath.Glob(AgentLog("*", n))
+		for _, l := range logs {
+			errs = append(errs, safefile.Remove(l))
+		}
+	}
 	for _, st := range states {
 		switch {
 		case gone[st.Target]:
@@ -202,5 +210,3 @@ func ForgetNamespaces(nss []string, all bool) error {
 	}
 	return errors.Join(errs...)
 }
-
-func init() { lab.CleanupHook = ForgetNamespaces }

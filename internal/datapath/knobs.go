@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
@@ -67,6 +66,10 @@ func writeKnobs(ks []Knob, restore bool) []error {
 		if restore {
 			v = k.Old
 		}
+		if err := checkKnobPath(k.Path); err != nil {
+			errs = append(errs, fmt.Errorf("refusing to write %s: %w", k, err))
+			continue
+		}
 		if k.Netns != "" && !netnsutil.Exists(k.Netns) {
 			continue // the namespace is gone, and its knobs with it
 		}
@@ -107,5 +110,3 @@ func CurrentValue(k Knob) string {
 
 // SameValue compares a live knob value with a set one (CPU masks compare by value).
 func SameValue(live, set string) bool { return live == set || cpuset.SameMask(live, set) }
-
-func numCPU() int { return runtime.NumCPU() }

@@ -10,14 +10,25 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // Paths of peregrine's datapath state. Records live on tmpfs beside the knobs they describe
-// (a reboot clears both); pinned eBPF objects live under bpffs.
+// (a reboot clears both); pinned eBPF objects live under bpffs. Records, logs and the lock are
+// root's alone (0600 in 0700 directories, no symlink followed: internal/safefile), since detach
+// acts on what a record says.
 var (
 	StateDir = "/run/peregrine/datapath"
 	PinRoot  = "/sys/fs/bpf/peregrine"
+	// AgentLogDir holds the logs of the modes' node agents (agentproc writes them).
+	AgentLogDir = "/run/peregrine/agents"
 )
+
+// AgentLog is the log file of a mode's agent for a target.
+func AgentLog(mode, target string) string {
+	return filepath.Join(AgentLogDir, mode+"-agent-"+stateKey(target)+".log")
+}
 
 // State records one attachment: everything needed to undo it from a fresh process.
 type State struct {
@@ -56,20 +67,17 @@ func statePath(target, mode string) string {
 func SaveState(st *State) error { return saveState(st) }
 
 func saveState(st *State) error {
-	if err := os.MkdirAll(StateDir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", StateDir, err)
-	}
 	b, _ := json.MarshalIndent(st, "", "  ")
-	tmp := statePath(st.Target, st.Mode) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := safefile.WriteFile(statePath(st.Target, st.Mode), b); err != nil {
 		return fmt.Errorf("save datapath record: %w", err)
 	}
-	return os.Rename(tmp, statePath(st.Target, st.Mode))
+	return nil
 }
 
 // LoadState reads the record of one mode on a target; nil, nil if it is not attached there.
 func LoadState(target, mode string) (*State, error) {
-	b, err := os.ReadFile(statePath(target, mode))
+	p := statePath(target, mode)
+	b, err := safefile.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -78,7 +86,10 @@ func LoadState(target, mode string) (*State, error) {
 	}
 	var st State
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("datapath record %s is corrupt: %w", statePath(target, mode), err)
+		return nil, fmt.Errorf("datapath record %s is corrupt: %w", p, err)
+	}
+	if err := checkRecord(&st, p); err != nil {
+		return nil, err
 	}
 	return &st, nil
 }
@@ -104,6 +115,9 @@ func AllStates() ([]*State, error) {
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	if errors.Is(err, os.ErrPermission) {
+		return nil, fmt.Errorf("the datapath records (%s) are root's alone: run this as root (sudo)", StateDir)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -112,34 +126,33 @@ func AllStates() ([]*State, error) {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(StateDir, e.Name()))
+		p := filepath.Join(StateDir, e.Name())
+		b, err := safefile.ReadFile(p)
 		if err != nil {
-			continue
+			if errors.Is(err, os.ErrNotExist) {
+				continue // removed since the listing
+			}
+			return nil, err
 		}
 		var st State
-		if json.Unmarshal(b, &st) == nil {
-			out = append(out, &st)
+		if json.Unmarshal(b, &st) != nil {
+			continue
 		}
+		if err := checkRecord(&st, p); err != nil {
+			return nil, err
+		}
+		out = append(out, &st)
 	}
 	return out, nil
 }
 
-func removeState(target, mode string) error {
-	err := os.Remove(statePath(target, mode))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	return err
-}
+func removeState(target, mode string) error { return safefile.Remove(statePath(target, mode)) }
 
 const lockWait = 2 * time.Second
 
 // lock serialises attach and detach across processes (flock on a file in StateDir).
 func lock() (release func(), err error) {
-	if err := os.MkdirAll(StateDir, 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(StateDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := safefile.OpenLock(filepath.Join(StateDir, ".lock"))
 	if err != nil {
 		return nil, err
 	}

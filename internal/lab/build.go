@@ -90,7 +90,7 @@ func Up(ctx context.Context, spec Spec, log Logf) (*Lab, error) {
 		}
 	}
 	log("build failed, removing what was built: %v", err)
-	if derr := Down(spec.Name, nil); derr != nil {
+	if derr := Down(spec.Name, nil, nil); derr != nil {
 		err = errors.Join(err, fmt.Errorf("cleanup after failure: %w", derr))
 	}
 	return nil, err

@@ -18,7 +18,7 @@ func upForTest(t *testing.T, spec Spec) *Lab {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	t.Cleanup(func() {
-		if err := Down(spec.Name, nil); err != nil && !errors.Is(err, ErrNotUp) {
+		if err := Down(spec.Name, nil, nil); err != nil && !errors.Is(err, ErrNotUp) {
 			t.Errorf("down: %v", err)
 		}
 		testutil.AssertClean(t, NsPrefix(spec.Name))
@@ -112,7 +112,7 @@ func TestUpTwiceAndDownNothing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "already up") {
 		t.Fatalf("second up should say the lab is already up, got %v", err)
 	}
-	if err := Down("tnothere", nil); !errors.Is(err, ErrNotUp) {
+	if err := Down("tnothere", nil, nil); !errors.Is(err, ErrNotUp) {
 		t.Fatalf("down of a missing lab should be ErrNotUp, got %v", err)
 	}
 }

@@ -41,7 +41,7 @@ func TestNAPIThreadPinned(t *testing.T) {
 			t.Errorf("NAPI thread %d may run on %d CPUs, want CPU0 only", pid, set.Count())
 		}
 	}
-	if err := Down(l.Spec.Name, nil); err != nil {
+	if err := Down(l.Spec.Name, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Namespaces are torn down asynchronously (the kernel's cleanup_net): give it a moment.

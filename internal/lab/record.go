@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // StateDir holds peregrine's runtime records. It is on tmpfs (/run), like the namespaces and
@@ -16,23 +18,20 @@ var StateDir = "/run/peregrine"
 
 func recordPath(name string) string { return filepath.Join(StateDir, "labs", name+".json") }
 
+// writeRecord saves a lab's spec, root's alone (0600 in a 0700 directory, no symlink followed).
 func writeRecord(s *Spec) error {
-	if err := os.MkdirAll(filepath.Dir(recordPath(s.Name)), 0o755); err != nil {
-		return fmt.Errorf("create state directory: %w", err)
-	}
 	b, _ := json.MarshalIndent(s, "", "  ")
-	tmp := recordPath(s.Name) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := safefile.WriteFile(recordPath(s.Name), b); err != nil {
 		return fmt.Errorf("write lab record: %w", err)
 	}
-	return os.Rename(tmp, recordPath(s.Name))
+	return nil
 }
 
 // ErrNotUp says a lab does not exist.
 var ErrNotUp = errors.New("lab is not up")
 
 func readRecord(name string) (*Spec, error) {
-	b, err := os.ReadFile(recordPath(name))
+	b, err := safefile.ReadFile(recordPath(name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("lab %q: %w (start one with `peregrine lab up`)", name, ErrNotUp)
 	}
@@ -46,13 +45,7 @@ func readRecord(name string) (*Spec, error) {
 	return &s, nil
 }
 
-func removeRecord(name string) error {
-	err := os.Remove(recordPath(name))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	return err
-}
+func removeRecord(name string) error { return safefile.Remove(recordPath(name)) }
 
 // Names lists the labs that have a record or namespaces.
 func Names() []string {

@@ -1,7 +1,5 @@
 package lab
 
-import "fmt"
-
 // dockerHost builds Docker's overlay driver layout on host i: the VXLAN device is created in
 // the host namespace (so its UDP socket and underlay stay there) and then moved into a separate
 // overlay namespace with the bridge; containers hang off the bridge. Remote containers are known
@@ -80,7 +78,7 @@ func (b *builder) bridgedContainer(n *nsLinks, br, name string, i, j, index int)
 	if err != nil {
 		return nil, err
 	}
-	port := fmt.Sprintf("veth%d", j)
+	port := BridgePort(j)
 	if err := n.vethAt(port, index, nil, c, "eth0", s.ContainerMAC(i, j), s.OverlayMTU()); err != nil {
 		return nil, err
 	}

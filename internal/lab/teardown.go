@@ -3,8 +3,6 @@ package lab
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -14,15 +12,18 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// CleanupHook lets other layers (the datapath's pins and records) forget namespaces that a
-// teardown removes. The datapath registers one; lab cannot import it without a cycle.
-var CleanupHook func(namespaces []string, all bool) error
+// Forget is told which namespaces a teardown removes, after their processes are stopped and
+// before the namespaces go; all says that everything peregrine made goes. The caller passes the
+// datapath's cleanup (datapath.ForgetNamespaces), so that the records, pins and agents of
+// attachments there go too: the lab itself knows nothing of the datapath. nil forgets nothing
+// (a lab nothing was attached to).
+type Forget func(namespaces []string, all bool) error
 
 func listOurNamespaces() ([]string, error) { return netnsutil.List(Prefix) }
 
-// Down removes a lab: its processes, namespaces (and with them every link inside) and records.
-// It returns ErrNotUp (wrapped) if there was nothing to remove.
-func Down(name string, log Logf) error {
+// Down removes a lab: its processes, namespaces (and with them every link inside) and records,
+// telling forget first. It returns ErrNotUp (wrapped) if there was nothing to remove.
+func Down(name string, log Logf, forget Forget) error {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
@@ -34,14 +35,14 @@ func Down(name string, log Logf) error {
 	if len(nss) == 0 && recErr != nil {
 		return fmt.Errorf("lab %q: %w: nothing to remove", name, ErrNotUp)
 	}
-	err = removeNamespaces(nss, false, log)
+	err = removeNamespaces(nss, false, log, forget)
 	return errors.Join(err, removeRecord(name))
 }
 
 // DownAll removes everything peregrine made that a crash could leave behind: every namespace
-// with our prefix, every lab record, root-namespace links with our prefix, and (through the
-// cleanup hook) every pinned object and datapath record.
-func DownAll(log Logf) error {
+// with our prefix, every lab record, root-namespace links with our prefix, and (through forget)
+// every pinned object and datapath record.
+func DownAll(log Logf, forget Forget) error {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
@@ -49,7 +50,7 @@ func DownAll(log Logf) error {
 	if err != nil {
 		return err
 	}
-	errs := []error{removeNamespaces(nss, true, log)}
+	errs := []error{removeNamespaces(nss, true, log, forget)}
 	if links, err := netlink.LinkList(); err == nil {
 		for _, lk := range links {
 			if strings.HasPrefix(lk.Attrs().Name, Prefix) {
@@ -61,25 +62,17 @@ func DownAll(log Logf) error {
 	for _, n := range Names() {
 		errs = append(errs, removeRecord(n))
 	}
-	// Node agents' logs (agentproc: <mode>-agent-<pin dir>.log) of attachments to our namespaces.
-	logs, _ := filepath.Glob(filepath.Join(StateDir, "*-agent-"+Prefix+"*.log"))
-	for _, l := range logs {
-		log("deleting %s", l)
-		if err := os.Remove(l); err != nil && !os.IsNotExist(err) {
-			errs = append(errs, err)
-		}
-	}
 	return errors.Join(errs...)
 }
 
-func removeNamespaces(nss []string, all bool, log Logf) error {
+func removeNamespaces(nss []string, all bool, log Logf, forget Forget) error {
 	var errs []error
 	// Processes first: a namespace whose file is gone lives on while a process holds it.
 	for _, ns := range nss {
 		killIn(ns, log)
 	}
-	if CleanupHook != nil {
-		errs = append(errs, CleanupHook(nss, all))
+	if forget != nil {
+		errs = append(errs, forget(nss, all))
 	}
 	for _, ns := range nss {
 		log("deleting namespace %s", ns)

@@ -8,9 +8,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 func TestServeExportsKernelCounters(t *testing.T) {
+	// No attachment of this machine's (whose records are root's alone) takes part: an empty
+	// state directory of the test's own.
+	old := datapath.StateDir
+	datapath.StateDir = t.TempDir()
+	t.Cleanup(func() { datapath.StateDir = old })
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

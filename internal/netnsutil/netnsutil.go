@@ -125,116 +125,25 @@ func Handle(name string) (netns.NsHandle, error) {
 	return h, nil
 }
 
-// Do runs fn with the calling goroutine's thread inside the namespace. Sockets fn opens stay in
-// that namespace after Do returns. Goroutines started by fn do NOT inherit the namespace.
+// Do runs fn inside the namespace given by name: Open, NS.Do, Close. An operation that enters
+// a namespace several times opens it once and calls NS.Do instead.
 func Do(name string, fn func() error) error {
-	if name == "" {
-		return fn()
-	}
-	target, err := Handle(name)
+	ns, err := Open(name)
 	if err != nil {
 		return err
 	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter network namespace %q: %w", name, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: it dies with this goroutine instead of leaking the namespace.
-			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %q: %w", name, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	defer ns.Close()
+	return ns.Do(fn)
 }
 
-// WithSysfs runs fn in the namespace with a private mount of sysfs on /sys, so that
-// /sys/class/net shows that namespace's devices (what `ip netns exec` does). Afterwards the
-// thread returns to its original mount and network namespaces; only if that fails is it
-// kept locked, so that it dies with the goroutine instead of serving other goroutines from
-// the wrong namespaces. (Go cannot kill the main thread: it would stay wedged there, which is
-// why restoring matters and a leaked lock is only the last resort.)
+// WithSysfs runs fn inside the namespace given by name with its /sys (see NS.WithSysfs).
 func WithSysfs(name string, fn func() error) error {
-	if name == "" {
-		return fn()
-	}
-	target, err := Handle(name)
+	ns, err := Open(name)
 	if err != nil {
 		return err
 	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		origNet, err := netns.Get()
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer origNet.Close()
-		origMnt, err := os.Open("/proc/thread-self/ns/mnt")
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer origMnt.Close()
-		// Unsharing the mount namespace gives this thread its own cwd, and setns back into the
-		// original one resets that cwd to "/": remember it, or the thread would later serve other
-		// goroutines with relative paths resolved from the root.
-		origCwd, err := os.Open(".")
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer origCwd.Close()
-		ferr := func() error {
-			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
-			}
-			if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-				return fmt.Errorf("make mounts private: %w", err)
-			}
-			if err := netns.Set(target); err != nil {
-				return fmt.Errorf("enter network namespace %q: %w", name, err)
-			}
-			if err := unix.Mount(name, "/sys", "sysfs", 0, ""); err != nil {
-				return fmt.Errorf("mount sysfs for namespace %q: %w", name, err)
-			}
-			return fn()
-		}()
-		// The private mount namespace dies with its last user once we leave it.
-		if err := unix.Setns(int(origMnt.Fd()), unix.CLONE_NEWNS); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return to original mount namespace: %w", err))
-			return // thread stays locked and is discarded
-		}
-		if err := netns.Set(origNet); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return to original network namespace: %w", err))
-			return
-		}
-		if err := unix.Fchdir(int(origCwd.Fd())); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return to original working directory: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	defer ns.Close()
+	return ns.WithSysfs(fn)
 }
 
 // ReadFileIn reads a file (sysfs or procfs) as seen from inside the namespace.

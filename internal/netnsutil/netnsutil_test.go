@@ -1,4 +1,4 @@
-package netnsutil
+package netnsutil_test
 
 import (
 	"fmt"
@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // threadNamespaces returns, for every thread of this process, its net and mnt namespace inodes.
@@ -17,8 +20,8 @@ func threadNamespaces(t *testing.T) map[string][2]uint64 {
 	}
 	out := map[string][2]uint64{}
 	for _, task := range tasks {
-		n, err1 := Inode(fmt.Sprintf("/proc/self/task/%s/ns/net", task.Name()))
-		m, err2 := Inode(fmt.Sprintf("/proc/self/task/%s/ns/mnt", task.Name()))
+		n, err1 := netnsutil.Inode(fmt.Sprintf("/proc/self/task/%s/ns/net", task.Name()))
+		m, err2 := netnsutil.Inode(fmt.Sprintf("/proc/self/task/%s/ns/mnt", task.Name()))
 		if err1 == nil && err2 == nil {
 			out[task.Name()] = [2]uint64{n, m}
 		}
@@ -30,29 +33,20 @@ func threadNamespaces(t *testing.T) map[string][2]uint64 {
 // namespace); when Go ran it on the main thread, the whole process then looked as if it lived
 // in the lab namespace (/proc/self/ns/net), which confused device resolution and cleanup.
 func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
-	if os.Geteuid() != 0 { // testutil.RequireRoot's rule (testutil imports this package)
-		if os.Getenv("PEREGRINE_ALLOW_NONROOT") == "1" {
-			t.Skip("needs root")
-		}
-		t.Fatal("needs root (network namespaces); run with sudo, or set PEREGRINE_ALLOW_NONROOT=1 to skip")
-	}
 	const ns = "prg-tnsutil"
-	if err := Create(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Delete(ns) })
-	rootNet, _ := Inode("/proc/self/ns/net")
-	rootMnt, _ := Inode("/proc/self/ns/mnt")
+	testutil.TempNetns(t, ns)
+	rootNet, _ := netnsutil.Inode("/proc/self/ns/net")
+	rootMnt, _ := netnsutil.Inode("/proc/self/ns/mnt")
 	var wg sync.WaitGroup
 	for i := 0; i < 64; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			v, err := ReadFileIn(ns, "/sys/class/net/lo/mtu")
+			v, err := netnsutil.ReadFileIn(ns, "/sys/class/net/lo/mtu")
 			if err != nil || strings.TrimSpace(v) != "65536" {
 				t.Errorf("read lo mtu in %s: %q %v", ns, v, err)
 			}
-			_ = Do(ns, func() error { return nil })
+			_ = netnsutil.Do(ns, func() error { return nil })
 		}()
 	}
 	wg.Wait()
@@ -70,7 +64,7 @@ func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
 			t.Errorf("thread %s left in directory %s (want %s)", tid, dir, cwd)
 		}
 	}
-	if ino, _ := Inode(fmt.Sprintf("/proc/%d/ns/net", os.Getpid())); ino != rootNet {
+	if ino, _ := netnsutil.Inode(fmt.Sprintf("/proc/%d/ns/net", os.Getpid())); ino != rootNet {
 		t.Errorf("main thread is in namespace %d, want %d", ino, rootNet)
 	}
 }

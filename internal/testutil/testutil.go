@@ -14,17 +14,23 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// RequireRoot fails (not skips) when not root: CI runs as root, and a silently skipped
-// integration suite would pass while testing nothing. PEREGRINE_ALLOW_NONROOT=1 skips instead.
+// RootEnv set to 1 (scripts/test.sh sets it) turns every skip for want of root into a failure:
+// the full suite either tests everything or fails, it never passes having skipped the
+// integration tests.
+const RootEnv = "PEREGRINE_TEST_ROOT"
+
+// RequireRoot skips the test, saying why, when not root: `go test ./...` as a user runs the
+// unit tests and reports the integration ones (namespaces, BPF, labs) as skipped. With
+// PEREGRINE_TEST_ROOT=1 it fails instead.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() == 0 {
 		return
 	}
-	if os.Getenv("PEREGRINE_ALLOW_NONROOT") == "1" {
-		t.Skip("needs root")
+	if os.Getenv(RootEnv) == "1" {
+		t.Fatal("needs root (network namespaces, BPF), and " + RootEnv + "=1 forbids skipping: run scripts/test.sh as root")
 	}
-	t.Fatal("integration tests need root (network namespaces); run them with sudo, or set PEREGRINE_ALLOW_NONROOT=1 to skip")
+	t.Skip("needs root (network namespaces, BPF): run as root, as scripts/test.sh does")
 }
 
 // Leftovers lists every object with the given name prefix that still exists: named
@@ -52,7 +58,7 @@ func Leftovers(prefix string) []string {
 		}
 	}
 	// Node agents' logs: <mode>-agent-<pin dir named after the target namespace>.log.
-	if logs, _ := filepath.Glob("/run/peregrine/*-agent-" + prefix + "*.log"); len(logs) > 0 {
+	if logs, _ := filepath.Glob("/run/peregrine/agents/*-agent-" + prefix + "*.log"); len(logs) > 0 {
 		out = append(out, logs...)
 	}
 	return out
@@ -106,4 +112,14 @@ func LoadObjects[T interface{ Close() error }](t testing.TB, load func() (T, err
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	return o
+}
+
+// TempNetns makes a named namespace for the test (root required) and deletes it at the end.
+func TempNetns(t testing.TB, name string) {
+	t.Helper()
+	RequireRoot(t)
+	if err := netnsutil.Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netnsutil.Delete(name) })
 }

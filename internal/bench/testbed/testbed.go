@@ -162,7 +162,7 @@ func (tb *Testbed) Teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := lab.Down(tb.Lab.Spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+	if err := lab.Down(tb.Lab.Spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -1,6 +1,6 @@
 // Package agentproc starts, identifies and stops the node agents of datapath modes. An agent is
 // this same binary run as `peregrine agent MODE --target=NS`, detached (its own session, output
-// to a log under LogDir), so it outlives the CLI that attached; its PID goes in the record.
+// to a log under datapath.AgentLogDir), so it outlives the CLI that attached; its PID goes in the record.
 package agentproc
 
 import (
@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -17,19 +16,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
-
-// LogDir holds the agents' logs.
-var LogDir = "/run/peregrine"
 
 // env marks a process started as a mode's agent. A test binary (which is not the peregrine CLI)
 // checks it in TestMain through RunIfAsked; the CLI ignores it and parses its arguments.
 func env(mode string) string { return "PEREGRINE_" + strings.ToUpper(mode) + "_AGENT" }
 
 // Log is the log file of a mode's agent for a target.
-func Log(mode, target string) string {
-	return filepath.Join(LogDir, mode+"-agent-"+filepath.Base(datapath.PinDir(target))+".log")
-}
+func Log(mode, target string) string { return datapath.AgentLog(mode, target) }
 
 // Start runs the agent of mode for target, detached, and returns its PID.
 func Start(mode, target string) (int, error) {
@@ -37,10 +32,7 @@ func Start(mode, target string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: find own binary to start the agent: %w", mode, err)
 	}
-	if err := os.MkdirAll(LogDir, 0o755); err != nil {
-		return 0, err
-	}
-	logf, err := os.OpenFile(Log(mode, target), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := safefile.OpenAppend(Log(mode, target)) // 0600 in a 0700 directory, no symlinks
 	if err != nil {
 		return 0, fmt.Errorf("%s: agent log: %w", mode, err)
 	}
@@ -94,7 +86,7 @@ func Is(pid int, mode, target string) bool {
 func Stop(pid int, mode, target string) error {
 	err := stop(pid, mode, target)
 	if err == nil {
-		_ = os.Remove(Log(mode, target))
+		_ = safefile.Remove(Log(mode, target))
 	}
 	return err
 }
@@ -122,7 +114,7 @@ func stop(pid int, mode, target string) error {
 // LogTail is the end of an agent's log, for error messages.
 func LogTail(mode, target string) string {
 	time.Sleep(100 * time.Millisecond) // let a dying agent's last words reach the file
-	b, _ := os.ReadFile(Log(mode, target))
+	b, _ := safefile.ReadFile(Log(mode, target))
 	if len(b) > 600 {
 		b = b[len(b)-600:]
 	}

@@ -16,7 +16,7 @@ import (
 // A record without an agent, or whose PID is not (or no longer) the mode's agent, is never
 // signalled and reads as such in status.
 func TestAgentKitWithoutAnAgent(t *testing.T) {
-	testutil.Set(t, &LogDir, t.TempDir())
+	testutil.Set(t, &datapath.AgentLogDir, t.TempDir())
 	const a = Agent("prg-kitmode")
 	none := &datapath.State{Mode: "prg-kitmode", Target: "prg-kit-h1"}
 	if s := a.Status(none); s != "off" {

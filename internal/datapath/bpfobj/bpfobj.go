@@ -166,6 +166,16 @@ func Sanitize(s string) string { return strings.NewReplacer("/", "_", ".", "_", 
 // AttachTCX attaches prog to device ifindex of namespace netns (ingress, or egress) and pins the
 // link at pin, so it outlives this process. Programs already there stay (tcx appends).
 func AttachTCX(prog *ebpf.Program, netns string, ifindex int, egress bool, pin string) error {
+	ns, err := netnsutil.Open(netns)
+	if err != nil {
+		return fmt.Errorf("attach tcx: %w", err)
+	}
+	defer ns.Close()
+	return AttachTCXIn(prog, ns, ifindex, egress, pin)
+}
+
+// AttachTCXIn is AttachTCX in a namespace already open (one that is entered several times).
+func AttachTCXIn(prog *ebpf.Program, ns *netnsutil.NS, ifindex int, egress bool, pin string) error {
 	if prog == nil {
 		return errors.New("attach tcx: no program (objects opened without their programs)")
 	}
@@ -177,7 +187,7 @@ func AttachTCX(prog *ebpf.Program, netns string, ifindex int, egress bool, pin s
 		return fmt.Errorf("create pin directory (is bpffs mounted on /sys/fs/bpf?): %w", err)
 	}
 	var l link.Link
-	err := netnsutil.Do(netns, func() error {
+	err := ns.Do(func() error {
 		var err error
 		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
 		return err

@@ -125,7 +125,7 @@ func (c *controller) round(now time.Time) error {
 // readFlows reads the flow registers of every attached host's switch.
 func (r *rack) readFlows() ([]FlowCount, error) {
 	var all []FlowCount
-	for i := 1; i <= r.lab.Spec.Hosts; i++ {
+	for i := 1; i <= r.hw.Hosts(); i++ {
 		if !r.attached(i) {
 			continue
 		}

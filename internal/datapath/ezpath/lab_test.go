@@ -37,7 +37,7 @@ func torLabSpec(t *testing.T, spec lab.Spec, extra map[string]string) *lab.Lab {
 				_, _ = datapath.Detach(context.Background(), lab.NsPrefix(name)+h, "")
 			}
 		}
-		if err := lab.Down(name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+		if err := lab.Down(name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 			t.Errorf("down: %v", err)
 		}
 		testutil.AssertClean(t, lab.NsPrefix(name))

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // LedgerDir holds one ledger per lab: which container pairs are offloaded (authoritative; the
@@ -39,7 +41,7 @@ func ledgerPath(lab string) string { return filepath.Join(LedgerDir, lab+".json"
 
 // ReadLedger returns the lab's ledger (empty if there is none).
 func ReadLedger(lab string) (*Ledger, error) {
-	b, err := os.ReadFile(ledgerPath(lab))
+	b, err := safefile.ReadFile(ledgerPath(lab))
 	if errors.Is(err, os.ErrNotExist) {
 		return &Ledger{Lab: lab}, nil
 	}
@@ -54,23 +56,13 @@ func ReadLedger(lab string) (*Ledger, error) {
 }
 
 func writeLedger(l *Ledger) error {
-	if err := os.MkdirAll(LedgerDir, 0o755); err != nil {
-		return err
-	}
 	b, _ := json.MarshalIndent(l, "", "  ")
-	tmp := ledgerPath(l.Lab) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, ledgerPath(l.Lab))
+	return safefile.WriteFile(ledgerPath(l.Lab), b)
 }
 
 // withLedger runs fn on the lab's ledger under its lock and saves it when fn returns nil.
 func withLedger(lab string, fn func(*Ledger) error) error {
-	if err := os.MkdirAll(LedgerDir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(LedgerDir, lab+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := safefile.OpenLock(filepath.Join(LedgerDir, lab+".lock"))
 	if err != nil {
 		return err
 	}
@@ -93,9 +85,7 @@ func withLedger(lab string, fn func(*Ledger) error) error {
 func removeLedger(lab string) error {
 	var errs []error
 	for _, p := range []string{ledgerPath(lab), filepath.Join(LedgerDir, lab+".lock")} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, safefile.Remove(p))
 	}
 	_ = os.Remove(LedgerDir) // only if empty
 	return errors.Join(errs...)

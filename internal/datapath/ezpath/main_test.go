@@ -4,7 +4,18 @@ import (
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
-// The tests attach modes whose agents are started as this test binary.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+// The tests attach modes whose agents are started as this test binary; their racks are labs,
+// as the CLI's are.
+func TestMain(m *testing.M) {
+	UseRacks(func(name string) (Rack, error) {
+		r, err := lab.OpenRack(name)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	})
+	agentproc.TestMain(m)
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -109,12 +108,12 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	if err := save(); err != nil {
 		return err
 	}
-	hns, tns := hostNs(r.lab, i), torNs(r.lab, i)
+	hns, tns := r.hw.HostNs(i), r.hw.ToRNs(i)
 	if err := r.checkPorts(i); err != nil {
 		return err
 	}
 	for tn := 1; tn <= r.tenants; tn++ {
-		if err := createRelay(hns, RelayHostDev(tn), ovNs(r.lab, i, tn), r.lab.Spec.MTU); err != nil {
+		if err := createRelay(hns, RelayHostDev(tn), r.hw.OverlayNs(i, tn), r.hw.MTU()); err != nil {
 			return err
 		}
 	}
@@ -148,12 +147,13 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 		ns, dev, dir string
 		prog         *ebpf.Program
 	}
+	up, down := r.hw.ToRPorts()
 	pieces := []piece{
-		{tns, lab.ToRUp, r.torDir(i), to.PrgEzpTorUp},
-		{tns, lab.ToRDown, r.torDir(i), to.PrgEzpTorDn},
+		{tns, up, r.torDir(i), to.PrgEzpTorUp},
+		{tns, down, r.torDir(i), to.PrgEzpTorDn},
 	}
 	for tn := 1; tn <= r.tenants; tn++ {
-		pieces = append(pieces, piece{ovNs(r.lab, i, tn), RelayDev, r.hostDir(i), ho.PrgEzpDeliver})
+		pieces = append(pieces, piece{r.hw.OverlayNs(i, tn), RelayDev, r.hostDir(i), ho.PrgEzpDeliver})
 	}
 	pieces = append(pieces, piece{hns, "eth0", r.hostDir(i), ho.PrgEzpUplink})
 	for tn := 1; tn <= r.tenants; tn++ {
@@ -216,13 +216,13 @@ func (r *rack) checkPorts(i int) error {
 // domain and relay) and every local pod (delivery never depends on the offload state, so a
 // tagged frame always finds its pod).
 func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]string, error) {
-	hns := hostNs(r.lab, i)
+	hns := r.hw.HostNs(i)
 	up, err := ifindexIn(hns, "eth0")
 	if err != nil {
 		return nil, err
 	}
 	for tn := 1; tn <= r.tenants; tn++ {
-		ons := ovNs(r.lab, i, tn)
+		ons := r.hw.OverlayNs(i, tn)
 		rh, err := ifindexIn(hns, RelayHostDev(tn))
 		if err != nil {
 			return nil, err
@@ -258,7 +258,7 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 // configureToR programs host i's switch: its VTEP, each tenant's (port, VID) -> VNI and the
 // underlay routes to every other ToR and host.
 func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
-	s := r.lab.Spec
+	s := r.hw
 	cfg := torEzpTorCfg{Vtep: nbo(r.vtep(i))}
 	ports, err := t.VXLANPortSet()
 	if err != nil {
@@ -266,7 +266,7 @@ func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
 	}
 	copy(cfg.VxlanPorts[:], ports)
 	if cfg.VxlanPorts[0] == 0 {
-		cfg.VxlanPorts[0] = uint16(s.VXLANPort)
+		cfg.VxlanPorts[0] = uint16(s.VXLANPort())
 	}
 	if err := to.EzpTorCfg.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("ezpath: switch config: %w", err)
@@ -276,16 +276,17 @@ func configureToR(r *rack, i int, t *datapath.Topology, to *torObjects) error {
 			return fmt.Errorf("ezpath: ezp_vlan_to_vni: %w", err)
 		}
 	}
-	up, err := ifindexIn(torNs(r.lab, i), lab.ToRUp)
+	upDev, _ := s.ToRPorts()
+	up, err := ifindexIn(r.hw.ToRNs(i), upDev)
 	if err != nil {
 		return err
 	}
-	for k := 1; k <= s.Hosts; k++ {
+	for k := 1; k <= s.Hosts(); k++ {
 		if k == i {
 			continue
 		}
 		nh := torEzpNexthop{Ifindex: uint32(up), Smac: mac6(s.ToRUpMAC(i)), Dmac: mac6(s.ToRUpMAC(k))}
-		for _, a := range []uint32{nbo(s.ToRAddr(k)), nbo(s.HostAddr(k).Addr())} {
+		for _, a := range []uint32{nbo(s.ToRAddr(k)), nbo(s.HostAddr(k))} {
 			if err := to.EzpIpv4Lpm.Put(torEzpLpmKey{Prefixlen: 32, Addr: a}, nh); err != nil {
 				return fmt.Errorf("ezpath: ezp_ipv4_lpm: %w", err)
 			}
@@ -329,7 +330,8 @@ func unoffloadHost(labName string, i int, drain time.Duration) error {
 	return withLedger(labName, func(l *Ledger) error {
 		var keep, gone []Pair
 		for _, p := range l.Pairs {
-			if hostOf(p.A) == i || hostOf(p.B) == i {
+			// Without the rack (the lab is gone) no pair of its ledger can be kept.
+			if rerr != nil || r.hostOf(p.A) == i || r.hostOf(p.B) == i {
 				gone = append(gone, p)
 			} else {
 				keep = append(keep, p)
@@ -349,15 +351,6 @@ func unoffloadHost(labName string, i int, drain time.Duration) error {
 		}
 		return errors.Join(errs...)
 	})
-}
-
-// hostOf is the host index of a container named h<i>-c<j> or h<i>-t<t>-c<j>.
-func hostOf(name string) int {
-	i, _, _, ok := lab.ParseContainerName(name)
-	if !ok {
-		return 0
-	}
-	return i
 }
 
 func otherHostsAttached(labName, self string) bool {

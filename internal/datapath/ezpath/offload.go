@@ -49,7 +49,7 @@ func (r *rack) pairEnds(src, dst string) (endpoint, endpoint, error) {
 	}
 	for _, e := range []endpoint{a, b} {
 		if !r.attached(e.Host) {
-			return a, b, fmt.Errorf("ezpath is not attached to h%d (%s's host): run `peregrine attach ezpath --lab --name %s`", e.Host, e.Name, r.lab.Spec.Name)
+			return a, b, fmt.Errorf("ezpath is not attached to h%d (%s's host): run `peregrine attach ezpath --lab --name %s`", e.Host, e.Name, r.hw.Name())
 		}
 	}
 	return a, b, nil
@@ -153,7 +153,7 @@ func (r *rack) setTag(from, to endpoint, on bool) error {
 	}
 	k := hostEzpEgressKey{Ifindex: uint32(port), Dst: nbo(to.Addr)}
 	if on {
-		relay, err := ifindexIn(ovNs(r.lab, from.Host, from.Tenant), RelayDev)
+		relay, err := ifindexIn(r.hw.OverlayNs(from.Host, from.Tenant), RelayDev)
 		if err != nil {
 			return err
 		}

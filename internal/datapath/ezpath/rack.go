@@ -1,18 +1,54 @@
 package ezpath
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
+
+// Rack is the hardware EZPath offloads to, as the mode needs to see it: hosts (from 1) with a
+// top-of-rack switch each, the tenants' overlays (from 1) and their containers. A `lab up --tor`
+// lab implements it (lab.Rack); the program that links ezpath in hands it a way to open one by
+// name (UseRacks), so the mode does not depend on the lab.
+type Rack interface {
+	Name() string  // for messages (the lab's name)
+	Style() string // the overlay's style: ezpath offloads "docker" (one L2 overlay per tenant)
+	HasToR() bool
+	Hosts() int
+	Tenants() int
+	MTU() int // the underlay's
+	VXLANPort() int
+	TenantVNI(t int) uint32
+	HostNs(i int) string
+	ToRNs(i int) string
+	OverlayNs(i, t int) string // tenant t's bridge namespace on host i
+	ToRPorts() (up, down string)
+	ToRAddr(i int) netip.Addr  // ToR i's own address: its VTEP
+	HostAddr(i int) netip.Addr // host i's underlay address
+	ToRUpMAC(i int) net.HardwareAddr
+	Containers() int
+	// Container is the k-th container (from 0): its short name, host, tenant, overlay address
+	// and its port (bridge-side veth) in its overlay namespace.
+	Container(k int) (name string, host, tenant int, addr netip.Prefix, port string, err error)
+}
+
+// openRackFn opens a rack by name; UseRacks sets it.
+var openRackFn func(name string) (Rack, error)
+
+// UseRacks tells ezpath how to open the rack a config names (Config.Lab). The CLI passes the
+// lab's (lab.OpenRack); a test binary that attaches ezpath does the same in TestMain.
+func UseRacks(open func(name string) (Rack, error)) { openRackFn = open }
+
+// styleDocker is the only overlay style the offload supports (one L2 overlay per tenant).
+const styleDocker = "docker"
 
 // TenantVID is the VID of the lab's first tenant on every host-ToR link (a VID is significant
 // only per link; the switch maps (port, VID) to the tenant's VNI). Tenant t has TenantVIDOf(t).
@@ -33,7 +69,7 @@ func RelayHostDev(t int) string {
 
 // rack is a --tor lab as EZPath sees it: hosts, their switches, tenants and containers.
 type rack struct {
-	lab     *lab.Lab
+	hw      Rack
 	tenants int
 	downs   map[int]int // host index -> ifindex of its ToR's "down" port
 	eps     []endpoint
@@ -49,7 +85,7 @@ type endpoint struct {
 }
 
 // vni is tenant t's VNI; vid its VID on every host-ToR link.
-func (r *rack) vni(t int) uint32 { return uint32(r.lab.Spec.TenantVNI(t)) }
+func (r *rack) vni(t int) uint32 { return r.hw.TenantVNI(t) }
 func (r *rack) vid(t int) uint16 { return TenantVIDOf(t) }
 
 // tenantOfVNI is the tenant whose VNI is vni, 0 if none.
@@ -63,55 +99,55 @@ func (r *rack) tenantOfVNI(vni uint32) int {
 }
 
 func openRack(labName string) (*rack, error) {
-	l, err := lab.Status(labName)
+	if openRackFn == nil {
+		return nil, errors.New("ezpath: this program cannot open racks (no UseRacks): the offload needs a lab built with `peregrine lab up --tor`")
+	}
+	hw, err := openRackFn(labName)
 	if err != nil {
 		return nil, err
 	}
-	if !l.Spec.ToR {
-		return nil, fmt.Errorf("lab %q has no ToR switches: EZPath offloads to them; build it with `peregrine lab up --tor --name %s`", labName, labName)
+	return newRack(hw)
+}
+
+// newRack checks that EZPath can offload to hw and reads what it needs of it.
+func newRack(hw Rack) (*rack, error) {
+	name := hw.Name()
+	if !hw.HasToR() {
+		return nil, fmt.Errorf("lab %q has no ToR switches: EZPath offloads to them; build it with `peregrine lab up --tor --name %s`", name, name)
 	}
-	if l.Spec.Style != lab.StyleDocker {
-		return nil, fmt.Errorf("lab %q is %s style: ezpath supports the docker style (one L2 overlay per tenant); flannel's routed overlay is not offloaded", labName, l.Spec.Style)
+	if hw.Style() != styleDocker {
+		return nil, fmt.Errorf("lab %q is %s style: ezpath supports the docker style (one L2 overlay per tenant); flannel's routed overlay is not offloaded", name, hw.Style())
 	}
-	r := &rack{lab: l, tenants: l.Spec.TenantCount(), downs: map[int]int{}}
-	for i := 1; i <= l.Spec.Hosts; i++ {
-		idx, err := ifindexIn(torNs(l, i), lab.ToRDown)
+	r := &rack{hw: hw, tenants: hw.Tenants(), downs: map[int]int{}}
+	_, down := hw.ToRPorts()
+	for i := 1; i <= hw.Hosts(); i++ {
+		idx, err := ifindexIn(hw.ToRNs(i), down)
 		if err != nil {
 			return nil, err
 		}
 		r.downs[i] = idx
 	}
-	for _, c := range l.Containers {
-		hi, t, cj, ok := lab.ParseContainerName(c.Name)
-		if !ok {
-			return nil, fmt.Errorf("lab %q: %q is not a container name", labName, c.Name)
-		}
-		a, err := netip.ParsePrefix(c.Addr)
+	for k := 0; k < hw.Containers(); k++ {
+		n, hi, t, a, port, err := hw.Container(k)
 		if err != nil {
-			return nil, fmt.Errorf("container %s: address %q: %w", c.Name, c.Addr, err)
+			return nil, err
 		}
-		r.eps = append(r.eps, endpoint{Name: c.Name, Host: hi, Tenant: t, Addr: a.Addr(), Veth: "veth" + strconv.Itoa(cj)})
+		r.eps = append(r.eps, endpoint{Name: n, Host: hi, Tenant: t, Addr: a.Addr(), Veth: port})
 	}
 	return r, nil
 }
 
-func torNs(l *lab.Lab, i int) string  { return lab.NsPrefix(l.Spec.Name) + lab.ToRName(i) }
-func hostNs(l *lab.Lab, i int) string { return lab.NsPrefix(l.Spec.Name) + fmt.Sprintf("h%d", i) }
-func ovNs(l *lab.Lab, i, t int) string {
-	return lab.NsPrefix(l.Spec.Name) + lab.OverlayName(i, t)
-}
-
 // hostIndex is the index of the lab host whose namespace is target.
 func (r *rack) hostIndex(target string) (int, error) {
-	for i := 1; i <= r.lab.Spec.Hosts; i++ {
-		if hostNs(r.lab, i) == target {
+	for i := 1; i <= r.hw.Hosts(); i++ {
+		if r.hw.HostNs(i) == target {
 			return i, nil
 		}
 	}
-	return 0, fmt.Errorf("%s is not a host of lab %q", target, r.lab.Spec.Name)
+	return 0, fmt.Errorf("%s is not a host of lab %q", target, r.hw.Name())
 }
 
-func (r *rack) vtep(i int) netip.Addr { return r.lab.Spec.ToRAddr(i) }
+func (r *rack) vtep(i int) netip.Addr { return r.hw.ToRAddr(i) }
 
 func (r *rack) downIfindex(i int) int { return r.downs[i] }
 
@@ -120,14 +156,14 @@ func (r *rack) downIfindex(i int) int { return r.downs[i] }
 // software).
 func (r *rack) remoteVTEP(ep endpoint) netip.Addr {
 	if !r.attached(ep.Host) {
-		return r.lab.Spec.HostAddr(ep.Host).Addr()
+		return r.hw.HostAddr(ep.Host)
 	}
 	return r.vtep(ep.Host)
 }
 
 // attached tells whether ezpath runs on host i.
 func (r *rack) attached(i int) bool {
-	st, err := datapath.LoadState(hostNs(r.lab, i), Name)
+	st, err := datapath.LoadState(r.hw.HostNs(i), Name)
 	return err == nil && st != nil && st.Complete
 }
 
@@ -152,13 +188,23 @@ func (r *rack) endpoint(s string) (endpoint, error) {
 			names = append(names, fmt.Sprintf("%s (tenant %d)", e.Name, e.Tenant))
 		}
 		return endpoint{}, fmt.Errorf("overlay address %s is ambiguous in lab %q: its %d tenants use the same addresses, and %s is %s; name the container instead",
-			s, r.lab.Spec.Name, r.tenants, s, strings.Join(names, " and "))
+			s, r.hw.Name(), r.tenants, s, strings.Join(names, " and "))
 	}
 	var names []string
 	for _, e := range r.eps {
 		names = append(names, e.Name+" ("+e.Addr.String()+")")
 	}
-	return endpoint{}, fmt.Errorf("lab %q has no container %q: choose one of %s", r.lab.Spec.Name, s, strings.Join(names, ", "))
+	return endpoint{}, fmt.Errorf("lab %q has no container %q: choose one of %s", r.hw.Name(), s, strings.Join(names, ", "))
+}
+
+// hostOf is the host of a container by short name, 0 if the rack has none of that name.
+func (r *rack) hostOf(name string) int {
+	for _, e := range r.eps {
+		if e.Name == name {
+			return e.Host
+		}
+	}
+	return 0
 }
 
 // endpointAt finds tenant t's container with overlay address addr.
@@ -172,15 +218,15 @@ func (r *rack) endpointAt(t int, addr netip.Addr) (endpoint, bool) {
 }
 
 func (r *rack) torDir(i int) string {
-	return filepath.Join(datapath.ModePinDir(hostNs(r.lab, i), Name), "tor")
+	return filepath.Join(datapath.ModePinDir(r.hw.HostNs(i), Name), "tor")
 }
 func (r *rack) hostDir(i int) string {
-	return filepath.Join(datapath.ModePinDir(hostNs(r.lab, i), Name), "host")
+	return filepath.Join(datapath.ModePinDir(r.hw.HostNs(i), Name), "host")
 }
 
 // portIfindex is the ifindex of a container's bridge-side veth in its overlay namespace.
 func (r *rack) portIfindex(e endpoint) (int, error) {
-	return ifindexIn(ovNs(r.lab, e.Host, e.Tenant), e.Veth)
+	return ifindexIn(r.hw.OverlayNs(e.Host, e.Tenant), e.Veth)
 }
 
 func ifindexIn(ns, dev string) (int, error) {

@@ -180,7 +180,7 @@ func TestTenantEndpointNames(t *testing.T) {
 	spec := lab.Spec{Name: "x", Tenants: 2, ToR: true}
 	spec.Defaults()
 	l := &lab.Lab{Spec: spec}
-	r := &rack{lab: l, tenants: 2}
+	r := &rack{hw: lab.RackOf(l), tenants: 2}
 	for _, n := range []string{"h1-c1", "h2-c1", "h1-t2-c1", "h2-t2-c1"} {
 		i, tn, j, _ := lab.ParseContainerName(n)
 		r.eps = append(r.eps, endpoint{Name: n, Host: i, Tenant: tn, Addr: spec.ContainerAddr(i, j).Addr(), Veth: "veth1"})
@@ -200,7 +200,7 @@ func TestTenantEndpointNames(t *testing.T) {
 	if RelayHostDev(1) != "ezp0" || RelayHostDev(2) != "ezp0-t2" || TenantVIDOf(2) != 101 {
 		t.Fatal("relay names / VIDs")
 	}
-	if hostOf("h2-t2-c1") != 2 || hostOf("h1-c1") != 1 || hostOf("tor1") != 0 {
+	if r.hostOf("h2-t2-c1") != 2 || r.hostOf("h1-c1") != 1 || r.hostOf("tor1") != 0 {
 		t.Fatal("hostOf")
 	}
 	// The switches' flow registers carry the VNI: it tells which tenant's containers a flow is
@@ -225,7 +225,7 @@ func TestTenantEndpointNames(t *testing.T) {
 			t.Fatalf("tenant 2's path should show its VID: %s", v.Where)
 		}
 	}
-	single := &rack{lab: &lab.Lab{Spec: lab.Spec{Name: "y", VNI: 4096}}, tenants: 1, eps: r.eps[:2]}
+	single := &rack{hw: lab.RackOf(&lab.Lab{Spec: lab.Spec{Name: "y", VNI: 4096}}), tenants: 1, eps: r.eps[:2]}
 	if e, err := single.endpoint("198.19.2.2"); err != nil || e.Name != "h2-c1" {
 		t.Fatalf("one tenant: an address names its container: %+v %v", e, err)
 	}

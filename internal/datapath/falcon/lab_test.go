@@ -20,6 +20,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	_ "github.com/peregrine-net/peregrine/internal/datapath/rps" // the baseline the tests stack on
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/probe"
@@ -441,7 +442,7 @@ func TestLabDownStopsAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lab.Down(l.Spec.Name, nil); err != nil {
+	if err := lab.Down(l.Spec.Name, nil, datapath.ForgetNamespaces); err != nil {
 		t.Fatal(err)
 	}
 	if agentKit.Running(st) {

@@ -11,6 +11,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // mode is FALCON as a datapath mode.
@@ -109,8 +110,14 @@ func (mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 	}
 	t.Notes = append(t.Notes, notes...)
 	var ms modeState
+	var nss netnsutil.Set // the pieces share a few namespaces: each is opened once
+	defer nss.Close()
 	for i := range pieces {
-		if err := attachPiece(objs, st.Target, &pieces[i]); err != nil {
+		ns, err := nss.Open(pieces[i].Dev.Netns)
+		if err == nil {
+			err = attachPieceIn(objs, ns, st.Target, &pieces[i])
+		}
+		if err != nil {
 			datapath.SetModeState(st, ms)
 			return err
 		}

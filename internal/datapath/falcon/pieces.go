@@ -51,6 +51,16 @@ func devByString(devs []datapath.Dev, s string) (datapath.Dev, bool) {
 // attachPiece puts the program on the device (tcx, inside its namespace), tells the program what
 // the device decides, and pins the link so it outlives this process.
 func attachPiece(o *objects, target string, p *Piece) error {
+	ns, err := netnsutil.Open(p.Dev.Netns)
+	if err != nil {
+		return fmt.Errorf("falcon: %s: %w", p.Dev, err)
+	}
+	defer ns.Close()
+	return attachPieceIn(o, ns, target, p)
+}
+
+// attachPieceIn is attachPiece in the device's namespace, already open.
+func attachPieceIn(o *objects, ns *netnsutil.NS, target string, p *Piece) error {
 	if err := o.setDev(p.Inode, p.Dev.Ifindex, p.Salt, p.Stage); err != nil {
 		return fmt.Errorf("falcon: %s: device map: %w", p.Dev, err)
 	}
@@ -59,7 +69,7 @@ func attachPiece(o *objects, target string, p *Piece) error {
 		prog, egress = o.PrgFalconNic, false
 	}
 	p.LinkPin = bpfobj.LinkPin(datapath.ModePinDir(target, Name), p.Inode, p.Dev.Ifindex, p.Dev.Name, "")
-	if err := bpfobj.AttachTCX(prog, p.Dev.Netns, p.Dev.Ifindex, egress, p.LinkPin); err != nil {
+	if err := bpfobj.AttachTCXIn(prog, ns, p.Dev.Ifindex, egress, p.LinkPin); err != nil {
 		o.delDev(p.Inode, p.Dev.Ifindex)
 		return fmt.Errorf("falcon: %s: %w", p.Dev, err)
 	}

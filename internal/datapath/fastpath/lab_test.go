@@ -20,6 +20,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The tests attach modes whose agents are started as this test binary.
@@ -36,7 +37,7 @@ func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 				_, _ = datapath.Detach(context.Background(), h, "")
 			}
 		}
-		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+		if err := lab.Down(spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 			t.Errorf("down: %v", err)
 		}
 		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
@@ -89,7 +90,7 @@ func TestLabFastPath(t *testing.T) {
 
 			// A TCP transfer that spans attach and detach completes.
 			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5301")
-			time.Sleep(300 * time.Millisecond)
+			waitListening(t, c21.Netns, 5301)
 			done := make(chan error, 1)
 			var out string
 			go func() {
@@ -97,10 +98,17 @@ func TestLabFastPath(t *testing.T) {
 				out = o
 				done <- err
 			}()
-			time.Sleep(time.Second)
+			// Attach while the transfer runs: once its data connection is up.
+			labtest.Eventually(t, 3*time.Second, "iperf3's control and data connections", func() (bool, string) {
+				o, err := netnsutil.Run(context.Background(), c11.Netns, "ss", "-Htn", "state", "established", "dport = :5301")
+				return err == nil && strings.Count(strings.TrimSpace(o), "\n") >= 1, o
+			})
 			attachAll(t, hosts)
-			time.Sleep(1500 * time.Millisecond)
-			eg, in := hits(t, hosts[0])
+			var eg, in uint64
+			labtest.Eventually(t, 2500*time.Millisecond, "the running transfer takes the fast path", func() (bool, string) {
+				eg, in = hits(t, hosts[0])
+				return eg > 0 && in > 0, fmt.Sprintf("egress hits %d, ingress hits %d", eg, in)
+			})
 			for _, h := range hosts {
 				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
 					t.Fatalf("detach %s: %v", h, err)
@@ -117,10 +125,10 @@ func TestLabFastPath(t *testing.T) {
 			attachAll(t, hosts)
 			run(t, c11.Netns, "ping", "-c", "5", "-i", "0.1", "-W", "1", dst)
 			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5302")
-			time.Sleep(300 * time.Millisecond)
+			waitListening(t, c21.Netns, 5302)
 			run(t, c11.Netns, "iperf3", "-c", dst, "-p", "5302", "-t", "1")
 			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5303")
-			time.Sleep(300 * time.Millisecond)
+			waitListening(t, c21.Netns, 5303)
 			o := run(t, c11.Netns, "iperf3", "-u", "-b", "50M", "-c", dst, "-p", "5303", "-t", "1")
 			if !strings.Contains(o, "receiver") {
 				t.Fatalf("udp: %s", o)
@@ -217,6 +225,8 @@ func hitsIn(t *testing.T, host string) (uint64, uint64) {
 func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
 	t.Helper()
 	h2, c := l.Hosts[1].Netns, l.Containers[2]
+	addr := strings.Split(c.Addr, "/")[0]
+	oldIdx := endpointIfindex(t, h2, addr)
 	brNs, br, mac := h2, "cni0", "02:42:c6:13:02:99"
 	if spec.Style == lab.StyleDocker {
 		brNs, br, mac = h2+"-ov", "br0", l.Spec.ContainerMAC(2, 1).String()
@@ -237,7 +247,37 @@ func recreatePod(t *testing.T, l *lab.Lab, spec lab.Spec) {
 		// reaches the new pod. The pod's ARP request for its gateway updates that entry.
 		run(t, c.Netns, "ping", "-c", "1", "-W", "1", gw)
 	}
-	time.Sleep(1500 * time.Millisecond) // the agent's bound is 1 s
+	// The agent's bound is 1 s (with a margin for a busy machine): the pod's entry moves to its
+	// new veth.
+	labtest.Eventually(t, 1500*time.Millisecond, "the agent follows the re-created pod", func() (bool, string) {
+		idx := endpointIfindex(t, h2, addr)
+		return idx != 0 && idx != oldIdx, fmt.Sprintf("endpoint %s: ifindex %d (was %d)", addr, idx, oldIdx)
+	})
+}
+
+// endpointIfindex is the device the host's fast path delivers addr to (0: none, or gone).
+func endpointIfindex(t *testing.T, host, addr string) uint32 {
+	t.Helper()
+	v, err := Inspect(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range v.Endpoints {
+		if e.Addr == addr && !e.Gone {
+			return e.Ifindex
+		}
+	}
+	return 0
+}
+
+// waitListening waits until a TCP server listens on port in ns (after starting one in the
+// background), instead of sleeping a while.
+func waitListening(t *testing.T, ns string, port int) {
+	t.Helper()
+	labtest.Eventually(t, 5*time.Second, fmt.Sprintf("a server listening on %s port %d", ns, port), func() (bool, string) {
+		o, err := netnsutil.Run(context.Background(), ns, "ss", "-Hltn", fmt.Sprintf("sport = :%d", port))
+		return err == nil && strings.TrimSpace(o) != "", o
+	})
 }
 
 // TestHandBuiltOverlay attaches to a Flannel-like overlay that peregrine's lab did not build
@@ -269,7 +309,7 @@ func TestHandBuiltOverlay(t *testing.T) {
 	attachAll(t, hosts)
 	run(t, "prg-fph-n1-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.244.2.2")
 	run(t, "prg-fph-n2-p1", "iperf3", "-s", "-D", "-1", "-p", "5304")
-	time.Sleep(300 * time.Millisecond)
+	waitListening(t, "prg-fph-n2-p1", 5304)
 	run(t, "prg-fph-n1-p1", "iperf3", "-c", "10.244.2.2", "-p", "5304", "-t", "1")
 	for _, h := range hosts {
 		v, err := Inspect(h)

@@ -4,10 +4,10 @@
 package modes
 
 import (
-	_ "github.com/peregrine-net/peregrine/internal/datapath"          // rps
 	_ "github.com/peregrine-net/peregrine/internal/datapath/ezpath"   // ezpath
 	_ "github.com/peregrine-net/peregrine/internal/datapath/falcon"   // falcon
 	_ "github.com/peregrine-net/peregrine/internal/datapath/fastpath" // fastpath
 	_ "github.com/peregrine-net/peregrine/internal/datapath/mflow"    // mflow
 	_ "github.com/peregrine-net/peregrine/internal/datapath/prism"    // prism
+	_ "github.com/peregrine-net/peregrine/internal/datapath/rps"      // rps
 )

@@ -1,6 +1,6 @@
 // Package labtest is what every lab-based test needs: a lab that is torn down (attachments
-// included, through lab.Down's cleanup hook) and proven gone at the end, also on failure; the
-// namespace of a node; the receive knobs of every device; and polling instead of sleeping.
+// included: lab.Down is given datapath.ForgetNamespaces) and proven gone at the end, also on
+// failure; the namespace of a node; the receive knobs of every device; and polling instead of sleeping.
 package labtest
 
 import (
@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
@@ -22,7 +23,7 @@ func Up(t testing.TB, spec lab.Spec) *lab.Lab {
 	t.Helper()
 	testutil.RequireRoot(t)
 	t.Cleanup(func() {
-		if err := lab.Down(spec.Name, nil); err != nil && !errors.Is(err, lab.ErrNotUp) {
+		if err := lab.Down(spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 			t.Errorf("lab down %s: %v", spec.Name, err)
 		}
 		testutil.AssertClean(t, lab.NsPrefix(spec.Name))

@@ -1,12 +1,14 @@
-package datapath
+package rps
 
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
@@ -21,7 +23,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			}
 			before := labtest.RxKnobs(t, l, "rps_cpus")
 			host := l.Hosts[0].Netns
-			st, err := Attach(context.Background(), host, "rps", Options{})
+			st, err := datapath.Attach(context.Background(), host, "rps", datapath.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,10 +44,10 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 			if changed == 0 {
 				t.Fatal("attach rps changed no mask")
 			}
-			if _, err := Attach(context.Background(), host, "rps", Options{}); err == nil || !strings.Contains(err.Error(), "already attached") {
+			if _, err := datapath.Attach(context.Background(), host, "rps", datapath.Options{}); err == nil || !strings.Contains(err.Error(), "already attached") {
 				t.Fatalf("second attach should be refused, got %v", err)
 			}
-			if _, err := Detach(context.Background(), host, ""); err != nil {
+			if _, err := datapath.Detach(context.Background(), host, ""); err != nil {
 				t.Fatal(err)
 			}
 			after := labtest.RxKnobs(t, l, "rps_cpus")
@@ -54,7 +56,7 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 					t.Errorf("%s: before %q, after detach %q", k, v, after[k])
 				}
 			}
-			if st, _ := LoadState(host, "rps"); st != nil {
+			if st, _ := datapath.LoadState(host, "rps"); st != nil {
 				t.Error("record left after detach")
 			}
 		})
@@ -63,11 +65,11 @@ func TestRPSAttachDetachRestoresByteForByte(t *testing.T) {
 
 func TestAttachRefusesNamespaceWithoutOverlay(t *testing.T) {
 	l := labtest.Up(t, lab.Spec{Name: "tnoov", Style: lab.StyleNative})
-	_, err := Attach(context.Background(), l.Hosts[0].Netns, "rps", Options{})
-	if !errors.Is(err, ErrNoOverlay) {
-		t.Fatalf("want ErrNoOverlay, got %v", err)
+	_, err := datapath.Attach(context.Background(), l.Hosts[0].Netns, "rps", datapath.Options{})
+	if !errors.Is(err, datapath.ErrNoOverlay) {
+		t.Fatalf("want datapath.ErrNoOverlay, got %v", err)
 	}
-	if st, _ := LoadState(l.Hosts[0].Netns, "rps"); st != nil {
+	if st, _ := datapath.LoadState(l.Hosts[0].Netns, "rps"); st != nil {
 		t.Fatal("a refused attach left a record")
 	}
 }
@@ -78,18 +80,18 @@ func TestAttachBadInputChangesNothing(t *testing.T) {
 	host := l.Hosts[0].Netns
 	for _, tc := range []struct {
 		mode string
-		o    Options
+		o    datapath.Options
 		want string
 	}{
-		{"nosuchmode", Options{}, "unknown mode"},
-		{"rps", Options{CPUs: []int{4095}}, "offline or absent"},
-		{"rps", Options{Underlay: "nosuchdev"}, "does not exist"},
+		{"nosuchmode", datapath.Options{}, "unknown mode"},
+		{"rps", datapath.Options{CPUs: []int{4095}}, "offline or absent"},
+		{"rps", datapath.Options{Underlay: "nosuchdev"}, "does not exist"},
 	} {
-		if _, err := Attach(context.Background(), host, tc.mode, tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := datapath.Attach(context.Background(), host, tc.mode, tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("attach %s %+v: got %v, want %q", tc.mode, tc.o, err, tc.want)
 		}
 	}
-	if _, err := Attach(context.Background(), "prg-nosuch-ns", "rps", Options{}); err == nil || !strings.Contains(err.Error(), "does not exist") {
+	if _, err := datapath.Attach(context.Background(), "prg-nosuch-ns", "rps", datapath.Options{}); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("missing namespace: %v", err)
 	}
 	after := labtest.RxKnobs(t, l, "rps_cpus")
@@ -102,15 +104,15 @@ func TestAttachBadInputChangesNothing(t *testing.T) {
 
 func TestDiscoveryDockerFindsOverlayNamespace(t *testing.T) {
 	l := labtest.Up(t, lab.Spec{Name: "tdisc", Style: lab.StyleDocker, Containers: 1})
-	topo, err := Discover(l.Hosts[1].Netns, "")
+	topo, err := datapath.Discover(l.Hosts[1].Netns, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		StageNIC:      "prg-tdisc-h2/eth0",
-		StageVXLAN:    "prg-tdisc-h2-ov/vxlan0",
-		StageVethHost: "prg-tdisc-h2-ov/veth1",
-		StageVeth:     "prg-tdisc-h2-c1/eth0",
+		datapath.StageNIC:      "prg-tdisc-h2/eth0",
+		datapath.StageVXLAN:    "prg-tdisc-h2-ov/vxlan0",
+		datapath.StageVethHost: "prg-tdisc-h2-ov/veth1",
+		datapath.StageVeth:     "prg-tdisc-h2-c1/eth0",
 	}
 	for stage, dev := range want {
 		got := topo.ByStage(stage)
@@ -122,8 +124,26 @@ func TestDiscoveryDockerFindsOverlayNamespace(t *testing.T) {
 
 func allCPUs() []int {
 	var c []int
-	for i := 0; i < numCPU(); i++ {
+	for i := 0; i < runtime.NumCPU(); i++ {
 		c = append(c, i)
 	}
 	return c
+}
+
+// rps takes no option of its own: the framework refuses any, and its own keys among them.
+func TestConfigureRefusesStrayOptions(t *testing.T) {
+	for extra, want := range map[string]map[string]string{
+		"does not take":     {"split_cpus": "1"},
+		"not a mode option": {datapath.OptCPUs: "0-1"},
+	} {
+		if _, err := datapath.Configure(Name, datapath.Options{Extra: want}); err == nil || !strings.Contains(err.Error(), extra) {
+			t.Errorf("rps with %v: %v, want an error saying %q", want, err, extra)
+		}
+	}
+	if _, err := datapath.Configure(Name, datapath.Options{CPUs: []int{0}}); err != nil {
+		t.Errorf("rps with --cpus only: %v", err)
+	}
+	if got := datapath.FilterOptions(Name, map[string]string{"split_cpus": "1"}); len(got) != 0 {
+		t.Errorf("FilterOptions kept %v for rps", got)
+	}
 }
