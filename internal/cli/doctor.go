@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -39,10 +38,10 @@ probes load a trivial BPF program and attach it to no device.`,
 				checks = append(checks, doctor.OverlayChecks(doctor.Target{Netns: ns, Underlay: underlay})...)
 			}
 			if asJSON {
-				if err := printJSON(os.Stdout, checks); err != nil {
+				if err := printJSON(cmd.OutOrStdout(), checks); err != nil {
 					return err
 				}
-			} else if err := doctor.Write(os.Stdout, checks); err != nil {
+			} else if err := doctor.Write(cmd.OutOrStdout(), checks); err != nil {
 				return err
 			}
 			if err := doctor.Required(checks); err != nil {
