@@ -85,6 +85,15 @@ func TestDoctorOnFlannelLab(t *testing.T) {
 	if c.Status != Fail || !strings.Contains(c.Detail, c1+"/eth0 MTU 1500 > "+h1+"/flannel.1 MTU 1450") || !strings.Contains(c.Fix, "at most 1450") {
 		t.Errorf("mtu with a pod at 1500: %+v", c)
 	}
+
+	// BIG TCP on the VXLAN device is reported, with the command that turns it off.
+	if _, err := netnsutil.Run(context.Background(), h1, "ip", "link", "set", "flannel.1", "gso_max_size", "131072"); err != nil {
+		t.Fatal(err)
+	}
+	c = find(t, OverlayChecks(Target{Netns: h1}), "big-tcp")
+	if c.Status != Warn || !strings.Contains(c.Detail, "gso_max_size 131072") || !strings.Contains(c.Fix, "ip netns exec "+h1+" ip link set flannel.1 gso_max_size 65536") {
+		t.Errorf("big-tcp with gso_max_size 131072: %+v", c)
+	}
 }
 
 // TestTxChecksumReadsTheKernel: the ioctl reading agrees with ethtool's, both ways.
