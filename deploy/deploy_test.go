@@ -29,7 +29,7 @@ var (
 	configDir    = "/etc/peregrine"
 	configKey    = "config.yaml"
 	configMap    = "peregrine-config"
-	capabilities = []string{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE"}
+	capabilities = []string{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_CHROOT", "SYS_RESOURCE"}
 	// Host paths the agent needs, and the propagation each needs (HostToContainer: mounts the
 	// host makes later must show, as a new pod's namespace does under /var/run/netns).
 	hostMounts = map[string]corev1.MountPropagationMode{
