@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -29,7 +30,7 @@ var (
 	configDir    = "/etc/peregrine"
 	configKey    = "config.yaml"
 	configMap    = "peregrine-config"
-	capabilities = []string{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE"}
+	capabilities = []string{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_CHROOT", "SYS_RESOURCE"}
 	// Host paths the agent needs, and the propagation each needs (HostToContainer: mounts the
 	// host makes later must show, as a new pod's namespace does under /var/run/netns).
 	hostMounts = map[string]corev1.MountPropagationMode{
@@ -157,6 +158,42 @@ func TestKustomization(t *testing.T) {
 	}
 	if ds := daemonSet(t); k.Namespace != ds.Namespace {
 		t.Errorf("kustomization namespace %q, manifests %q", k.Namespace, ds.Namespace)
+	}
+	// What `kubectl apply -k` would send, where kubectl (with its built-in kustomize) is here.
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Log("kubectl is not installed: the kustomize build is not checked")
+		return
+	}
+	out, err := exec.Command("kubectl", "kustomize", "kubernetes").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v", err)
+	}
+	kinds := map[string]int{}
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		var meta struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("kustomize output: %v", err)
+		}
+		var obj any
+		switch meta.Kind {
+		case "DaemonSet":
+			obj = &appsv1.DaemonSet{}
+		case "ConfigMap":
+			obj = &corev1.ConfigMap{}
+		case "ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		default:
+			t.Fatalf("kustomize output has a %q", meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Errorf("kustomize's %s does not decode strictly: %v", meta.Kind, err)
+		}
+		kinds[meta.Kind]++
+	}
+	if len(kinds) != 3 || kinds["DaemonSet"] != 1 || kinds["ConfigMap"] != 1 || kinds["ServiceAccount"] != 1 {
+		t.Errorf("kustomize built %v, want one DaemonSet, ConfigMap and ServiceAccount", kinds)
 	}
 }
 

@@ -55,13 +55,17 @@ func TestCapabilities(t *testing.T) {
 	if _, err := ParseCapEff("CapEff:\tzz\n"); err == nil {
 		t.Error("a bad CapEff parsed")
 	}
-	all := uint64(1<<capNetAdmin | 1<<capSysAdmin | 1<<capBPF | 1<<capPerfmon | 1<<capSysResource)
+	all := uint64(1<<capNetAdmin | 1<<capSysAdmin | 1<<capSysChroot | 1<<capBPF | 1<<capPerfmon | 1<<capSysResource)
 	if st, _, _ := capVerdict(all, Version{6, 6, 0}); st != OK {
 		t.Errorf("every capability: %s", st)
 	}
 	st, detail, fix := capVerdict(all&^(1<<capSysAdmin), Version{6, 6, 0})
 	if st != Fail || !strings.Contains(detail, "missing SYS_ADMIN") || fix == "" {
 		t.Errorf("without SYS_ADMIN: %s %q %q", st, detail, fix)
+	}
+	st, detail, _ = capVerdict(all&^(1<<capSysChroot), Version{6, 6, 0})
+	if st != Fail || !strings.Contains(detail, "missing SYS_CHROOT") {
+		t.Errorf("without SYS_CHROOT (setns back into the mount namespace): %s %q", st, detail)
 	}
 	if st, _, _ := capVerdict(all&^(1<<capSysResource), Version{6, 6, 0}); st != OK {
 		t.Errorf("without SYS_RESOURCE on 6.6 (memcg accounting): %s", st)

@@ -103,6 +103,7 @@ func kernelCheck() Check {
 // Capability numbers (linux/capability.h).
 const (
 	capNetAdmin    = 12
+	capSysChroot   = 18
 	capSysAdmin    = 21
 	capSysResource = 24
 	capPerfmon     = 38
@@ -121,13 +122,15 @@ func ParseCapEff(status string) (uint64, error) {
 }
 
 // capVerdict judges an effective set. bpf(2) and perf events accept CAP_SYS_ADMIN in place of
-// CAP_BPF and CAP_PERFMON; setns into another namespace and mounting the per-namespace sysfs
-// need CAP_SYS_ADMIN itself, and netlink changes CAP_NET_ADMIN.
+// CAP_BPF and CAP_PERFMON; netlink changes need CAP_NET_ADMIN; setns into another network
+// namespace needs CAP_SYS_ADMIN, and into a mount namespace (back out of the private one in
+// which a pod namespace's sysfs is mounted) CAP_SYS_CHROOT as well.
 func capVerdict(eff uint64, k Version) (Status, string, string) {
 	has := func(c int) bool { return eff&(1<<c) != 0 }
-	names := map[int]string{capNetAdmin: "NET_ADMIN", capSysAdmin: "SYS_ADMIN", capBPF: "BPF", capPerfmon: "PERFMON", capSysResource: "SYS_RESOURCE"}
+	order := []int{capNetAdmin, capSysAdmin, capSysChroot, capBPF, capPerfmon, capSysResource}
+	names := map[int]string{capNetAdmin: "NET_ADMIN", capSysAdmin: "SYS_ADMIN", capSysChroot: "SYS_CHROOT", capBPF: "BPF", capPerfmon: "PERFMON", capSysResource: "SYS_RESOURCE"}
 	var have, missing []string
-	for _, c := range []int{capNetAdmin, capSysAdmin, capBPF, capPerfmon, capSysResource} {
+	for _, c := range order {
 		if has(c) {
 			have = append(have, names[c])
 		} else {
@@ -136,11 +139,11 @@ func capVerdict(eff uint64, k Version) (Status, string, string) {
 	}
 	detail := "effective: " + strings.Join(have, " ")
 	if len(have) == 0 {
-		detail = "effective: none of NET_ADMIN SYS_ADMIN BPF PERFMON SYS_RESOURCE"
+		detail = "effective: none of NET_ADMIN SYS_ADMIN SYS_CHROOT BPF PERFMON SYS_RESOURCE"
 	}
-	fix := "run as root, or grant CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN and CAP_SYS_RESOURCE (deploy/kubernetes/daemonset.yaml)"
+	fix := "run as root, or grant CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SYS_RESOURCE (deploy/kubernetes/daemonset.yaml)"
 	switch {
-	case !has(capNetAdmin) || !has(capSysAdmin):
+	case !has(capNetAdmin) || !has(capSysAdmin) || !has(capSysChroot):
 		return Fail, detail + "; missing " + strings.Join(missing, " "), fix
 	case !k.AtLeast(5, 11) && !has(capSysResource):
 		return Warn, detail + "; kernels before 5.11 charge BPF maps to memlock, which needs SYS_RESOURCE to raise", fix
