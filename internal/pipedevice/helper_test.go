@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +34,12 @@ func runHelper(name string) int {
 		err = helperIsolation()
 	case "listen":
 		err = helperListen()
+	case "attack":
+		err = helperAttack()
+	case "daemon":
+		err = helperDaemon()
+	case "stream":
+		err = helperStream()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -176,13 +181,7 @@ func errName(err error) string {
 // helperIsolation runs in another network namespace as uid 65534 and tries what a hostile
 // container would.
 func helperIsolation() error {
-	if err := syscall.Setgroups(nil); err != nil {
-		return err
-	}
-	if err := syscall.Setgid(65534); err != nil {
-		return err
-	}
-	if err := syscall.Setuid(65534); err != nil {
+	if err := dropPrivileges(); err != nil {
 		return err
 	}
 	rep := isolationReport{UID: os.Getuid()}

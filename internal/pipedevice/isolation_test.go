@@ -19,9 +19,15 @@ import (
 // twoNamespaces makes two network namespaces joined by a veth pair, with 198.19.254.1 in the
 // first and 198.19.254.2 in the second (two "containers"), and removes them at the end.
 func twoNamespaces(t *testing.T) (string, string) {
+	return vethPair(t, "", "198.19.254.1", "198.19.254.2")
+}
+
+// vethPair makes two namespaces (names tagged with tag) joined by a veth pair, ipA in the first
+// and ipB in the second: one tenant's two containers, on a segment of their own.
+func vethPair(t *testing.T, tag, ipA, ipB string) (string, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
-	id := strconv.Itoa(os.Getpid())
+	id := strconv.Itoa(os.Getpid()) + tag
 	a, b := "prg-pdt"+id+"-a", "prg-pdt"+id+"-b"
 	va, vb := "prgpd"+id+"a", "prgpd"+id+"b"
 	t.Cleanup(func() {
@@ -39,12 +45,23 @@ func twoNamespaces(t *testing.T) (string, string) {
 		}
 	}
 	run("link", "add", va, "netns", a, "type", "veth", "peer", "name", vb, "netns", b)
-	run("-n", a, "addr", "add", "198.19.254.1/24", "dev", va)
-	run("-n", b, "addr", "add", "198.19.254.2/24", "dev", vb)
+	run("-n", a, "addr", "add", ipA+"/24", "dev", va)
+	run("-n", b, "addr", "add", ipB+"/24", "dev", vb)
 	for _, x := range [][2]string{{a, va}, {b, vb}, {a, "lo"}, {b, "lo"}} {
 		run("-n", x[0], "link", "set", x[1], "up")
 	}
 	return a, b
+}
+
+// socketDir is a private directory for a daemon socket that an unprivileged client can reach.
+func socketDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "prg-pd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	return dir
 }
 
 // A container (another network namespace, an unprivileged user) binds only its own addresses,
@@ -52,13 +69,7 @@ func twoNamespaces(t *testing.T) (string, string) {
 // queue entries reach nobody.
 func TestIsolation(t *testing.T) {
 	nsA, nsB := twoNamespaces(t)
-	dir, err := os.MkdirTemp("", "prg-pd-iso")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755) // an unprivileged client must reach the socket
-	d := startDaemonAt(t, Config{}, filepath.Join(dir, "pd.sock"))
+	d := startDaemonAt(t, Config{}, filepath.Join(socketDir(t), "pd.sock"))
 
 	// the victim: two clients of the root namespace with a connection carrying known data, and
 	// a listener on this namespace's loopback; a few sockets first so ids differ from the helper's
