@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/peregrine-net/peregrine/internal/bench"
+	"github.com/peregrine-net/peregrine/internal/pipedevice/pdbench"
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/pipedevice"
 	"github.com/peregrine-net/peregrine/internal/report"
@@ -303,7 +303,7 @@ a zero-copy path is not credited with data nobody touched (--no-touch turns that
 }
 
 func newPdBenchCmd() *cobra.Command {
-	var o bench.PDOptions
+	var o pdbench.PDOptions
 	var transports string
 	var sizes, latSizes, scale []int
 	var asJSON bool
@@ -338,12 +338,12 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			started := time.Now()
-			rep, err := bench.RunPD(ctx, o)
+			rep, err := pdbench.RunPD(ctx, o)
 			if rep == nil {
 				return err
 			}
 			if reportDir != "" {
-				if werr := writePDResults(reportDir, bench.PDRuns(rep, o, started, time.Now(), Version)); werr != nil {
+				if werr := writePDResults(reportDir, pdbench.PDRuns(rep, o, started, time.Now(), Version)); werr != nil {
 					return errors.Join(err, werr)
 				}
 			}
@@ -378,7 +378,7 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 	return cmd
 }
 
-func printPDReport(w io.Writer, rep *bench.PDReport) {
+func printPDReport(w io.Writer, rep *pdbench.PDReport) {
 	fmt.Fprintf(w, "kernel %s, %d CPUs\n\n", rep.Kernel, rep.CPUs)
 	fmt.Fprintf(w, "%-10s %-10s %8s %6s %9s %12s %12s %12s %9s %9s %8s\n", "TEST", "TRANSPORT", "SIZE", "CONNS", "Gbit/s", "app CPU-s/GiB", "total CPU-s/GiB", "engine", "p50 us", "p99 us", "cv")
 	for _, p := range rep.Points {
@@ -389,7 +389,7 @@ func printPDReport(w io.Writer, rep *bench.PDReport) {
 		fmt.Fprintf(w, "%-10s %-10s %8d %6d %9.2f %12.3f %12.3f %12.3f %9.1f %9.1f %8.3f\n", p.Test, p.Transport, p.Size, p.Conns,
 			p.Gbps, p.AppCPU, p.TotalCPU, p.EngineCPU, p.P50us, p.P99us, p.FairCV)
 	}
-	find := func(test, tr string, size, conns int) *bench.PDPoint {
+	find := func(test, tr string, size, conns int) *pdbench.PDPoint {
 		for i := range rep.Points {
 			p := &rep.Points[i]
 			if p.Test == test && p.Transport == tr && p.Size == size && (conns == 0 || p.Conns == conns) && p.Err == "" {
@@ -423,7 +423,7 @@ func printPDReport(w io.Writer, rep *bench.PDReport) {
 		}
 	}
 	for _, tr := range []string{"tcp", "sockmap", "pd-engine", "pd-direct"} {
-		var pts []*bench.PDPoint
+		var pts []*pdbench.PDPoint
 		for i := range rep.Points {
 			if p := &rep.Points[i]; p.Test == "scale" && p.Transport == tr && p.Err == "" {
 				pts = append(pts, p)
