@@ -72,16 +72,8 @@ func helperCrash() error {
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	for off := 0; off < n; {
-		k, err := c.Send(sid, buf[off:])
-		if IsAgain(err) {
-			c.Wait(func() bool { return c.Room(sid) > 0 }, 10*time.Millisecond)
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		off += k
+	if err := sendAll(c, sid, buf); err != nil {
+		return err
 	}
 	l, err := c.Socket()
 	if err != nil {
@@ -362,4 +354,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func countFDs() int {
 	ents, _ := os.ReadDir("/proc/self/fd")
 	return len(ents)
+}
+
+// sendAll queues all of b (a pd_malloc buffer) on sid, waiting for room (pd_send's short sends).
+func sendAll(c *Client, sid int, b []byte) error {
+	for off := 0; off < len(b); {
+		n, err := c.Send(sid, b[off:])
+		if IsAgain(err) {
+			c.Wait(func() bool { return c.Room(sid) > 0 }, 10*time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// expect compares what a helper reported with what it should have met.
+func expect(t *testing.T, what, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s: %s, want %s", what, got, want)
+	}
 }

@@ -52,20 +52,6 @@ func rttProbe(t *testing.T, d *Daemon, port uint16, stop <-chan struct{}, dur ti
 		}
 		return nil
 	}
-	sendAll := func(c *Client, sid int, b []byte) error {
-		for off := 0; off < len(b); {
-			n, err := c.Send(sid, b[off:])
-			if IsAgain(err) {
-				c.Wait(func() bool { return c.Room(sid) > 0 }, 10*time.Millisecond)
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			off += n
-		}
-		return nil
-	}
 	errc := make(chan error, 1)
 	defer func() {
 		close(quit) // the echo ends before the clients are closed
@@ -190,25 +176,23 @@ func TestHostileTenants(t *testing.T) {
 	if rep.UID != 65534 {
 		t.Errorf("the attacker ran as uid %d", rep.UID)
 	}
-	check := func(what, got, want string) {
-		t.Helper()
-		if got != want {
-			t.Errorf("%s: %s, want %s", what, got, want)
-		}
+	for _, c := range [][3]string{
+		{"status before hello (not root)", rep.StatusNoHello, "EACCES"},
+		{"punch a hole in the pool before the seal", rep.PunchBeforeSeal, "ok"},
+		{"the seal after a punched hole (the daemon fills it)", rep.SealAfterPunch, "ok"},
+		{"punch a hole in the pool after the seal", rep.PunchAfterSeal, "EPERM"},
+		{"MADV_REMOVE on the pool after the seal", rep.RemoveAfterSeal, "EPERM"},
+		{"map a receive ring writable", rep.RxMapWritable, "EPERM"},
+		{"map the engine page writable", rep.EngineWritable, "EPERM"},
+		{"hello with queue depth 65536", rep.DeepQueue, "ENOBUFS"},
+		{"control connections over the namespace's limit", rep.ClientsRefusal, "EAGAIN"},
+		{"sockets over the limit", rep.SocketsRefusal, "EMFILE"},
+		{"connect flood on another process's listener", rep.ConnectsRefusal, "ECONNREFUSED"},
+		{"connect from another tenant to an address it shares", xrep.CrossTenant, "ECONNREFUSED"},
+		{"close with a corrupt queue", rep.CloseCorrupt, "ok"},
+	} {
+		expect(t, c[0], c[1], c[2])
 	}
-	check("status before hello (not root)", rep.StatusNoHello, "EACCES")
-	check("punch a hole in the pool before the seal", rep.PunchBeforeSeal, "ok")
-	check("the seal after a punched hole (the daemon fills it)", rep.SealAfterPunch, "ok")
-	check("punch a hole in the pool after the seal", rep.PunchAfterSeal, "EPERM")
-	check("MADV_REMOVE on the pool after the seal", rep.RemoveAfterSeal, "EPERM")
-	check("map a receive ring writable", rep.RxMapWritable, "EPERM")
-	check("map the engine page writable", rep.EngineWritable, "EPERM")
-	check("hello with queue depth 65536", rep.DeepQueue, "ENOBUFS")
-	check("control connections over the namespace's limit", rep.ClientsRefusal, "EAGAIN")
-	check("sockets over the limit", rep.SocketsRefusal, "EMFILE")
-	check("connect flood on another process's listener", rep.ConnectsRefusal, "ECONNREFUSED")
-	check("connect from another tenant to an address it shares", xrep.CrossTenant, "ECONNREFUSED")
-	check("close with a corrupt queue", rep.CloseCorrupt, "ok")
 	// the victim accepts as connections come; the flood is stopped long before it could take
 	// the victim's socket ids
 	if rep.ClientsOpened > lim.ClientsPerNS || rep.SocketsOpened > lim.SocksPerClient || rep.ConnectsMade >= lim.SocksPerClient/2 {

@@ -103,17 +103,11 @@ func TestIsolation(t *testing.T) {
 	if rep.UID != 65534 {
 		t.Fatalf("helper runs as uid %d", rep.UID)
 	}
-	check := func(what, got, want string) {
-		t.Helper()
-		if got != want {
-			t.Errorf("%s: %s, want %s", what, got, want)
-		}
-	}
-	check("bind another namespace's address", rep.BindForeign, "EADDRNOTAVAIL")
-	check("bind its own address", rep.BindOwn, "ok")
-	check("connect to another namespace's loopback listener", rep.ConnectLoopback, "ECONNREFUSED")
-	check("connect to a listener on another namespace's address (the point of PipeDevice)", rep.ConnectForeign, "ok")
-	check("accept on a socket id only another process has", rep.ForeignSID, "EBADF")
+	expect(t, "bind another namespace's address", rep.BindForeign, "EADDRNOTAVAIL")
+	expect(t, "bind its own address", rep.BindOwn, "ok")
+	expect(t, "connect to another namespace's loopback listener", rep.ConnectLoopback, "ECONNREFUSED")
+	expect(t, "connect to a listener on another namespace's address (the point of PipeDevice)", rep.ConnectForeign, "ok")
+	expect(t, "accept on a socket id only another process has", rep.ForeignSID, "EBADF")
 	if rep.DaemonFDsOpened != 0 || rep.DaemonFDsTried == 0 {
 		t.Errorf("opened %d of the daemon's %d fds (its rings)", rep.DaemonFDsOpened, rep.DaemonFDsTried)
 	}
