@@ -72,6 +72,7 @@ type Daemon struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 	fdLimit    int
+	conns      int // control connections (d.mu)
 
 	ringsHuge, ringsNormal atomic.Int64
 	ringsLive              atomic.Int64
@@ -227,9 +228,12 @@ func (d *Daemon) serveConn(c *net.UnixConn) {
 		u = &usage{}
 		d.usage[id.ns] = u
 	}
-	full := u.Conns >= d.cfg.Limits.ClientsPerNS
+	// per namespace, and all together: each connection holds two fds (socket and namespace),
+	// and namespaces are cheap to make where user namespaces are allowed
+	full := u.Conns >= d.cfg.Limits.ClientsPerNS || d.conns >= (d.fdLimit-fdReserve)/8
 	if !full {
 		u.Conns++
+		d.conns++
 	}
 	d.mu.Unlock()
 	if full {
@@ -250,6 +254,7 @@ func (d *Daemon) serveConn(c *net.UnixConn) {
 		if u := d.usage[id.ns]; u != nil {
 			u.Conns--
 		}
+		d.conns--
 		d.evictIfIdle(id.ns)
 		d.mu.Unlock()
 	}()

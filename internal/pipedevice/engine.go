@@ -223,11 +223,13 @@ func (e *engine) do(p *proc, q int, ent *Entry) {
 			e.fail(p, q, ent, s, unix.ENOBUFS) // the library ignored its credit
 			return
 		}
+		if !peer.rx.Sealed() || peer.p.faulted.Load() {
+			// direct mode: the ring's writer has not sealed it yet. Neither a copy into it nor a
+			// publication of what it holds (a hole punched there would fault the receiver).
+			e.fail(p, q, ent, s, unix.EAGAIN)
+			return
+		}
 		if ent.Type == ReqSend {
-			if !peer.rx.Sealed() || peer.p.faulted.Load() {
-				e.fail(p, q, ent, s, unix.EAGAIN) // direct mode: the ring's writer has not sealed it yet
-				return
-			}
 			copyRing(peer.rx.Mem, tail, p.pool.Mem, ent.Src, n)
 			e.d.bytesMoved.Add(n)
 		} else {

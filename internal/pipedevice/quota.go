@@ -113,7 +113,7 @@ func (d *Daemon) addHuge(ns string, n int) {
 // and a reserve for control connections, so that one namespace filling the table leaves the
 // daemon able to answer (and refuse) everyone else.
 func (d *Daemon) fdsLeft() int {
-	return d.fdLimit - fdReserve - int(d.ringsLive.Load()) - 6*len(d.procs)
+	return d.fdLimit - fdReserve - int(d.ringsLive.Load()) - 4*len(d.procs) - 2*d.conns
 }
 
 const fdReserve = 1024
