@@ -18,6 +18,7 @@ import (
 type attackReport struct {
 	UID             int    `json:"uid"`
 	StatusNoHello   string `json:"status_before_hello"`
+	PoolHuge        bool   `json:"pool_on_hugepages"`
 	PunchBeforeSeal string `json:"punch_before_seal"`
 	SealAfterPunch  string `json:"seal_after_punch"`
 	PunchAfterSeal  string `json:"punch_after_seal"`
@@ -170,6 +171,7 @@ func attackMemory(sock string, rep *attackReport) {
 		return
 	}
 	defer closeFDs(h.FDs)
+	rep.PoolHuge = h.V[4] == 1
 	punch := func(fd int) string {
 		return errName(unwrapErrno(unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(h.W[1]))))
 	}

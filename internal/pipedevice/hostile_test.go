@@ -120,8 +120,11 @@ func TestHostileTenants(t *testing.T) {
 	testutil.RequireRoot(t)
 	nsA, nsB := vethPair(t, "h", "198.19.253.1", "198.19.253.2") // tenant 1's two containers
 	nsC, _ := vethPair(t, "x", "198.19.253.2", "198.19.253.1")   // tenant 2: the same addresses
+	// hugepages, as the README recommends: what made a punched hole fatal (issue 21). A few, so
+	// the attacker's first pool gets them and later ones fall back to normal pages.
+	reserveHugepages(t, 8)
 	lim := Limits{ClientsPerNS: 8, SocksPerClient: 256, SocksPerNS: 400, PendingPerProc: 64, MaxQDepth: 4096, BytesPerNS: 256 << 20}
-	d := startDaemonAt(t, Config{Ring: 64 << 10, Limits: lim}, filepath.Join(socketDir(t), "pd.sock"))
+	d := startDaemonAt(t, Config{Ring: 64 << 10, Pool: 2 << 20, Limits: lim}, filepath.Join(socketDir(t), "pd.sock"))
 	victim := "198.19.253.1:7960"
 	lst, lout := startHelper(t, "listen", nsA, "PD_SOCK="+d.cfg.Socket, "PD_LISTEN="+victim)
 	if l := readLine(t, lout, 20*time.Second); l != "ready" {
@@ -178,6 +181,7 @@ func TestHostileTenants(t *testing.T) {
 	}
 	for _, c := range [][3]string{
 		{"status before hello (not root)", rep.StatusNoHello, "EACCES"},
+		{"the attacker's pool on hugepages", fmt.Sprint(rep.PoolHuge), "true"},
 		{"punch a hole in the pool before the seal", rep.PunchBeforeSeal, "ok"},
 		{"the seal after a punched hole (the daemon fills it)", rep.SealAfterPunch, "ok"},
 		{"punch a hole in the pool after the seal", rep.PunchAfterSeal, "EPERM"},

@@ -13,20 +13,7 @@ import (
 // The test reserves a few hugepages (vm.nr_hugepages) for its duration.
 func TestHugepageRings(t *testing.T) {
 	testutil.RequireRoot(t)
-	const knob = "/proc/sys/vm/nr_hugepages"
-	b, err := os.ReadFile(knob)
-	if err != nil {
-		t.Fatalf("hugepages: %v", err)
-	}
-	old, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	want := old + 4
-	if err := os.WriteFile(knob, []byte(strconv.Itoa(want)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	defer os.WriteFile(knob, []byte(strconv.Itoa(old)), 0o644)
-	if b, _ := os.ReadFile(knob); strings.TrimSpace(string(b)) != strconv.Itoa(want) {
-		t.Fatalf("the kernel reserved %s hugepages of %d asked (memory too fragmented?)", strings.TrimSpace(string(b)), want)
-	}
+	want := reserveHugepages(t, 4)
 	d := startDaemon(t, Config{Ring: 2 << 20, Pool: 1 << 20})
 	a, b2 := dial(t, d), dial(t, d)
 	cs, ss := pair(t, a, b2, 7870)
@@ -46,4 +33,25 @@ func TestHugepageRings(t *testing.T) {
 	if st := d2.Status(); st.RingsHuge != 0 || st.RingsNormal != 1 {
 		t.Fatalf("a 1 MiB ring: %d huge, %d normal", st.RingsHuge, st.RingsNormal)
 	}
+}
+
+// reserveHugepages reserves n more 2 MiB hugepages for the test's duration and returns the new
+// vm.nr_hugepages.
+func reserveHugepages(t *testing.T, n int) int {
+	t.Helper()
+	const knob = "/proc/sys/vm/nr_hugepages"
+	b, err := os.ReadFile(knob)
+	if err != nil {
+		t.Fatalf("hugepages: %v", err)
+	}
+	old, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	want := old + n
+	if err := os.WriteFile(knob, []byte(strconv.Itoa(want)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.WriteFile(knob, []byte(strconv.Itoa(old)), 0o644) })
+	if b, _ := os.ReadFile(knob); strings.TrimSpace(string(b)) != strconv.Itoa(want) {
+		t.Fatalf("the kernel reserved %s hugepages of %d asked (memory too fragmented?)", strings.TrimSpace(string(b)), want)
+	}
+	return want
 }
