@@ -40,6 +40,8 @@ func runHelper(name string) int {
 		err = helperDaemon()
 	case "stream":
 		err = helperStream()
+	case "connect":
+		err = helperConnect()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}

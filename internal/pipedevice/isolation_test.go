@@ -134,3 +134,73 @@ func TestIsolation(t *testing.T) {
 	// the daemon is fine: a transfer still checks out
 	transfer(t, a, b, cs, ss, 1<<20, 3000)
 }
+
+// bridged makes n namespaces whose veths hang on one bridge (in a namespace of its own, as a
+// docker overlay has it): one tenant's containers, ips[i] in the i-th.
+func bridged(t *testing.T, tag string, ips ...string) []string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	id := strconv.Itoa(os.Getpid()) + tag
+	br := "prg-pdt" + id + "-br"
+	names := []string{br}
+	for i := range ips {
+		names = append(names, fmt.Sprintf("prg-pdt%s-%d", id, i))
+	}
+	t.Cleanup(func() {
+		for _, ns := range names {
+			netnsutil.Delete(ns)
+		}
+	})
+	for _, ns := range names {
+		if err := netnsutil.Create(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(args ...string) {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("-n", br, "link", "add", "br0", "type", "bridge")
+	run("-n", br, "link", "set", "br0", "up")
+	for i, ip := range ips {
+		ns, v := names[i+1], fmt.Sprintf("prgpd%s%d", id, i)
+		run("link", "add", v, "netns", ns, "type", "veth", "peer", "name", "p"+strconv.Itoa(i), "netns", br)
+		run("-n", br, "link", "set", "p"+strconv.Itoa(i), "master", "br0", "up")
+		run("-n", ns, "addr", "add", ip+"/24", "dev", v)
+		run("-n", ns, "link", "set", v, "up")
+	}
+	return names[1:]
+}
+
+// helperConnect connects to PD_ADDR and prints the errno name.
+func helperConnect() error {
+	c, err := Dial(os.Getenv("PD_SOCK"), 0, 0)
+	if err != nil {
+		return err
+	}
+	s, err := c.Socket()
+	if err != nil {
+		return err
+	}
+	fmt.Println(errName(c.Connect(s, netip.MustParseAddrPort(os.Getenv("PD_ADDR")))))
+	return nil
+}
+
+// On one bridge (one tenant), a listener at an address one namespace holds is reached from the
+// others; an address two namespaces of the domain hold is ambiguous and refused.
+func TestAmbiguousAddress(t *testing.T) {
+	ns := bridged(t, "amb", "198.19.252.1", "198.19.252.2", "198.19.252.2", "198.19.252.3")
+	d := startDaemonAt(t, Config{}, filepath.Join(socketDir(t), "pd.sock"))
+	for _, x := range []struct{ ns, addr string }{{ns[0], "198.19.252.1:7990"}, {ns[1], "198.19.252.2:7990"}, {ns[2], "198.19.252.2:7990"}} {
+		_, out := startHelper(t, "listen", x.ns, "PD_SOCK="+d.cfg.Socket, "PD_LISTEN="+x.addr)
+		if l := readLine(t, out, 20*time.Second); l != "ready" {
+			t.Fatalf("listener in %s: %q", x.ns, l)
+		}
+	}
+	for _, x := range []struct{ addr, want string }{{"198.19.252.1:7990", "ok"}, {"198.19.252.2:7990", "ECONNREFUSED"}} {
+		cmd, out := startHelper(t, "connect", ns[3], "PD_SOCK="+d.cfg.Socket, "PD_ADDR="+x.addr)
+		expect(t, "connect to "+x.addr, readLine(t, out, 20*time.Second), x.want)
+		cmd.Wait()
+	}
+}
