@@ -84,7 +84,7 @@ their defaults fit a 4096-connection workload with rings up to 256 KiB. A client
 engine or stops reading its replies is dropped, counted and logged; "pd status" shows the counts.`,
 		Example: `  sudo peregrine pd daemon
   sudo peregrine pd daemon --engine-cpus 1 --mode direct
-  sudo peregrine pd daemon --socket /tmp/pd.sock --ring 65536   # small rings for many connections`,
+  sudo mkdir -m 0755 /run/pd-a && sudo peregrine pd daemon --socket /run/pd-a/pd.sock --ring 65536   # small rings for many connections`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			b, err := parseBytes(bytesPerNS)

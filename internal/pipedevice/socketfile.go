@@ -44,7 +44,7 @@ func listenSocket(path string, isDefault bool) (*net.UnixListener, error) {
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("%s exists and is not a socket (%v): refusing to remove it", path, fi.Mode().Type())
+			return nil, fmt.Errorf("%s exists and is not a socket (mode %v): refusing to remove it", path, fi.Mode())
 		}
 		c, err := net.Dial("unixpacket", path)
 		if err == nil {
