@@ -158,7 +158,7 @@ entries handled and refused, clients dropped and requests refused by limits, the
 each network namespace holds, and each client process with its namespace and sockets. Root sees
 everything; any other caller becomes a client first and sees its own namespace only.`,
 		Example: `  peregrine pd status
-  peregrine pd status --socket /tmp/pd.sock --json | jq .clients`,
+  peregrine pd status --socket /run/pd-a/pd.sock --json | jq .clients`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := pipedevice.DaemonStatus(socket)
@@ -267,9 +267,9 @@ a zero-copy path is not credited with data nobody touched (--no-touch turns that
 
   # PipeDevice between two lab containers (the daemon runs on the host; the socket is reachable
   # from the containers since lab namespaces share the file system)
-  sudo peregrine pd daemon --socket /tmp/pd.sock &
-  sudo peregrine lab exec h1-c2 -- peregrine pd perf server --socket /tmp/pd.sock --bind 198.19.1.3:5201 &
-  sudo peregrine lab exec h1-c1 -- peregrine pd perf client --socket /tmp/pd.sock --connect 198.19.1.3:5201 --conns 8
+  sudo peregrine pd daemon --socket /run/pd-a/pd.sock &
+  sudo peregrine lab exec h1-c2 -- peregrine pd perf server --socket /run/pd-a/pd.sock --bind 198.19.1.3:5201 &
+  sudo peregrine lab exec h1-c1 -- peregrine pd perf client --socket /run/pd-a/pd.sock --connect 198.19.1.3:5201 --conns 8
 
   # latency at 64 B, kernel TCP between two lab containers
   sudo peregrine lab exec h1-c2 -- peregrine pd perf server --transport tcp --bind 0.0.0.0:5201 --latency &
