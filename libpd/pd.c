@@ -217,8 +217,14 @@ static int gone(void)
 	return g.dead;
 }
 
-/* again: EAGAIN, or ECONNRESET once the daemon is gone (nothing will ever come) */
-static int again(void) { return gone() ? ECONNRESET : EAGAIN; }
+/* again: EAGAIN, or ECONNRESET once the daemon is gone (nothing will ever come). A look costs a
+ * syscall: every 64th EAGAIN (a spinning caller gets there in microseconds; pd_epoll_wait polls
+ * the control socket anyway). Called with the lock held. */
+static int again(void)
+{
+	static unsigned n;
+	return g.dead || ((++n & 63) == 0 && gone()) ? ECONNRESET : EAGAIN;
+}
 
 static int pow2_in(uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi && !(v & (v - 1)); }
 

@@ -31,6 +31,7 @@ type Client struct {
 	notify   int
 	connFD   int         // a dup of the control socket, polled to learn that the daemon is gone
 	dead     atomic.Bool // the daemon went away (or broke the protocol): every call fails
+	agains   atomic.Uint32
 	sqs, cqs []*Queue
 	socks    map[int]*csock
 	Ring     uint64

@@ -15,7 +15,9 @@ import (
 // again is EAGAIN, or ECONNRESET once the daemon is gone (a closed control socket): nothing will
 // ever arrive then, and a program waiting for it must learn so.
 func (c *Client) again() error {
-	if c.gone() {
+	// a look costs a syscall: every 64th EAGAIN (a spinning caller gets there in microseconds;
+	// a sleeping one polls the socket in Wait anyway)
+	if c.dead.Load() || (c.agains.Add(1)&63 == 0 && c.gone()) {
 		return unix.ECONNRESET
 	}
 	return unix.EAGAIN
