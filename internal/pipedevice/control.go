@@ -66,7 +66,8 @@ func (d *Daemon) newSock(p *proc, payer string, sid int) (*sock, unix.Errno) {
 	return s, 0
 }
 
-func (d *Daemon) bind(p *proc, s *sock, a [4]byte, port uint16) Reply {
+func (d *Daemon) bind(p *proc, s *sock, a [4]byte, port uint16, v nsView) Reply {
+	d.remember(p, v)
 	if s.state() != SockActive || s.bound {
 		return errReply(unix.EINVAL)
 	}
@@ -104,7 +105,7 @@ func (d *Daemon) ephemeral(ns string, a [4]byte) uint16 {
 	return 0
 }
 
-func (d *Daemon) listen(s *sock, backlog int) Reply {
+func (d *Daemon) listen(s *sock, backlog int, v nsView) Reply {
 	if !s.bound || (s.state() != SockActive && s.state() != SockListen) {
 		return errReply(unix.EINVAL)
 	}
@@ -113,7 +114,7 @@ func (d *Daemon) listen(s *sock, backlog int) Reply {
 	}
 	s.backlogMax = backlog
 	s.setState(SockListen)
-	d.refreshAddrs(s.p)
+	d.remember(s.p, v)
 	return Reply{}
 }
 

@@ -349,6 +349,10 @@ func (d *Daemon) handle(c *net.UnixConn, id *identity, pp **proc, r Request) Rep
 	if r.Op == OpClose {
 		return d.closeSock(p, r)
 	}
+	var view nsView
+	if r.Op == OpBind || r.Op == OpListen {
+		view = d.lookNS(p.id.nsfd) // before the lock: see lookNS
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch r.Op {
@@ -365,9 +369,9 @@ func (d *Daemon) handle(c *net.UnixConn, id *identity, pp **proc, r Request) Rep
 	}
 	switch r.Op {
 	case OpBind:
-		return d.bind(p, s, r.Addr, r.Port)
+		return d.bind(p, s, r.Addr, r.Port, view)
 	case OpListen:
-		return d.listen(s, int(r.A0))
+		return d.listen(s, int(r.A0), view)
 	case OpAccept:
 		return d.accept(p, s)
 	case OpConnect:
@@ -417,6 +421,10 @@ func (d *Daemon) hello(c *net.UnixConn, id *identity, r Request) (*proc, Reply) 
 	huge := d.hugeOK(id.ns, pool/hugePage)
 	d.mu.Unlock()
 	p, err := newProc(d, c, *id, cid, ring, lay, pool, huge)
+	var view nsView
+	if err == nil {
+		view = d.lookNS(id.nsfd)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err != nil {
@@ -428,7 +436,7 @@ func (d *Daemon) hello(c *net.UnixConn, id *identity, r Request) (*proc, Reply) 
 		d.addHuge(id.ns, pool/hugePage)
 	}
 	d.procs[p] = true
-	d.refreshAddrs(p)
+	d.remember(p, view)
 	mode := uint32(0)
 	if d.cfg.Direct {
 		mode = 1

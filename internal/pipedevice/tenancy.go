@@ -23,14 +23,33 @@ type domainKey struct {
 	ifindex int
 }
 
-// refreshAddrs caches the IPv4 addresses of p's namespace and its domain (d.mu held; at hello,
-// bind and listen, not per connection).
-// Both are forgotten when the namespace's last client goes (evictIfIdle).
-func (d *Daemon) refreshAddrs(p *proc) {
-	if addrs, err := nsAddrs(p.id.nsfd); err == nil {
-		d.nsAddrs[p.id.ns] = addrs
+// nsView is what a look into a namespace found: its IPv4 addresses and its domain.
+type nsView struct {
+	addrs []netip.Addr
+	ok    bool // the addresses could be read
+	dom   []domainKey
+}
+
+// lookNS looks into the namespace open at nsfd (netlink, other namespaces). It runs without d.mu
+// (it takes it only briefly to list the clients' namespaces): a caller that makes it slow, for
+// instance with many interfaces, slows only its own request. At hello, bind and listen, not per
+// connection.
+func (d *Daemon) lookNS(nsfd int) nsView {
+	var v nsView
+	if addrs, err := nsAddrs(nsfd); err == nil {
+		v.addrs, v.ok = addrs, true
 	}
-	d.domains[p.id.ns] = d.domainOf(p.id.nsfd)
+	v.dom = d.domainOf(nsfd)
+	return v
+}
+
+// remember caches a view of p's namespace (d.mu held); forgotten when the namespace's last
+// client goes (evictIfIdle).
+func (d *Daemon) remember(p *proc, v nsView) {
+	if v.ok {
+		d.nsAddrs[p.id.ns] = v.addrs
+	}
+	d.domains[p.id.ns] = v.dom
 }
 
 // addrOK: a caller binds only 0.0.0.0, loopback, or an address of its own network namespace.
@@ -38,7 +57,6 @@ func (d *Daemon) addrOK(p *proc, ip netip.Addr) bool {
 	if ip.IsUnspecified() || ip.IsLoopback() {
 		return true
 	}
-	d.refreshAddrs(p)
 	for _, a := range d.nsAddrs[p.id.ns] {
 		if a == ip {
 			return true
@@ -169,7 +187,8 @@ func peerSegment(near domainKey, fd, ifindex int) domainKey {
 	return far
 }
 
-// candidateNamespaces opens the namespaces a veth's far end may be in (caller closes them).
+// candidateNamespaces opens the namespaces a veth's far end may be in (caller closes them; called
+// without d.mu).
 func (d *Daemon) candidateNamespaces() []int {
 	paths := []string{"/proc/1/ns/net", "/proc/self/ns/net"}
 	for _, dir := range []string{"/run/netns", "/var/run/docker/netns"} {
@@ -182,11 +201,13 @@ func (d *Daemon) candidateNamespaces() []int {
 			fds = append(fds, fd)
 		}
 	}
+	d.mu.Lock()
 	for p := range d.procs {
 		if fd, err := unix.Dup(p.id.nsfd); err == nil {
 			fds = append(fds, fd)
 		}
 	}
+	d.mu.Unlock()
 	return fds
 }
 
