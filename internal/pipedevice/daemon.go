@@ -480,12 +480,12 @@ func (d *Daemon) seal(p *proc, r Request) Reply {
 		return errReply(unix.EINVAL)
 	}
 	for _, m := range ms {
-		if m.Sealed() {
-			continue
+		if !m.Sealed() {
+			if err := m.SealWrites(); err != nil {
+				return errReply(unix.EPERM)
+			}
 		}
-		if err := m.SealWrites(); err != nil {
-			return errReply(unix.EPERM)
-		}
+		// every time, sealed before or not: a refused seal asked again must not pass unfilled
 		if err := unix.Madvise(m.Mem, unix.MADV_POPULATE_WRITE); err != nil {
 			return errReply(unix.ENOMEM)
 		}
