@@ -45,7 +45,9 @@
 #define OP_ACCEPT 5
 #define OP_CONNECT 6
 #define OP_CLOSE 7
+#define OP_SEAL 10
 #define MSG 64
+#define CALL_TIMEOUT_S 5
 
 #define SBT_SIZE 16384
 #define MAX_EPOLL 64
@@ -68,6 +70,7 @@ struct epoll { int used, n, cap; struct ep_item *items; };
 
 static struct {
 	int inited, conn, doorbell, notify, direct, nq, depth, maxsock;
+	int dead; /* the daemon went away or broke the protocol: every call fails with ECONNRESET */
 	uint16_t cid;
 	uint64_t ring, pool_size;
 	uint8_t *ctl, *pool, *eng;
@@ -148,23 +151,34 @@ struct req { uint32_t op, sid, a0, a1; uint64_t a2; uint8_t addr[4]; uint16_t po
 struct rep { uint32_t err, sid, v[6]; uint64_t w[2]; uint8_t addr[4]; uint16_t port_be; uint8_t pad[10]; };
 _Static_assert(sizeof(struct req) == MSG && sizeof(struct rep) == MSG, "64-byte messages");
 
-/* call sends r and reads the reply and up to 8 fds; returns 0 or -1 with errno. */
+/* call sends r and reads the reply and up to 8 fds; returns 0 or -1 with errno. The control
+ * socket has send and receive timeouts (pd_init), so a daemon that hangs cannot hang us; a failed
+ * call leaves the protocol out of step, so the library is dead from then on. */
 static int call(int conn, struct req *r, struct rep *out, int *fds, int *nfds)
 {
 	*nfds = 0;
-	if (send(conn, r, sizeof *r, MSG_NOSIGNAL) != (ssize_t)sizeof *r)
-		return errno = ENOTCONN, -1;
+	if (g.dead && conn == g.conn)
+		return errno = ECONNRESET, -1;
+	if (send(conn, r, sizeof *r, MSG_NOSIGNAL) != (ssize_t)sizeof *r) {
+		g.dead = 1;
+		return errno = ECONNRESET, -1;
+	}
 	char buf[4096];
 	union { struct cmsghdr h; char b[CMSG_SPACE(8 * sizeof(int))]; } cm;
 	struct iovec iov = { buf, sizeof buf };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b };
 	ssize_t n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
-	if (n < MSG)
-		return errno = ENOTCONN, -1;
+	if (n < MSG) {
+		int e = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? ETIMEDOUT : ECONNRESET;
+		g.dead = 1;
+		return errno = e, -1;
+	}
 	memcpy(out, buf, MSG);
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
 			int k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			if (k < 0 || *nfds + k > 8)
+				k = k < 0 ? 0 : 8 - *nfds; /* cannot happen with an 8-fd control buffer */
 			memcpy(fds + *nfds, CMSG_DATA(c), k * sizeof(int));
 			*nfds += k;
 		}
@@ -177,18 +191,42 @@ static int call(int conn, struct req *r, struct rep *out, int *fds, int *nfds)
 	return 0;
 }
 
-static uint8_t *map_mirror(int fd, size_t size)
+/* map_mirror maps fd twice back to back (a ring's wrapped bytes are contiguous); prot is
+ * PROT_READ for our own receive ring (the daemon sealed it, or the peer writes it) */
+static uint8_t *map_mirror(int fd, size_t size, int prot)
 {
 	uint8_t *base = mmap(NULL, 2 * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (base == MAP_FAILED)
 		return NULL;
 	for (int i = 0; i < 2; i++)
-		if (mmap(base + i * size, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+		if (mmap(base + i * size, size, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
 			munmap(base, 2 * size);
 			return NULL;
 		}
 	return base;
 }
+
+/* gone looks, without waiting, whether the daemon closed the control socket */
+static int gone(void)
+{
+	if (g.dead)
+		return 1;
+	struct pollfd pf = { .fd = g.conn, .events = POLLRDHUP };
+	if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		g.dead = 1;
+	return g.dead;
+}
+
+/* again: EAGAIN, or ECONNRESET once the daemon is gone (nothing will ever come). A look costs a
+ * syscall: every 64th EAGAIN (a spinning caller gets there in microseconds; pd_epoll_wait polls
+ * the control socket anyway). Called with the lock held. */
+static int again(void)
+{
+	static unsigned n;
+	return g.dead || ((++n & 63) == 0 && gone()) ? ECONNRESET : EAGAIN;
+}
+
+static int pow2_in(uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi && !(v & (v - 1)); }
 
 static uint64_t env_size(const char *name)
 {
@@ -217,6 +255,11 @@ int pd_init(const char *chardev, int sqthresh, int cqthresh)
 	}
 	strcpy(sa.sun_path, path);
 	int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct timeval tv = { CALL_TIMEOUT_S, 0 };
+	if (c >= 0) {
+		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	}
 	if (c < 0 || connect(c, (struct sockaddr *)&sa, sizeof sa) < 0) {
 		int e = errno;
 		if (c >= 0)
@@ -231,11 +274,24 @@ int pd_init(const char *chardev, int sqthresh, int cqthresh)
 	struct req r = { .op = OP_HELLO, .a0 = (uint32_t)env_size("PD_RING_SIZE"), .a1 = (uint32_t)env_size("PD_POOL_SIZE"), .a2 = (uint64_t)depth };
 	struct rep rp;
 	int fds[8], nf;
+	g.dead = 0;
 	if (call(c, &r, &rp, fds, &nf) < 0 || nf != 5) {
 		int e = nf != 5 && errno == 0 ? EPROTO : errno;
+		for (int i = 0; i < nf; i++)
+			close(fds[i]);
 		close(c);
+		g.dead = 0;
 		UNLOCK();
 		return errno = e, -1;
+	}
+	/* every field of the reply is checked before it sizes a mapping or a division */
+	if (rp.v[0] > 1 || rp.v[1] < 1 || rp.v[1] > 1024 || !pow2_in(rp.v[2], 64, 65536) || rp.v[3] < 1 || rp.v[3] > 65536 ||
+	    !pow2_in(rp.w[0], 4096, 1u << 30) || !pow2_in(rp.w[1], 4096, 1u << 30)) {
+		for (int i = 0; i < nf; i++)
+			close(fds[i]);
+		close(c);
+		UNLOCK();
+		return errno = EPROTO, -1;
 	}
 	g.conn = c;
 	g.cid = rp.sid;
@@ -249,16 +305,30 @@ int pd_init(const char *chardev, int sqthresh, int cqthresh)
 	g.notify = fds[3];
 	g.ctl_size = (HDR_PAGE + 2 * (size_t)g.nq * queue_bytes() + (size_t)g.maxsock * SOCK_HDR + 4095) & ~(size_t)4095;
 	g.ctl = mmap(NULL, g.ctl_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	g.pool = map_mirror(fds[1], g.pool_size);
+	g.pool = map_mirror(fds[1], g.pool_size, PROT_READ | PROT_WRITE);
 	g.eng = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fds[4], 0);
 	close(fds[0]);
 	close(fds[1]);
 	close(fds[4]);
 	g.socks = calloc(g.maxsock, sizeof *g.socks);
-	if (g.ctl == MAP_FAILED || !g.pool || g.eng == MAP_FAILED || !g.socks) {
+	struct req sr = { .op = OP_SEAL };
+	int sf[8], snf, ok = g.ctl != MAP_FAILED && g.pool && g.eng != MAP_FAILED && g.socks;
+	/* mapped: the daemon seals the memory (no hole punching) and serves us from now on */
+	if (!ok || call(c, &sr, &rp, sf, &snf) < 0) {
+		int e = ok ? errno : ENOMEM;
+		if (g.ctl != MAP_FAILED)
+			munmap(g.ctl, g.ctl_size);
+		if (g.pool)
+			munmap(g.pool, 2 * g.pool_size);
+		if (g.eng != MAP_FAILED)
+			munmap(g.eng, 4096);
+		free(g.socks);
+		close(g.doorbell);
+		close(g.notify);
 		close(c);
+		memset(&g, 0, sizeof g);
 		UNLOCK();
-		return errno = ENOMEM, -1;
+		return errno = e, -1;
 	}
 	for (int i = 0; i < SBT_SIZE; i++)
 		g.free_slots[i] = SBT_SIZE - 1 - i;
@@ -306,10 +376,31 @@ static struct psock *get(int sid)
 	return &g.socks[sid];
 }
 
-/* add_sock maps a new socket's ring (and the peer's in direct mode) and closes the fds. */
+/* map_peer maps a direct-mode peer ring writable and has the daemon seal it */
+static int map_peer(struct psock *s, int sid, int fd)
+{
+	s->peer = map_mirror(fd, g.ring, PROT_READ | PROT_WRITE);
+	close(fd);
+	if (!s->peer)
+		return errno = ENOMEM, -1;
+	struct req r = { .op = OP_SEAL, .sid = (uint32_t)sid, .a0 = 1 };
+	struct rep rp;
+	int fds[8], nf;
+	if (call(g.conn, &r, &rp, fds, &nf) < 0) {
+		munmap(s->peer, 2 * g.ring);
+		s->peer = NULL;
+		return -1;
+	}
+	for (int i = 0; i < nf; i++)
+		close(fds[i]);
+	return 0;
+}
+
+/* add_sock maps a new socket's ring (and the peer's in direct mode) and closes the fds. The sid
+ * comes from the daemon: checked like every other reply field. */
 static int add_sock(int sid, int rxfd, int peerfd)
 {
-	if (sid < 0 || sid >= g.maxsock) {
+	if (sid < 0 || sid >= g.maxsock || g.socks[sid].used) {
 		close(rxfd);
 		if (peerfd >= 0)
 			close(peerfd);
@@ -317,15 +408,17 @@ static int add_sock(int sid, int rxfd, int peerfd)
 	}
 	struct psock *s = &g.socks[sid];
 	memset(s, 0, sizeof *s);
-	s->rx = map_mirror(rxfd, g.ring);
+	s->rx = map_mirror(rxfd, g.ring, PROT_READ);
 	close(rxfd);
-	if (peerfd >= 0) {
-		s->peer = map_mirror(peerfd, g.ring);
-		close(peerfd);
-	}
 	if (!s->rx) {
-		unmap_sock(s);
+		if (peerfd >= 0)
+			close(peerfd);
 		return errno = ENOMEM, -1;
+	}
+	if (peerfd >= 0 && map_peer(s, sid, peerfd) < 0) {
+		int e = errno;
+		unmap_sock(s);
+		return errno = e, -1;
 	}
 	s->hdr = sock_hdr(sid);
 	int cpu = sched_getcpu();
@@ -348,9 +441,11 @@ int pd_socket(int domain, int type, int protocol)
 	int fds[8], nf;
 	int ret = -1;
 	if (call(g.conn, &r, &rp, fds, &nf) == 0) {
-		if (nf != 1)
+		if (nf != 1) {
+			for (int i = 0; i < nf; i++)
+				close(fds[i]);
 			errno = EPROTO;
-		else if (add_sock(rp.sid, fds[0], -1) == 0)
+		} else if (add_sock(rp.sid, fds[0], -1) == 0)
 			ret = rp.sid;
 	}
 	UNLOCK();
@@ -411,7 +506,9 @@ int pd_accept(int sid, struct sockaddr *addr, socklen_t *addrlen)
 		return errno = EBADF, -1;
 	}
 	if (call(g.conn, &r, &rp, fds, &nf) == 0) {
-		if (nf < 1) {
+		if (nf < 1 || nf > 2) {
+			for (int i = 0; i < nf; i++)
+				close(fds[i]);
 			errno = EPROTO;
 		} else if (add_sock(rp.sid, fds[0], nf > 1 ? fds[1] : -1) == 0) {
 			ret = rp.sid;
@@ -443,12 +540,12 @@ int pd_connect(int sid, const struct sockaddr *addr, socklen_t addrlen)
 	}
 	if (call(g.conn, &r, &rp, fds, &nf) == 0) {
 		ret = 0;
-		if (nf >= 1) {
-			s->peer = map_mirror(fds[0], g.ring);
-			close(fds[0]);
-			if (!s->peer)
-				ret = -1, errno = ENOMEM;
-		}
+		if (nf > 1 || (nf == 1 && s->peer)) {
+			for (int i = 0; i < nf; i++)
+				close(fds[i]);
+			ret = -1, errno = EPROTO;
+		} else if (nf == 1 && map_peer(s, sid, fds[0]) < 0)
+			ret = -1;
 		cur_sid = sid;
 	}
 	UNLOCK();
@@ -464,6 +561,8 @@ static void flush_release(int sid, struct psock *s)
 		return;
 	struct entry e = { .type = REQ_RELEASE, .dst = s->unposted, .cid = g.cid, .conn_id = (uint16_t)sid };
 	while (!q_push(sq(s->q), &e, 1)) {
+		if (gone())
+			return; /* nobody will take it */
 		drain_cq();
 		ring_doorbell();
 		struct timespec ts = { 0, 20000 };
@@ -566,9 +665,9 @@ static struct sbt *block(uint64_t off, uint16_t *idx)
 void *pd_malloc(size_t size)
 {
 	LOCK();
-	if (!g.inited || size == 0) {
+	if (!g.inited || size == 0 || g.dead) {
 		UNLOCK();
-		errno = g.inited ? EINVAL : ENOTCONN;
+		errno = !g.inited ? ENOTCONN : g.dead ? ECONNRESET : EINVAL;
 		return NULL;
 	}
 	struct psock *s = g.direct ? get(cur_sid) : NULL;
@@ -667,6 +766,10 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 		UNLOCK();
 		return errno = EBADF, -1;
 	}
+	if (g.dead) {
+		UNLOCK();
+		return errno = ECONNRESET, -1;
+	}
 	if ((e = sock_err(s))) {
 		UNLOCK();
 		return errno = e, -1;
@@ -676,9 +779,12 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 		return 0;
 	}
 	cur_sid = sid;
-	uint64_t n = len, limit = ld64(s->hdr, SH_TX_LIMIT);
-	if (s->queued + n > limit)
-		n = limit - s->queued;
+	/* the limit is in shared memory: never believe more room than one ring */
+	uint64_t n = len, room = ld64(s->hdr, SH_TX_LIMIT) - s->queued;
+	if (room > g.ring)
+		room = g.ring;
+	if (n > room)
+		n = room;
 	/* completions pile up when the program never calls pd_buf_refresh/pd_malloc/pd_epoll_wait:
 	 * take them now, or a full completion queue stops the engine from serving this queue */
 	if (q_free(cq(s->q)) <= g.depth / 2)
@@ -690,8 +796,9 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 		n = max;
 	if (n == 0) {
 		drain_cq();
+		e = again();
 		UNLOCK();
-		return errno = EAGAIN, -1;
+		return errno = e, -1;
 	}
 	struct entry es[64];
 	int k = 0;
@@ -772,13 +879,17 @@ ssize_t pd_recv(int sid, size_t buflen, void **recvbuf)
 		UNLOCK();
 		return errno = EBADF, -1;
 	}
+	/* the tail is in shared memory: never believe more than one ring */
 	uint64_t avail = ld64(s->hdr, SH_RX_TAIL) - s->head;
+	if (avail > g.ring)
+		avail = g.ring;
 	if (avail == 0) {
 		uint32_t st = ld32(s->hdr, SH_STATE);
+		int e = st == ST_CONNECTED ? again() : ENOTCONN;
 		UNLOCK();
 		if (st == ST_PEER_CLOSED)
 			return 0;
-		return errno = st == ST_CONNECTED ? EAGAIN : ENOTCONN, -1;
+		return errno = e, -1;
 	}
 	if (buflen < avail)
 		avail = buflen;
@@ -796,7 +907,7 @@ int pd_recv_done(int sid, size_t len)
 		return errno = EBADF, -1;
 	}
 	uint64_t tail = ld64(s->hdr, SH_RX_TAIL);
-	if (len > tail - s->head) {
+	if (len > tail - s->head || len > g.ring) {
 		UNLOCK();
 		return errno = EINVAL, -1;
 	}
@@ -966,6 +1077,20 @@ int pd_epoll_wait(int epfd, struct pd_epoll_event *events, int maxevents, int ti
 			UNLOCK();
 			return errno = EBADF, -1;
 		}
+		if (gone()) {
+			/* the daemon is gone: every watched socket reports an error (SO_ERROR: ECONNRESET) */
+			struct epoll *ep = &g.ep[epfd];
+			int n = 0;
+			for (int i = 0; i < ep->n && n < maxevents; i++) {
+				struct psock *s = get(ep->items[i].sid);
+				if (s)
+					__atomic_store_n((uint32_t *)(s->hdr + SH_ERROR), ECONNRESET, __ATOMIC_SEQ_CST);
+				events[n].events = PD_EPOLLERR | PD_EPOLLHUP;
+				events[n++].data = ep->items[i].ev.data;
+			}
+			UNLOCK();
+			return n ? n : (errno = ECONNRESET, -1);
+		}
 		int n = collect(&g.ep[epfd], events, maxevents);
 		if (n || timeout_ms == 0) {
 			UNLOCK();
@@ -975,7 +1100,7 @@ int pd_epoll_wait(int epfd, struct pd_epoll_event *events, int maxevents, int ti
 		sleeping = (uint32_t *)(g.ctl + PH_SLEEPING);
 		__atomic_add_fetch(sleeping, 1, __ATOMIC_SEQ_CST);
 		n = collect(&g.ep[epfd], events, maxevents);
-		int nfd = g.notify;
+		int nfd = g.notify, cfd = g.conn;
 		UNLOCK();
 		if (n) {
 			__atomic_sub_fetch(sleeping, 1, __ATOMIC_SEQ_CST);
@@ -992,9 +1117,9 @@ int pd_epoll_wait(int epfd, struct pd_epoll_event *events, int maxevents, int ti
 			}
 			wait = timeout_ms - (int)el;
 		}
-		struct pollfd pf = { .fd = nfd, .events = POLLIN };
-		/* the daemon going away must not hang us: wake at least every 100 ms */
-		poll(&pf, 1, wait < 0 || wait > 100 ? 100 : wait);
+		/* the control socket too: the daemon going away (a crash) wakes us at once */
+		struct pollfd pf[2] = { { .fd = nfd, .events = POLLIN }, { .fd = cfd, .events = POLLRDHUP } };
+		poll(pf, 2, wait < 0 || wait > 100 ? 100 : wait);
 		uint64_t v;
 		if (read(nfd, &v, 8) < 0) { /* nothing to drain */ }
 		__atomic_sub_fetch(sleeping, 1, __ATOMIC_SEQ_CST);

@@ -11,6 +11,10 @@
  *   ECONNREFUSED no listener            EADDRNOTAVAIL  address not in the caller's network namespace
  *   EADDRINUSE  address bound already   EPIPE  the peer closed (send)
  *   EFAULT buffer not from pd_malloc    EINVAL bad argument     ENOMEM  send ring full (pd_malloc)
+ *   ECONNRESET the daemon is gone (every call from then on; pd_epoll_wait reports PD_EPOLLERR |
+ *          PD_EPOLLHUP on every watched socket within 100 ms, SO_ERROR says ECONNRESET)
+ *   ETIMEDOUT  the daemon did not answer a control call within 5 s (the library is dead from then on)
+ *   EMFILE / ENOBUFS  the daemon's per-process or per-namespace limits (sockets; shared memory)
  *
  * Environment: PD_SOCKET (daemon socket), PD_RING_SIZE (receive ring bytes per socket),
  * PD_POOL_SIZE (send ring bytes per process); both sizes are powers of two.
@@ -26,7 +30,7 @@
 extern "C" {
 #endif
 
-#define PD_DEFAULT_SOCKET "/run/peregrine/pd.sock"
+#define PD_DEFAULT_SOCKET "/run/peregrine/pd/pd.sock" /* a directory of its own: mount it read-only into containers */
 
 int     pd_init(const char *chardev, int sqthresh, int cqthresh); /* chardev: daemon socket; NULL = $PD_SOCKET, else the default; 0 = default depths */
 void    pd_release(void);
@@ -35,7 +39,7 @@ int     pd_bind(int sid, const struct sockaddr *addr, socklen_t addrlen);   /* a
 int     pd_listen(int sid, int backlog);
 int     pd_accept(int sid, struct sockaddr *addr, socklen_t *addrlen);     /* new sid; -1/EAGAIN if none pending */
 int     pd_connect(int sid, const struct sockaddr *addr, socklen_t addrlen); /* 0; -1/ECONNREFUSED if no listener */
-ssize_t pd_send(int sid, const void *buf, size_t len);   /* buf inside a pd_malloc buffer; len, or -1/EAGAIN (peer ring full, nothing queued) */
+ssize_t pd_send(int sid, const void *buf, size_t len);   /* buf inside a pd_malloc buffer; bytes queued (see the notes) */
 int     pd_buf_refresh(int sid, void **ptrs, int ptrlen); /* how many of ptrs[] may be rewritten now; those are moved to the front */
 ssize_t pd_recv(int sid, size_t buflen, void **recvbuf); /* >0: that many bytes (<= buflen, contiguous) at *recvbuf; 0: peer closed and all consumed; -1/EAGAIN */
 int     pd_recv_done(int sid, size_t len);               /* releases len bytes from the front; pd_recv returns the same bytes until then */
@@ -70,7 +74,9 @@ int     pd_epoll_wait(int epfd, struct pd_epoll_event *events, int maxevents, in
  *   the ring: SO_RCVBUF; send such messages in pieces) and with EPIPE once the peer closed.
  * - Engine mode: the send ring is first fit, so a buffer kept and reused (pd_buf_refresh) does
  *   not hold up the rest; ENOMEM means no free block of that size now.
- * - pd_send may queue fewer than len bytes (stream semantics); -1/EAGAIN means nothing was queued.
+ * - pd_send has stream semantics, like send(2) on a non-blocking socket: it queues what fits now
+ *   (1..len bytes, from the front of buf) and returns how many; the caller sends the rest later
+ *   (wait for PD_EPOLLOUT). -1/EAGAIN: nothing fits now, nothing was queued.
  * - Events are level-triggered. pd_epoll_create's size is a hint only.
  * - Options: SOL_SOCKET SO_RCVBUF/SO_SNDBUF (ring sizes, read-only: set PD_RING_SIZE/PD_POOL_SIZE
  *   before pd_init), SO_ERROR (read and clear), SO_TYPE.

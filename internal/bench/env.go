@@ -11,6 +11,9 @@ import (
 )
 
 // environment describes the machine a run was measured on.
+// Environment describes this machine for a result file (pd bench's results use it too).
+func Environment(version string) results.Env { return environment(version) }
+
 func environment(version string) results.Env {
 	e := results.Env{Kernel: lab.KernelRelease(), CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), PeregrineVersion: version}
 	e.Hostname, _ = os.Hostname()

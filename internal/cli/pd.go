@@ -10,15 +10,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/peregrine-net/peregrine/internal/bench"
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/pipedevice"
+	"github.com/peregrine-net/peregrine/internal/pipedevice/pdbench"
 	"github.com/peregrine-net/peregrine/internal/report"
 	"github.com/peregrine-net/peregrine/internal/results"
 )
@@ -45,7 +46,7 @@ memory and hands each process only its own sockets' rings.`,
   sudo peregrine pd bench
 
   # C programs: #include "pd.h", link -lpd (make build puts bin/libpd.so and bin/libpd.a there)
-  cc -Ilibpd app.c -Lbin -lpd -o app && PD_SOCKET=/run/peregrine/pd.sock ./app`,
+  cc -Ilibpd app.c -Lbin -lpd -o app && PD_SOCKET=/run/peregrine/pd/pd.sock ./app`,
 	}
 	cmd.AddCommand(newPdDaemonCmd(), newPdStatusCmd(), newPdPerfCmd(), newPdBenchCmd())
 	return cmd
@@ -55,6 +56,8 @@ func newPdDaemonCmd() *cobra.Command {
 	var socket, cpus, mode string
 	var ring, pool int
 	var spin time.Duration
+	lim := pipedevice.DefaultLimits
+	var bytesPerNS string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the PipeDevice daemon in the foreground",
@@ -67,15 +70,29 @@ receiver's ring (the paper's design, with a CPU in place of the FPGA's DMA).
 --mode direct: a sender's pd_malloc buffers are carved from its connected peer's receive ring
 (memory shared by those two only), so pd_send publishes a descriptor and nothing is copied.
 
-Containers reach the daemon through its unix socket: in another mount namespace, bind-mount the
-socket's directory into the container (e.g. docker run -v /run/peregrine:/run/peregrine).
-Callers are told apart by their network namespace and may bind only its addresses.`,
+Containers reach the daemon through its unix socket, which lives in a directory of its own
+(/run/peregrine/pd): bind-mount that directory read-only into the container, and nothing else of
+/run/peregrine (e.g. docker run -v /run/peregrine/pd:/run/peregrine/pd:ro). A --socket elsewhere
+needs an existing directory that others cannot write; only a stale socket there is replaced.
+
+Every client is untrusted. Callers are told apart by their network namespace (taken once, from
+the connecting process), may bind only its addresses, and reach listeners only in their own
+namespace or their tenant domain (namespaces whose veths hang on the same bridge); an address two
+namespaces of the domain share is refused. Limits per client and per namespace (below) are
+refused with EMFILE (sockets), ENOBUFS (memory, queue depth) or EAGAIN (control connections);
+their defaults fit a 4096-connection workload with rings up to 256 KiB. A client that faults the
+engine or stops reading its replies is dropped, counted and logged; "pd status" shows the counts.`,
 		Example: `  sudo peregrine pd daemon
   sudo peregrine pd daemon --engine-cpus 1 --mode direct
-  sudo peregrine pd daemon --socket /tmp/pd.sock --ring 65536   # small rings for many connections`,
+  sudo mkdir -m 0755 /run/pd-a && sudo peregrine pd daemon --socket /run/pd-a/pd.sock --ring 65536   # small rings for many connections`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := pipedevice.Config{Socket: socket, Ring: ring, Pool: pool, Spin: spin}
+			b, err := parseBytes(bytesPerNS)
+			if err != nil {
+				return fmt.Errorf("--max-bytes-per-ns: %w", err)
+			}
+			lim.BytesPerNS = b
+			cfg := pipedevice.Config{Socket: socket, Ring: ring, Pool: pool, Spin: spin, Limits: lim}
 			switch mode {
 			case "engine":
 			case "direct":
@@ -117,6 +134,14 @@ Callers are told apart by their network namespace and may bind only its addresse
 	cmd.Flags().IntVar(&ring, "ring", pipedevice.DefaultRing, "receive ring bytes per socket (power of two; a client may ask otherwise with PD_RING_SIZE)")
 	cmd.Flags().IntVar(&pool, "pool", pipedevice.DefaultPool, "send ring (pd_malloc pool) bytes per process (power of two)")
 	cmd.Flags().DurationVar(&spin, "spin", 50*time.Microsecond, "how long an idle engine keeps polling before it sleeps on its doorbell")
+	f := cmd.Flags()
+	f.IntVar(&lim.ClientsPerNS, "max-clients-per-ns", lim.ClientsPerNS, "control connections (processes) per network namespace")
+	f.IntVar(&lim.SocksPerClient, "max-sockets-per-client", lim.SocksPerClient, "sockets per process (its socket table)")
+	f.IntVar(&lim.SocksPerNS, "max-sockets-per-ns", lim.SocksPerNS, "sockets per network namespace (a connection's two ends count for the connecting one)")
+	f.IntVar(&lim.PendingPerProc, "max-pending-per-client", lim.PendingPerProc, "unaccepted connections waiting on one process's listeners")
+	f.IntVar(&lim.MaxQDepth, "max-queue-depth", lim.MaxQDepth, "deepest submission/completion queue a process may ask for (power of two)")
+	f.StringVar(&bytesPerNS, "max-bytes-per-ns", "4GiB", "shared memory (rings, pools, queues) per network namespace")
+	f.IntVar(&lim.HugePerNS, "max-hugepages-per-ns", lim.HugePerNS, "2 MiB hugepages per network namespace (beyond: normal pages)")
 	return cmd
 }
 
@@ -129,9 +154,11 @@ func newPdStatusCmd() *cobra.Command {
 		Long: `Asks a running daemon (over its socket) what it holds: mode, engine CPUs, how many rings
 are live and whether they got hugepages (reserve some with sysctl vm.nr_hugepages=N, else rings
 use normal pages), bytes copied by the engine or published in place (direct mode), queue
-entries handled and refused, and each client process with its network namespace and sockets.`,
+entries handled and refused, clients dropped and requests refused by limits, the limits, what
+each network namespace holds, and each client process with its namespace and sockets. Root sees
+everything; any other caller becomes a client first and sees its own namespace only.`,
 		Example: `  peregrine pd status
-  peregrine pd status --socket /tmp/pd.sock --json | jq .clients`,
+  peregrine pd status --socket /run/pd-a/pd.sock --json | jq .clients`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := pipedevice.DaemonStatus(socket)
@@ -151,6 +178,17 @@ entries handled and refused, and each client process with its network namespace 
 			fmt.Fprintf(w, "moved       %d B copied, %d B published in place, %d entries (%d failed: refused by the engine)\n", st.BytesCopied, st.BytesPublish, st.Entries, st.FailedEntries)
 			if st.InternalErrs > 0 {
 				fmt.Fprintf(w, "internal    %d requests hit a daemon bug (their clients were dropped; see the daemon's stderr)\n", st.InternalErrs)
+			}
+			fmt.Fprintf(w, "dropped     %d clients (faulted the engine or stopped reading replies); %d requests refused by limits\n", st.Dropped, st.Refused)
+			l := st.Limits
+			fmt.Fprintf(w, "limits      per namespace: %d clients, %d sockets, %d B shared memory, %d hugepages; per client: %d sockets, %d pending, queue depth <= %d\n",
+				l.ClientsPerNS, l.SocksPerNS, l.BytesPerNS, l.HugePerNS, l.SocksPerClient, l.PendingPerProc, l.MaxQDepth)
+			if st.Note != "" {
+				fmt.Fprintf(w, "note        %s\n", st.Note)
+			}
+			fmt.Fprintf(w, "%-22s %8s %8s %14s %9s\n", "NETNS", "CLIENTS", "SOCKETS", "SHARED BYTES", "HUGEPAGES")
+			for ns, u := range st.Usage {
+				fmt.Fprintf(w, "%-22s %8d %8d %14d %9d\n", ns, u.Conns, u.Socks, u.Bytes, u.Huge)
 			}
 			fmt.Fprintf(w, "%-8s %-22s %s\n", "PID", "NETNS", "SOCKETS")
 			for _, c := range st.Clients {
@@ -229,9 +267,9 @@ a zero-copy path is not credited with data nobody touched (--no-touch turns that
 
   # PipeDevice between two lab containers (the daemon runs on the host; the socket is reachable
   # from the containers since lab namespaces share the file system)
-  sudo peregrine pd daemon --socket /tmp/pd.sock &
-  sudo peregrine lab exec h1-c2 -- peregrine pd perf server --socket /tmp/pd.sock --bind 198.19.1.3:5201 &
-  sudo peregrine lab exec h1-c1 -- peregrine pd perf client --socket /tmp/pd.sock --connect 198.19.1.3:5201 --conns 8
+  sudo peregrine pd daemon --socket /run/pd-a/pd.sock &
+  sudo peregrine lab exec h1-c2 -- peregrine pd perf server --socket /run/pd-a/pd.sock --bind 198.19.1.3:5201 &
+  sudo peregrine lab exec h1-c1 -- peregrine pd perf client --socket /run/pd-a/pd.sock --connect 198.19.1.3:5201 --conns 8
 
   # latency at 64 B, kernel TCP between two lab containers
   sudo peregrine lab exec h1-c2 -- peregrine pd perf server --transport tcp --bind 0.0.0.0:5201 --latency &
@@ -265,7 +303,7 @@ a zero-copy path is not credited with data nobody touched (--no-touch turns that
 }
 
 func newPdBenchCmd() *cobra.Command {
-	var o bench.PDOptions
+	var o pdbench.PDOptions
 	var transports string
 	var sizes, latSizes, scale []int
 	var asJSON bool
@@ -300,12 +338,12 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			started := time.Now()
-			rep, err := bench.RunPD(ctx, o)
+			rep, err := pdbench.RunPD(ctx, o)
 			if rep == nil {
 				return err
 			}
 			if reportDir != "" {
-				if werr := writePDResults(reportDir, bench.PDRuns(rep, o, started, time.Now(), Version)); werr != nil {
+				if werr := writePDResults(reportDir, pdbench.PDRuns(rep, o, started, time.Now(), Version)); werr != nil {
 					return errors.Join(err, werr)
 				}
 			}
@@ -340,7 +378,7 @@ issue's targets as ratios against tcp. Needs root; run one benchmark at a time.`
 	return cmd
 }
 
-func printPDReport(w io.Writer, rep *bench.PDReport) {
+func printPDReport(w io.Writer, rep *pdbench.PDReport) {
 	fmt.Fprintf(w, "kernel %s, %d CPUs\n\n", rep.Kernel, rep.CPUs)
 	fmt.Fprintf(w, "%-10s %-10s %8s %6s %9s %12s %12s %12s %9s %9s %8s\n", "TEST", "TRANSPORT", "SIZE", "CONNS", "Gbit/s", "app CPU-s/GiB", "total CPU-s/GiB", "engine", "p50 us", "p99 us", "cv")
 	for _, p := range rep.Points {
@@ -351,7 +389,7 @@ func printPDReport(w io.Writer, rep *bench.PDReport) {
 		fmt.Fprintf(w, "%-10s %-10s %8d %6d %9.2f %12.3f %12.3f %12.3f %9.1f %9.1f %8.3f\n", p.Test, p.Transport, p.Size, p.Conns,
 			p.Gbps, p.AppCPU, p.TotalCPU, p.EngineCPU, p.P50us, p.P99us, p.FairCV)
 	}
-	find := func(test, tr string, size, conns int) *bench.PDPoint {
+	find := func(test, tr string, size, conns int) *pdbench.PDPoint {
 		for i := range rep.Points {
 			p := &rep.Points[i]
 			if p.Test == test && p.Transport == tr && p.Size == size && (conns == 0 || p.Conns == conns) && p.Err == "" {
@@ -385,7 +423,7 @@ func printPDReport(w io.Writer, rep *bench.PDReport) {
 		}
 	}
 	for _, tr := range []string{"tcp", "sockmap", "pd-engine", "pd-direct"} {
-		var pts []*bench.PDPoint
+		var pts []*pdbench.PDPoint
 		for i := range rep.Points {
 			if p := &rep.Points[i]; p.Test == "scale" && p.Transport == tr && p.Err == "" {
 				pts = append(pts, p)
@@ -418,4 +456,23 @@ func writePDResults(dir string, runs []*results.Run) error {
 	}
 	stderrLog("report: %s", idx)
 	return nil
+}
+
+// parseBytes reads a byte count: a number with an optional KiB, MiB or GiB suffix.
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if v, ok := strings.CutSuffix(s, u.suf); ok {
+			s, mult = v, u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("%q: want a positive number of bytes, optionally with KiB, MiB or GiB", s)
+	}
+	return n * mult, nil
 }

@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // buildLibpd builds libpd (the Makefile's libpd target, into a private directory so a parallel
@@ -77,15 +76,10 @@ func TestCLibrary(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer srv.Process.Kill()
-			var cb []byte
-			for try := 0; try < 100; try++ {
-				cl := exec.Command(filepath.Join(out, "pd-example-client"), "127.0.0.1", port, fmt.Sprint(20<<20), "65536")
-				cl.Env = env
-				if cb, err = cl.CombinedOutput(); err == nil || !strings.Contains(string(cb), "refused") {
-					break
-				}
-				time.Sleep(20 * time.Millisecond) // the server is not listening yet
-			}
+			eventually(t, "the example server listens", func() bool { return d.listensOn(uint16(8101 + 10*i)) })
+			cl := exec.Command(filepath.Join(out, "pd-example-client"), "127.0.0.1", port, fmt.Sprint(20<<20), "65536")
+			cl.Env = env
+			cb, err := cl.CombinedOutput()
 			if err != nil {
 				t.Fatalf("example client: %v\n%s", err, cb)
 			}
@@ -99,4 +93,16 @@ func TestCLibrary(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listensOn says whether some client listens on port (any address, any namespace).
+func (d *Daemon) listensOn(port uint16) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k, s := range d.bound {
+		if k.port == port && s.state() == SockListen {
+			return true
+		}
+	}
+	return false
 }

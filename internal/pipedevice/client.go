@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,9 @@ type Client struct {
 	engPage  []byte
 	doorbell int
 	notify   int
+	connFD   int         // a dup of the control socket, polled to learn that the daemon is gone
+	dead     atomic.Bool // the daemon went away (or broke the protocol): every call fails
+	agains   atomic.Uint32
 	sqs, cqs []*Queue
 	socks    map[int]*csock
 	Ring     uint64
@@ -70,6 +74,9 @@ const sbtSize = 16384
 
 // Errno errors are returned as unix.Errno so callers can compare with unix.EAGAIN etc.
 
+// callTimeout bounds every control call: a daemon that does not answer is taken for dead.
+const callTimeout = 5 * time.Second
+
 // Dial connects to the daemon (pd_init). ring and pool 0 take the daemon's defaults.
 func Dial(socket string, ring, pool int) (*Client, error) {
 	if socket == "" {
@@ -79,47 +86,69 @@ func Dial(socket string, ring, pool int) (*Client, error) {
 	if err != nil {
 		return nil, dialError(socket, err)
 	}
-	c := &Client{conn: conn, socks: map[int]*csock{}, sbt: make([]sbtEntry, sbtSize)}
+	c := &Client{conn: conn, socks: map[int]*csock{}, sbt: make([]sbtEntry, sbtSize), doorbell: -1, notify: -1, connFD: -1}
 	for i := sbtSize - 1; i >= 0; i-- {
 		c.freeSlots = append(c.freeSlots, uint16(i))
 	}
+	if err := c.hello(ring, pool); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// hello asks for memory, checks every field of the reply before using it (a daemon, or whatever
+// listens on the socket, is not trusted with the client's memory safety either), maps the memory
+// and seals it.
+func (c *Client) hello(ring, pool int) error {
 	rep, err := c.call(Request{Op: OpHello, A0: uint32(ring), A1: uint32(pool)})
 	if err != nil {
-		conn.Close()
-		return nil, err
+		return err
 	}
 	if len(rep.FDs) != 5 {
 		closeFDs(rep.FDs)
-		conn.Close()
-		return nil, fmt.Errorf("hello: %d fds", len(rep.FDs))
+		return fmt.Errorf("hello: %d fds: %w", len(rep.FDs), unix.EPROTO)
 	}
+	defer closeFDs([]int{rep.FDs[0], rep.FDs[1], rep.FDs[4]})
+	c.doorbell, c.notify = rep.FDs[2], rep.FDs[3]
 	c.CID = uint16(rep.SID)
 	c.Direct = rep.V[0] == 1
 	c.lay = CtlLayout{NQ: int(rep.V[1]), QDepth: int(rep.V[2]), MaxSock: int(rep.V[3])}
 	c.PoolHuge = rep.V[4] == 1
 	c.Ring, c.poolSize = rep.W[0], rep.W[1]
-	ctlFD, poolFD, engFD := rep.FDs[0], rep.FDs[1], rep.FDs[4]
-	c.doorbell, c.notify = rep.FDs[2], rep.FDs[3]
-	defer unix.Close(ctlFD)
-	defer unix.Close(poolFD)
-	defer unix.Close(engFD)
-	if c.ctl, err = unix.Mmap(ctlFD, 0, c.lay.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		c.Close()
-		return nil, err
+	if !replyLayoutOK(c.lay, c.Ring, c.poolSize) || rep.V[0] > 1 {
+		return fmt.Errorf("hello: the daemon's reply is out of range (nq %d depth %d sockets %d ring %d pool %d): %w",
+			c.lay.NQ, c.lay.QDepth, c.lay.MaxSock, c.Ring, c.poolSize, unix.EPROTO)
 	}
-	if c.pool, err = MapMirror(poolFD, 0, int(c.poolSize)); err != nil {
-		c.Close()
-		return nil, err
+	if c.ctl, err = unix.Mmap(rep.FDs[0], 0, c.lay.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return err
 	}
-	if c.engPage, err = unix.Mmap(engFD, 0, 4096, unix.PROT_READ, unix.MAP_SHARED); err != nil {
-		c.Close()
-		return nil, err
+	if c.pool, err = MapMirror(rep.FDs[1], 0, int(c.poolSize)); err != nil {
+		return err
+	}
+	if c.engPage, err = unix.Mmap(rep.FDs[4], 0, 4096, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return err
 	}
 	for q := 0; q < c.lay.NQ; q++ {
 		c.sqs = append(c.sqs, NewQueue(c.ctl[c.lay.SQOff(q):c.lay.CQOff(q)], c.lay.QDepth))
 		c.cqs = append(c.cqs, NewQueue(c.ctl[c.lay.CQOff(q):c.lay.CQOff(q)+QueueHdr+c.lay.QDepth*EntrySize], c.lay.QDepth))
 	}
-	return c, nil
+	raw, err := c.conn.SyscallConn()
+	if err == nil {
+		raw.Control(func(fd uintptr) { c.connFD, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) })
+	}
+	if err != nil {
+		return err
+	}
+	_, err = c.call(Request{Op: OpSeal})
+	return err
+}
+
+// replyLayoutOK: what a hello reply may say (the same bounds libpd checks).
+func replyLayoutOK(l CtlLayout, ring, pool uint64) bool {
+	pow2 := func(v, lo, hi uint64) bool { return v >= lo && v <= hi && v&(v-1) == 0 }
+	return l.NQ >= 1 && l.NQ <= 1024 && pow2(uint64(l.QDepth), 64, 65536) && l.MaxSock >= 1 && l.MaxSock <= 65536 &&
+		pow2(ring, 4096, 1<<30) && pow2(pool, 4096, 1<<30)
 }
 
 func closeFDs(fds []int) {
@@ -130,7 +159,11 @@ func closeFDs(fds []int) {
 
 // Close is pd_release: the daemon reclaims every socket of this client.
 func (c *Client) Close() {
+	c.dead.Store(true)
 	c.conn.Close()
+	if c.connFD >= 0 {
+		unix.Close(c.connFD)
+	}
 	for _, m := range [][]byte{c.ctl, c.pool, c.engPage} {
 		if m != nil {
 			unix.Munmap(m)
@@ -142,19 +175,33 @@ func (c *Client) Close() {
 			unix.Munmap(s.peerRing)
 		}
 	}
-	unix.Close(c.doorbell)
-	unix.Close(c.notify)
+	for _, fd := range []int{c.doorbell, c.notify} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
+// call runs one control request with a deadline. A failed or timed-out call leaves the protocol
+// out of step, so the client is dead from then on (ECONNRESET for everything).
 func (c *Client) call(r Request) (Reply, error) {
+	if c.dead.Load() {
+		return Reply{}, unix.ECONNRESET
+	}
+	c.conn.SetDeadline(time.Now().Add(callTimeout))
 	if _, _, err := c.conn.WriteMsgUnix(r.marshal(), nil, nil); err != nil {
-		return Reply{}, err
+		c.dead.Store(true)
+		return Reply{}, fmt.Errorf("pd daemon: %w", unix.ECONNRESET)
 	}
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(8*4))
 	n, oobn, _, _, err := c.conn.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return Reply{}, err
+	if err != nil || n == 0 {
+		c.dead.Store(true)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return Reply{}, fmt.Errorf("pd daemon did not answer in %v: %w", callTimeout, unix.ETIMEDOUT)
+		}
+		return Reply{}, fmt.Errorf("pd daemon gone: %w", unix.ECONNRESET)
 	}
 	rep, err := parseReply(buf[:n])
 	if err != nil {
@@ -196,13 +243,34 @@ func DaemonStatus(socket string) ([]byte, error) {
 	defer conn.Close()
 	c := &Client{conn: conn}
 	rep, err := c.call(Request{Op: OpStatus})
+	if errors.Is(err, unix.EACCES) {
+		// not root: a client (past hello) may ask; it sees its own namespace
+		conn.Close()
+		cl, err := Dial(socket, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		rep, err = cl.call(Request{Op: OpStatus})
+		return rep.Body, err
+	}
 	return rep.Body, err
 }
 
+// addSock maps a new socket's receive ring (read-only: the daemon sealed it, or the peer writes
+// it) and, in direct mode, the peer's ring, which it then asks the daemon to seal. The sid comes
+// from the daemon and is checked like every other reply field.
 func (c *Client) addSock(sid int, rxFD int, peerFD int) (*csock, error) {
+	if sid < 0 || sid >= c.lay.MaxSock || c.socks[sid] != nil {
+		closeFDs([]int{rxFD})
+		if peerFD >= 0 {
+			unix.Close(peerFD)
+		}
+		return nil, fmt.Errorf("socket id %d from the daemon: %w", sid, unix.EPROTO)
+	}
 	s := &csock{sid: sid, R: c.Ring, hdr: c.ctl[c.lay.SockOff(sid) : c.lay.SockOff(sid)+SockHdrSize]}
 	var err error
-	s.rx, err = MapMirror(rxFD, 0, int(c.Ring))
+	s.rx, err = MapMirrorRO(rxFD, 0, int(c.Ring))
 	unix.Close(rxFD)
 	if err != nil {
 		if peerFD >= 0 {
@@ -211,9 +279,8 @@ func (c *Client) addSock(sid int, rxFD int, peerFD int) (*csock, error) {
 		return nil, err
 	}
 	if peerFD >= 0 {
-		s.peerRing, err = MapMirror(peerFD, 0, int(c.Ring))
-		unix.Close(peerFD)
-		if err != nil {
+		if err := c.mapPeer(s, peerFD); err != nil {
+			unix.Munmap(s.rx)
 			return nil, err
 		}
 	}
@@ -222,11 +289,30 @@ func (c *Client) addSock(sid int, rxFD int, peerFD int) (*csock, error) {
 	return s, nil
 }
 
+// mapPeer maps the peer's ring writable (direct mode) and has the daemon seal it.
+func (c *Client) mapPeer(s *csock, fd int) error {
+	var err error
+	s.peerRing, err = MapMirror(fd, 0, int(c.Ring))
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	if _, err = c.call(Request{Op: OpSeal, A0: 1, SID: uint32(s.sid)}); err != nil {
+		unix.Munmap(s.peerRing)
+		s.peerRing = nil
+	}
+	return err
+}
+
 // Socket is pd_socket.
 func (c *Client) Socket() (int, error) {
 	rep, err := c.call(Request{Op: OpSocket})
 	if err != nil {
 		return -1, err
+	}
+	if len(rep.FDs) != 1 {
+		closeFDs(rep.FDs)
+		return -1, unix.EPROTO
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -256,6 +342,10 @@ func (c *Client) Accept(sid int) (int, netip.AddrPort, error) {
 	if err != nil {
 		return -1, netip.AddrPort{}, err
 	}
+	if len(rep.FDs) < 1 || len(rep.FDs) > 2 {
+		closeFDs(rep.FDs)
+		return -1, netip.AddrPort{}, unix.EPROTO
+	}
 	peerFD := -1
 	if len(rep.FDs) > 1 {
 		peerFD = rep.FDs[1]
@@ -278,13 +368,11 @@ func (c *Client) Connect(sid int, ap netip.AddrPort) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		s := c.socks[sid]
-		if s == nil {
+		if s == nil || len(rep.FDs) != 1 || s.peerRing != nil {
 			closeFDs(rep.FDs)
-			return unix.EBADF
+			return unix.EPROTO
 		}
-		s.peerRing, err = MapMirror(rep.FDs[0], 0, int(c.Ring))
-		unix.Close(rep.FDs[0])
-		return err
+		return c.mapPeer(s, rep.FDs[0])
 	}
 	return nil
 }
@@ -310,161 +398,6 @@ func (c *Client) CloseSock(sid int) error {
 	return err
 }
 
-// Malloc is pd_malloc from the process's send ring (engine mode) or, in direct mode with sid >= 0,
-// from the connected peer's receive ring. nil with unix.ENOMEM/EAGAIN when there is no room now.
-func (c *Client) Malloc(sid int, size int) ([]byte, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if size <= 0 {
-		return nil, unix.EINVAL
-	}
-	if c.Direct && sid >= 0 {
-		s := c.socks[sid]
-		if s == nil || s.peerRing == nil {
-			return nil, unix.ENOTCONN
-		}
-		if err := c.sockErr(s); err != nil {
-			return nil, err // the peer closed: its ring takes nothing more
-		}
-		limit := load64(s.hdr, ShTxLimit)
-		if s.dalloc+uint64(size) > limit || uint64(size) > s.R {
-			return nil, unix.EAGAIN
-		}
-		off := s.dalloc & (s.R - 1)
-		s.dalloc += uint64(size)
-		return s.peerRing[off : off+uint64(size)], nil
-	}
-	c.drainCQ()
-	sz := (uint64(size) + 63) &^ 63
-	if len(c.freeSlots) == 0 || sz > c.poolSize {
-		return nil, unix.ENOMEM
-	}
-	// first fit among the gaps between live blocks
-	at, prevEnd := -1, uint64(0)
-	for i, slot := range c.order {
-		if c.sbt[slot].off-prevEnd >= sz {
-			at = i
-			break
-		}
-		prevEnd = c.sbt[slot].off + c.sbt[slot].size
-	}
-	if at < 0 {
-		if c.poolSize-prevEnd < sz {
-			return nil, unix.ENOMEM
-		}
-		at = len(c.order)
-	}
-	slot := c.freeSlots[len(c.freeSlots)-1]
-	c.freeSlots = c.freeSlots[:len(c.freeSlots)-1]
-	c.sbt[slot] = sbtEntry{off: prevEnd, size: sz, live: true}
-	c.order = append(c.order, 0)
-	copy(c.order[at+1:], c.order[at:])
-	c.order[at] = slot
-	return c.pool[prevEnd : prevEnd+uint64(size)], nil
-}
-
-func (c *Client) poolOff(b []byte) (uint64, bool) {
-	if len(b) == 0 {
-		return 0, false
-	}
-	base := uintptr(unsafe.Pointer(&c.pool[0]))
-	p := uintptr(unsafe.Pointer(&b[0]))
-	if p < base || p+uintptr(len(b)) > base+uintptr(len(c.pool)) {
-		return 0, false
-	}
-	return uint64(p-base) & (c.poolSize - 1), true
-}
-
-// block finds the live, not freed SBT entry holding pool offset off.
-func (c *Client) block(off uint64) (uint16, *sbtEntry) {
-	lo, hi := 0, len(c.order)
-	for lo < hi {
-		m := (lo + hi) / 2
-		if c.sbt[c.order[m]].off+c.sbt[c.order[m]].size <= off {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(c.order) {
-		slot := c.order[lo]
-		if e := &c.sbt[slot]; e.off <= off && off < e.off+e.size && !e.freed {
-			return slot, e
-		}
-	}
-	return 0, nil
-}
-
-// release drops a block that is freed and no longer read by a send.
-func (c *Client) release(slot uint16) {
-	e := &c.sbt[slot]
-	if !e.live || !e.freed || e.inflight > 0 {
-		return
-	}
-	for i, x := range c.order {
-		if x == slot {
-			c.order = append(c.order[:i], c.order[i+1:]...)
-			break
-		}
-	}
-	*e = sbtEntry{}
-	c.freeSlots = append(c.freeSlots, slot)
-}
-
-// Free is pd_free.
-func (c *Client) Free(b []byte) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	off, ok := c.poolOff(b)
-	if !ok {
-		// direct-mode reservation: unsent reservations are dropped
-		for _, s := range c.socks {
-			if s.peerRing != nil && inside(s.peerRing, b) {
-				s.dalloc = s.dpub
-				return nil
-			}
-		}
-		return unix.EINVAL
-	}
-	slot, e := c.block(off)
-	if e == nil {
-		return unix.EINVAL
-	}
-	e.freed = true
-	c.release(slot)
-	return nil
-}
-
-func inside(m, b []byte) bool {
-	if len(b) == 0 || len(m) == 0 {
-		return false
-	}
-	base := uintptr(unsafe.Pointer(&m[0]))
-	p := uintptr(unsafe.Pointer(&b[0]))
-	return p >= base && p+uintptr(len(b)) <= base+uintptr(len(m))
-}
-
-func (c *Client) drainCQ() {
-	var e Entry
-	for _, cq := range c.cqs {
-		for cq.Pop(&e) {
-			slot := e.EntrySeq % sbtSize
-			if b := &c.sbt[slot]; b.live && b.inflight > 0 {
-				b.inflight--
-				c.release(slot)
-			}
-		}
-	}
-}
-
-func (c *Client) ring() {
-	if load32(c.engPage, 0) > 0 {
-		var one [8]byte
-		one[0] = 1
-		unix.Write(c.doorbell, one[:])
-	}
-}
-
 func (c *Client) sockErr(s *csock) error {
 	switch load32(s.hdr, ShState) {
 	case SockConnected:
@@ -488,6 +421,9 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 	if s == nil {
 		return -1, unix.EBADF
 	}
+	if c.dead.Load() {
+		return -1, unix.ECONNRESET
+	}
 	if err := c.sockErr(s); err != nil {
 		return -1, err
 	}
@@ -495,9 +431,9 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	limit := load64(s.hdr, ShTxLimit)
-	if s.queued+n > limit {
-		n = limit - s.queued
+	// the limit is in shared memory: never believe more room than one ring
+	if room := min(load64(s.hdr, ShTxLimit)-s.queued, s.R); n > room {
+		n = room
 	}
 	sq := c.sqs[s.q]
 	if c.cqs[s.q].Len() >= c.lay.QDepth/2 {
@@ -511,7 +447,7 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 	}
 	if n == 0 {
 		c.drainCQ()
-		return -1, unix.EAGAIN
+		return -1, c.again()
 	}
 	var es [64]Entry
 	ents := es[:0]
@@ -580,13 +516,14 @@ func (c *Client) Recv(sid int, max int) ([]byte, error) {
 	if s == nil {
 		return nil, unix.EBADF
 	}
-	avail := load64(s.hdr, ShRxTail) - s.head
+	// the tail is in shared memory: never believe more than one ring
+	avail := min(load64(s.hdr, ShRxTail)-s.head, s.R)
 	if avail == 0 {
 		switch load32(s.hdr, ShState) {
 		case SockPeerClosed:
 			return nil, nil
 		case SockConnected:
-			return nil, unix.EAGAIN
+			return nil, c.again()
 		default:
 			return nil, unix.ENOTCONN
 		}
@@ -625,88 +562,13 @@ func (c *Client) flushRelease(s *csock) {
 	}
 	e := Entry{Type: ReqRelease, Dst: s.unposted, CID: c.CID, ConnID: uint16(s.sid)}
 	for !c.sqs[s.q].Push(e) {
+		if c.gone() {
+			return // nobody will take it
+		}
 		c.drainCQ()
 		c.ring()
 		time.Sleep(20 * time.Microsecond)
 	}
 	s.unposted = 0
 	c.ring()
-}
-
-// Readable / Writable / Pending say what pd_epoll_wait would report.
-func (c *Client) Readable(sid int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := c.socks[sid]
-	if s == nil {
-		return false
-	}
-	st := load32(s.hdr, ShState)
-	return load64(s.hdr, ShRxTail) != s.head || st == SockPeerClosed || load32(s.hdr, ShPending) > 0
-}
-
-// Room is how many bytes Send could queue now.
-func (c *Client) Room(sid int) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := c.socks[sid]
-	if s == nil {
-		return 0
-	}
-	return int(load64(s.hdr, ShTxLimit) - s.queued)
-}
-
-// Wait blocks until ready() holds or timeout passes (the engine wakes sleepers through the
-// notify eventfd). ready is evaluated after announcing the sleep, so no wake-up is lost.
-func (c *Client) Wait(ready func() bool, timeout time.Duration) bool {
-	// Spin a little first, yielding the CPU between looks: a reply often comes within
-	// microseconds, and a sleep costs two context switches plus the engine's wake-up.
-	for i := 0; i < c.SpinLooks; i++ {
-		if ready() {
-			return true
-		}
-		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		if ready() {
-			return true
-		}
-		atomic.AddUint32(u32At(c.ctl, PhSleeping), 1)
-		if ready() {
-			atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
-			return true
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
-			return false
-		}
-		ms := int(left / time.Millisecond)
-		if ms == 0 {
-			ms = 1
-		}
-		unix.Poll([]unix.PollFd{{Fd: int32(c.notify), Events: unix.POLLIN}}, ms)
-		var b [8]byte
-		unix.Read(c.notify, b[:])
-		atomic.AddUint32(u32At(c.ctl, PhSleeping), ^uint32(0))
-	}
-}
-
-func (c *Client) nsocks() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.socks)
-}
-
-// IsAgain says whether err is EAGAIN.
-func IsAgain(err error) bool { return errors.Is(err, unix.EAGAIN) }
-
-func currentCPU() int {
-	var cpu, node uint32
-	_, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), uintptr(unsafe.Pointer(&node)), 0)
-	if e != 0 {
-		return 0
-	}
-	return int(cpu)
 }

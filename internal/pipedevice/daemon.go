@@ -7,16 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// DefaultSocket is where the daemon listens unless told otherwise.
-const DefaultSocket = "/run/peregrine/pd.sock"
 
 // Config of a daemon.
 type Config struct {
@@ -27,7 +23,7 @@ type Config struct {
 	Pool       int   // default send ring (pd_malloc pool) per process
 	Spin       time.Duration
 	QDepth     int
-	MaxSock    int
+	Limits     Limits
 }
 
 func (c *Config) defaults() {
@@ -46,8 +42,9 @@ func (c *Config) defaults() {
 	if c.QDepth == 0 {
 		c.QDepth = DefaultQDepth
 	}
-	if c.MaxSock == 0 {
-		c.MaxSock = DefaultMaxSock
+	c.Limits.defaults()
+	if c.QDepth > c.Limits.MaxQDepth {
+		c.QDepth = c.Limits.MaxQDepth
 	}
 }
 
@@ -61,10 +58,12 @@ type Daemon struct {
 	nextCID    uint16
 	bound      map[bindKey]*sock
 	nsAddrs    map[string][]netip.Addr
+	domains    map[string][]domainKey
+	usage      map[string]*usage
 	nextPort   uint16
 	procList   atomic.Pointer[[]*proc] // what the engines poll (copy on write)
 	engines    []*engine
-	doorbell   int
+	doorbell   int // the daemon's own: wakes the engines for closes and reclaims
 	engPage    *Memfd
 	reclaimMu  sync.Mutex
 	reclaimQ   []*sock
@@ -72,12 +71,15 @@ type Daemon struct {
 	done       chan struct{}
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
+	fdLimit    int
+	conns      int // control connections (d.mu)
 
 	ringsHuge, ringsNormal atomic.Int64
 	ringsLive              atomic.Int64
 	bytesMoved, published  atomic.Uint64
 	entries, failed        atomic.Uint64
 	internalErrors         atomic.Uint64
+	dropped, refused       atomic.Uint64
 }
 
 type bindKey struct {
@@ -85,6 +87,12 @@ type bindKey struct {
 	ip   [4]byte
 	port uint16
 }
+
+// Time limits on control connections: a caller must say hello soon, and must read its replies.
+const (
+	helloTimeout = 5 * time.Second
+	replyTimeout = time.Second
+)
 
 // NewDaemon listens on cfg.Socket and starts the engines; Serve runs the control loop.
 func NewDaemon(cfg Config) (*Daemon, error) {
@@ -95,45 +103,52 @@ func NewDaemon(cfg Config) (*Daemon, error) {
 	if cfg.Pool&(cfg.Pool-1) != 0 || cfg.Pool < 4096 {
 		return nil, fmt.Errorf("pool size %d: want a power of two >= 4096", cfg.Pool)
 	}
-	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+	if err := cfg.Limits.check(); err != nil {
 		return nil, err
 	}
-	if c, err := net.Dial("unixpacket", cfg.Socket); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("a daemon already serves %s", cfg.Socket)
-	}
-	os.Remove(cfg.Socket)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: cfg.Socket, Net: "unixpacket"})
+	ln, err := listenSocket(cfg.Socket, cfg.Socket == DefaultSocket)
 	if err != nil {
 		return nil, err
 	}
-	// Containers run as any user; access control is per network namespace, not by file mode.
-	os.Chmod(cfg.Socket, 0o666)
 	db, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
+	// The engines' sleep counter: written only by the daemon, sealed so clients can map it
+	// read-only and in no other way (one page shared by all clients, writable by none).
 	page, err := NewMemfd("prg-pd-engine", 4096, false)
+	if err == nil {
+		if err = page.SealWrites(); err != nil {
+			page.Close()
+		}
+	}
 	if err != nil {
 		ln.Close()
 		unix.Close(db)
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, ln: ln, procs: map[*proc]bool{}, bound: map[bindKey]*sock{}, nsAddrs: map[string][]netip.Addr{},
+		domains: map[string][]domainKey{}, usage: map[string]*usage{}, fdLimit: raiseFDLimit(),
 		nextPort: 32768, doorbell: db, engPage: page, reclaimSig: make(chan struct{}, 1), done: make(chan struct{}), nextCID: 1}
 	d.procList.Store(&[]*proc{})
-	n := len(cfg.EngineCPUs)
-	if n == 0 {
-		n = 1
-	}
+	n := max(len(cfg.EngineCPUs), 1)
 	for i := 0; i < n; i++ {
 		cpu := -1
 		if i < len(cfg.EngineCPUs) {
 			cpu = cfg.EngineCPUs[i]
 		}
-		e := &engine{d: d, idx: i, n: n, cpu: cpu}
+		e, err := newEngine(d, i, n, cpu)
+		if err != nil {
+			d.closeEngines()
+			ln.Close()
+			unix.Close(db)
+			page.Close()
+			return nil, err
+		}
 		d.engines = append(d.engines, e)
+	}
+	for _, e := range d.engines {
 		d.wg.Add(1)
 		go e.run()
 	}
@@ -176,27 +191,75 @@ func (d *Daemon) Close() {
 		d.mu.Unlock()
 		d.wakeEngines()
 		d.wg.Wait()
+		d.closeEngines()
 		unix.Close(d.doorbell)
 		d.engPage.Close()
 	})
 }
 
-func (d *Daemon) wakeEngines() {
-	var one [8]byte
-	one[0] = 1
-	unix.Write(d.doorbell, one[:])
+func (d *Daemon) closeEngines() {
+	for _, e := range d.engines {
+		unix.Close(e.epfd)
+	}
 }
 
+func (d *Daemon) wakeEngines() { ringEventfd(d.doorbell) }
+
+func ringEventfd(fd int) {
+	var one [8]byte
+	one[0] = 1
+	unix.Write(fd, one[:])
+}
+
+// serveConn serves one control connection. The caller is identified once, here; its namespace
+// pays for the connection from the start, so a flood of connections that never say hello is
+// capped like clients are.
 func (d *Daemon) serveConn(c *net.UnixConn) {
 	defer d.wg.Done()
+	defer c.Close()
+	id, err := peerIdentity(c)
+	if err != nil {
+		return
+	}
+	defer unix.Close(id.nsfd)
+	d.mu.Lock()
+	u := d.usage[id.ns]
+	if u == nil {
+		u = &usage{}
+		d.usage[id.ns] = u
+	}
+	// per namespace, and all together: each connection holds two fds (socket and namespace),
+	// and namespaces are cheap to make where user namespaces are allowed
+	full := u.Conns >= d.cfg.Limits.ClientsPerNS || d.conns >= (d.fdLimit-fdReserve)/8
+	if !full {
+		u.Conns++
+		d.conns++
+	}
+	d.mu.Unlock()
+	if full {
+		d.refused.Add(1)
+		c.SetDeadline(time.Now().Add(replyTimeout))
+		buf := make([]byte, MsgSize)
+		if _, _, _, _, err := c.ReadMsgUnix(buf, nil); err == nil {
+			c.WriteMsgUnix((&Reply{Err: uint32(unix.EAGAIN)}).marshal(), nil, nil)
+		}
+		return
+	}
 	var p *proc
 	defer func() {
-		c.Close()
 		if p != nil {
 			d.dropProc(p)
 		}
+		d.mu.Lock()
+		if u := d.usage[id.ns]; u != nil {
+			u.Conns--
+		}
+		d.conns--
+		d.evictIfIdle(id.ns)
+		d.mu.Unlock()
 	}()
 	buf := make([]byte, 512)
+	c.SetReadDeadline(time.Now().Add(helloTimeout))
 	for {
 		n, _, _, _, err := c.ReadMsgUnix(buf, nil)
 		if err != nil || n == 0 {
@@ -206,54 +269,70 @@ func (d *Daemon) serveConn(c *net.UnixConn) {
 		var rep Reply
 		if err != nil {
 			rep.Err = uint32(unix.EINVAL)
-		} else if rep, err = d.safeHandle(c, &p, req); err != nil {
-			stderrf("pd daemon: dropping client (pid %d): %v", pidOf(p), err)
+		} else if rep, err = d.safeHandle(c, &id, &p, req); err != nil {
+			d.drop(p, id, err.Error())
 			return
+		}
+		if p != nil {
+			c.SetReadDeadline(time.Time{})
 		}
 		var oob []byte
 		if len(rep.FDs) > 0 {
 			oob = unix.UnixRights(rep.FDs...)
 		}
+		// A client that does not read its replies is dropped, not waited for.
+		c.SetWriteDeadline(time.Now().Add(replyTimeout))
 		if _, _, err := c.WriteMsgUnix(rep.marshal(), oob, nil); err != nil {
+			if p != nil {
+				d.drop(p, id, "reply not taken: "+err.Error())
+			}
 			return
 		}
 	}
+}
+
+// drop logs and counts a client the daemon gives up on (its memory is reclaimed as after a crash).
+func (d *Daemon) drop(p *proc, id identity, why string) {
+	d.dropped.Add(1)
+	stderrf("pd daemon: dropping client pid %d uid %d %s: %s", id.pid, id.uid, id.ns, why)
 }
 
 func errReply(e unix.Errno) Reply { return Reply{Err: uint32(e)} }
 
 // safeHandle is the last line of defence: a bug that panics on some request drops that client
 // (its memory is reclaimed as after a crash) and is counted; the daemon and everyone else go on.
-func (d *Daemon) safeHandle(c *net.UnixConn, pp **proc, r Request) (rep Reply, err error) {
+func (d *Daemon) safeHandle(c *net.UnixConn, id *identity, pp **proc, r Request) (rep Reply, err error) {
 	defer func() {
 		if x := recover(); x != nil {
 			d.internalErrors.Add(1)
 			err = fmt.Errorf("internal error on op %d: %v", r.Op, x)
 		}
 	}()
-	return d.handle(c, pp, r), nil
-}
-
-func pidOf(p *proc) int {
-	if p == nil {
-		return 0
-	}
-	return p.pid
+	return d.handle(c, id, pp, r), nil
 }
 
 func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 
 // handle runs one control request; it never panics on bad input: every field is checked.
-func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
-	if r.Op == OpStatus {
-		b, _ := json.Marshal(d.Status())
+func (d *Daemon) handle(c *net.UnixConn, id *identity, pp **proc, r Request) Reply {
+	switch r.Op {
+	case OpStatus:
+		// Status names other clients' PIDs and namespaces: root sees all, a client (past hello)
+		// sees the totals and its own namespace's clients, anyone else nothing.
+		if id.uid != 0 && *pp == nil {
+			return errReply(unix.EACCES)
+		}
+		ns := id.ns
+		if id.uid == 0 {
+			ns = ""
+		}
+		b, _ := json.Marshal(d.status(ns))
 		return Reply{Body: b}
-	}
-	if r.Op == OpHello {
+	case OpHello:
 		if *pp != nil {
 			return errReply(unix.EALREADY)
 		}
-		p, rep := d.hello(c, r)
+		p, rep := d.hello(c, id, r)
 		*pp = p
 		return rep
 	}
@@ -261,12 +340,25 @@ func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
 	if p == nil {
 		return errReply(unix.ENOTCONN) // pd_init first
 	}
+	if r.Op == OpSeal {
+		return d.seal(p, r)
+	}
+	if !p.sealed.Load() {
+		return errReply(unix.ENOTCONN) // pd_init maps and seals its memory before anything else
+	}
+	if r.Op == OpClose {
+		return d.closeSock(p, r)
+	}
+	var view nsView
+	if r.Op == OpBind || r.Op == OpListen {
+		view = d.lookNS(p.id.nsfd) // before the lock: see lookNS
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch r.Op {
 	case OpSocket:
 		return d.socket(p)
-	case OpBind, OpListen, OpAccept, OpConnect, OpClose, OpGetName:
+	case OpBind, OpListen, OpAccept, OpConnect, OpGetName:
 	default:
 		return errReply(unix.EOPNOTSUPP)
 	}
@@ -277,505 +369,143 @@ func (d *Daemon) handle(c *net.UnixConn, pp **proc, r Request) Reply {
 	}
 	switch r.Op {
 	case OpBind:
-		return d.bind(p, s, r.Addr, r.Port)
+		return d.bind(p, s, r.Addr, r.Port, view)
 	case OpListen:
-		return d.listen(s, int(r.A0))
+		return d.listen(s, int(r.A0), view)
 	case OpAccept:
 		return d.accept(p, s)
 	case OpConnect:
 		return d.connect(p, s, r.Addr, r.Port)
-	case OpGetName:
+	default: // OpGetName
 		if !s.peerAddr.IsValid() {
 			return errReply(unix.ENOTCONN)
 		}
 		return Reply{Addr: s.peerAddr.Addr().As4(), Port: s.peerAddr.Port(), SID: s.sid}
-	default: // OpClose
-		return d.closeSock(p, s, int(r.A0))
 	}
 }
 
-func (d *Daemon) hello(c *net.UnixConn, r Request) (*proc, Reply) {
-	pid, ns, err := peerNetns(c)
-	if err != nil {
-		return nil, errReply(unix.EACCES)
-	}
-	ring, pool := d.cfg.Ring, d.cfg.Pool
+func (d *Daemon) hello(c *net.UnixConn, id *identity, r Request) (*proc, Reply) {
+	ring, pool, depth := d.cfg.Ring, d.cfg.Pool, d.cfg.QDepth
 	if r.A0 != 0 {
 		ring = int(r.A0)
 	}
 	if r.A1 != 0 {
 		pool = int(r.A1)
 	}
-	depth := d.cfg.QDepth
+	if r.A2 > 1<<20 {
+		return nil, errReply(unix.EINVAL)
+	}
 	if r.A2 != 0 {
 		depth = int(r.A2)
 	}
 	if ring&(ring-1) != 0 || ring < 4096 || ring > 1<<30 || pool&(pool-1) != 0 || pool < 4096 || pool > 1<<30 ||
-		depth&(depth-1) != 0 || depth < 64 || depth > 65536 {
+		depth&(depth-1) != 0 || depth < 64 {
 		return nil, errReply(unix.EINVAL)
 	}
+	if depth > d.cfg.Limits.MaxQDepth {
+		d.refused.Add(1)
+		return nil, errReply(unix.ENOBUFS)
+	}
+	lay := CtlLayout{NQ: len(onlineCPUs()), QDepth: depth, MaxSock: d.cfg.Limits.SocksPerClient}
+	bytes := int64(lay.Size() + pool)
 	d.mu.Lock()
+	if e := d.charge(id.ns, 0, bytes); e != 0 {
+		d.mu.Unlock()
+		return nil, errReply(e)
+	}
 	cid := d.nextCID
 	d.nextCID++
 	if d.nextCID == 0 {
 		d.nextCID = 1
 	}
+	huge := d.hugeOK(id.ns, pool/hugePage)
 	d.mu.Unlock()
-	p, err := newProc(d, c, cid, pid, ns, ring, pool, depth)
-	if err != nil {
-		return nil, errReply(unix.ENOMEM)
+	p, err := newProc(d, c, *id, cid, ring, lay, pool, huge)
+	var view nsView
+	if err == nil {
+		view = d.lookNS(id.nsfd)
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.uncharge(id.ns, 0, bytes, 0)
+		return nil, errReply(unix.ENOMEM)
+	}
+	p.charged = bytes
+	if p.pool.Huge {
+		d.addHuge(id.ns, pool/hugePage)
+	}
 	d.procs[p] = true
-	d.refreshAddrs(p)
-	d.publishProcs()
-	d.mu.Unlock()
+	d.remember(p, view)
 	mode := uint32(0)
 	if d.cfg.Direct {
 		mode = 1
 	}
-	huge := uint32(0)
+	hugeFlag := uint32(0)
 	if p.pool.Huge {
-		huge = 1
+		hugeFlag = 1
 	}
-	return p, Reply{SID: uint32(cid), V: [6]uint32{mode, uint32(p.lay.NQ), uint32(p.lay.QDepth), uint32(p.lay.MaxSock), huge, uint32(len(d.engines))},
-		W: [2]uint64{uint64(ring), uint64(pool)}, FDs: []int{p.ctl.FD, p.pool.FD, d.doorbell, p.notify, d.engPage.FD}}
+	return p, Reply{SID: uint32(cid), V: [6]uint32{mode, uint32(p.lay.NQ), uint32(p.lay.QDepth), uint32(p.lay.MaxSock), hugeFlag, uint32(len(d.engines))},
+		W: [2]uint64{uint64(ring), uint64(pool)}, FDs: []int{p.ctl.FD, p.pool.FD, p.doorbell, p.notify, d.engPage.FD}}
 }
 
-// publishProcs gives the engines a new list (called with d.mu held).
+// seal: A0 == 0, the client mapped its control memory and send pool; A0 == 1, it mapped the peer
+// ring of SID (direct mode). The memory is sealed against writable mappings and hole punching and
+// then populated again through the daemon's mapping: holes punched before the seal are filled, or,
+// with no hugepage left to fill them, the client is refused. Only then does the engine touch it.
+func (d *Daemon) seal(p *proc, r Request) Reply {
+	var ms []*Memfd
+	switch r.A0 {
+	case 0:
+		if p.sealed.Load() {
+			return errReply(unix.EALREADY)
+		}
+		ms = []*Memfd{p.ctl, p.pool}
+	case 1:
+		d.mu.Lock()
+		s := p.sock(int(r.SID))
+		var peer *sock
+		if s != nil {
+			peer = s.peer.Load()
+		}
+		d.mu.Unlock()
+		if !d.cfg.Direct || peer == nil {
+			return errReply(unix.EINVAL)
+		}
+		if peer.rx.Sealed() {
+			return Reply{}
+		}
+		ms = []*Memfd{peer.rx}
+	default:
+		return errReply(unix.EINVAL)
+	}
+	for _, m := range ms {
+		if !m.Sealed() {
+			if err := m.SealWrites(); err != nil {
+				return errReply(unix.EPERM)
+			}
+		}
+		// every time, sealed before or not: a refused seal asked again must not pass unfilled
+		if err := unix.Madvise(m.Mem, unix.MADV_POPULATE_WRITE); err != nil {
+			return errReply(unix.ENOMEM)
+		}
+	}
+	if r.A0 == 0 {
+		p.sealed.Store(true)
+		d.mu.Lock()
+		d.publishProcs()
+		d.mu.Unlock()
+	}
+	return Reply{}
+}
+
+// publishProcs gives the engines a new list of the sealed, live clients (called with d.mu held).
 func (d *Daemon) publishProcs() {
 	l := make([]*proc, 0, len(d.procs))
 	for p := range d.procs {
-		if !p.dead.Load() {
+		if !p.dead.Load() && p.sealed.Load() {
 			l = append(l, p)
 		}
 	}
 	d.procList.Store(&l)
-}
-
-func (d *Daemon) socket(p *proc) Reply {
-	sid := p.freeSID()
-	if sid < 0 {
-		return errReply(unix.EMFILE)
-	}
-	s, err := d.newSock(p, sid)
-	if err != nil {
-		return errReply(unix.ENOMEM)
-	}
-	s.setState(SockActive)
-	huge := uint32(0)
-	if s.rx.Huge {
-		huge = 1
-	}
-	return Reply{SID: uint32(sid), V: [6]uint32{huge}, W: [2]uint64{uint64(s.R)}, FDs: []int{s.rx.FD}}
-}
-
-func (d *Daemon) newSock(p *proc, sid int) (*sock, error) {
-	rx, err := NewMemfd(fmt.Sprintf("prg-pd-rx-%d-%d", p.cid, sid), p.ring, true)
-	if err != nil {
-		return nil, err
-	}
-	if rx.Huge {
-		d.ringsHuge.Add(1)
-	} else {
-		d.ringsNormal.Add(1)
-	}
-	d.ringsLive.Add(1)
-	off := p.lay.SockOff(sid)
-	s := &sock{p: p, sid: uint32(sid), hdr: p.ctl.Mem[off : off+SockHdrSize], rx: rx, R: uint64(p.ring)}
-	clear(s.hdr)
-	p.socks[sid].Store(s)
-	return s, nil
-}
-
-// addrOK: a caller binds only 0.0.0.0, loopback, or an address of its own network namespace.
-func (d *Daemon) addrOK(p *proc, ip netip.Addr) bool {
-	if ip.IsUnspecified() || ip.IsLoopback() {
-		return true
-	}
-	d.refreshAddrs(p)
-	for _, a := range d.nsAddrs[p.ns] {
-		if a == ip {
-			return true
-		}
-	}
-	return false
-}
-
-func (d *Daemon) bind(p *proc, s *sock, a [4]byte, port uint16) Reply {
-	if s.state() != SockActive || s.bound {
-		return errReply(unix.EINVAL)
-	}
-	ip := netip.AddrFrom4(a)
-	if !d.addrOK(p, ip) {
-		return errReply(unix.EADDRNOTAVAIL)
-	}
-	if port == 0 {
-		port = d.ephemeral(p.ns, a)
-		if port == 0 {
-			return errReply(unix.EADDRINUSE)
-		}
-	}
-	k := bindKey{p.ns, a, port}
-	if d.bound[k] != nil || (a != [4]byte{} && d.bound[bindKey{p.ns, [4]byte{}, port}] != nil) {
-		return errReply(unix.EADDRINUSE)
-	}
-	d.bound[k] = s
-	s.bound, s.key = true, k
-	s.addr = netip.AddrPortFrom(ip, port)
-	return Reply{Port: port}
-}
-
-func (d *Daemon) ephemeral(ns string, a [4]byte) uint16 {
-	for i := 0; i < 28232; i++ {
-		port := d.nextPort
-		d.nextPort++
-		if d.nextPort == 0 || d.nextPort < 32768 {
-			d.nextPort = 32768
-		}
-		if d.bound[bindKey{ns, a, port}] == nil && d.bound[bindKey{ns, [4]byte{}, port}] == nil {
-			return port
-		}
-	}
-	return 0
-}
-
-func (d *Daemon) listen(s *sock, backlog int) Reply {
-	if !s.bound || (s.state() != SockActive && s.state() != SockListen) {
-		return errReply(unix.EINVAL)
-	}
-	if backlog <= 0 || backlog > 65535 {
-		backlog = 4096
-	}
-	s.backlogMax = backlog
-	s.setState(SockListen)
-	return Reply{}
-}
-
-func (d *Daemon) findListener(p *proc, a [4]byte, port uint16) *sock {
-	ip := netip.AddrFrom4(a)
-	try := func(ns string) *sock {
-		if l := d.bound[bindKey{ns, a, port}]; l != nil && l.state() == SockListen {
-			return l
-		}
-		if l := d.bound[bindKey{ns, [4]byte{}, port}]; l != nil && l.state() == SockListen {
-			return l
-		}
-		return nil
-	}
-	if ip.IsLoopback() || ip.IsUnspecified() {
-		return try(p.ns)
-	}
-	for ns, addrs := range d.nsAddrs {
-		for _, x := range addrs {
-			if x == ip {
-				if l := try(ns); l != nil {
-					return l
-				}
-			}
-		}
-	}
-	return nil
-}
-
-func (d *Daemon) connect(p *proc, s *sock, a [4]byte, port uint16) Reply {
-	switch s.state() {
-	case SockConnected, SockPeerClosed:
-		return errReply(unix.EISCONN)
-	case SockActive:
-	default:
-		return errReply(unix.EINVAL)
-	}
-	l := d.findListener(p, a, port)
-	if l == nil || len(l.backlog) >= l.backlogMax {
-		return errReply(unix.ECONNREFUSED)
-	}
-	lp := l.p
-	sid := lp.freeSID()
-	if sid < 0 {
-		return errReply(unix.ECONNREFUSED)
-	}
-	srv, err := d.newSock(lp, sid)
-	if err != nil {
-		return errReply(unix.ENOMEM)
-	}
-	if !s.bound {
-		src := a
-		if !netip.AddrFrom4(a).IsLoopback() {
-			if addrs := d.nsAddrs[p.ns]; len(addrs) > 0 {
-				src = addrs[0].As4()
-			}
-		}
-		s.addr = netip.AddrPortFrom(netip.AddrFrom4(src), d.ephemeral(p.ns, src))
-	}
-	srv.addr = netip.AddrPortFrom(netip.AddrFrom4(a), port)
-	srv.peerAddr, s.peerAddr = s.addr, srv.addr
-	srv.pending = true
-	// Both rings are empty: each side may send a whole ring before the first release.
-	store64(s.hdr, ShTxLimit, srv.R)
-	store64(srv.hdr, ShTxLimit, s.R)
-	srv.peer.Store(s)
-	s.peer.Store(srv)
-	srv.setState(SockConnected)
-	s.setState(SockConnected)
-	l.backlog = append(l.backlog, srv)
-	store32(l.hdr, ShPending, uint32(len(l.backlog)))
-	lp.wake()
-	rep := Reply{Addr: s.addr.Addr().As4(), Port: s.addr.Port()}
-	if d.cfg.Direct {
-		rep.FDs = []int{srv.rx.FD}
-	}
-	return rep
-}
-
-func (d *Daemon) accept(p *proc, l *sock) Reply {
-	if l.state() != SockListen {
-		return errReply(unix.EINVAL)
-	}
-	if len(l.backlog) == 0 {
-		return errReply(unix.EAGAIN)
-	}
-	s := l.backlog[0]
-	l.backlog = l.backlog[1:]
-	store32(l.hdr, ShPending, uint32(len(l.backlog)))
-	s.pending = false
-	rep := Reply{SID: s.sid, Addr: s.peerAddr.Addr().As4(), Port: s.peerAddr.Port(), W: [2]uint64{s.R}, FDs: []int{s.rx.FD}}
-	if d.cfg.Direct {
-		if peer := s.peer.Load(); peer != nil {
-			rep.FDs = append(rep.FDs, peer.rx.FD)
-			rep.V[0] = 1
-		}
-	}
-	return rep
-}
-
-// closeSock: a listening socket resets its pending connections at once; a connected one posts a
-// close entry behind the entries it already queued, so the peer sees all data before the end.
-func (d *Daemon) closeSock(p *proc, s *sock, q int) Reply {
-	s.closing.Store(true)
-	// The address is free again at once (a restarted server must not see EADDRINUSE while the
-	// ring waits for the engines to let go).
-	if s.bound && d.bound[s.key] == s {
-		delete(d.bound, s.key)
-	}
-	if s.state() == SockListen {
-		for _, c := range s.backlog {
-			c.closing.Store(true)
-			d.detach(c)
-			d.toReclaim(c)
-		}
-		s.backlog = nil
-		d.detach(s)
-		d.toReclaim(s)
-		return Reply{}
-	}
-	if q < 0 || q >= p.lay.NQ {
-		q = 0
-	}
-	e := Entry{Type: ReqClose, ConnID: uint16(s.sid), CID: p.cid}
-	deadline := time.Now().Add(time.Second)
-	for !p.sqs[q].Push(e) {
-		if time.Now().After(deadline) {
-			// The process does not let its queue drain: close without ordering.
-			d.detach(s)
-			d.toReclaim(s)
-			return Reply{}
-		}
-		d.wakeEngines()
-		time.Sleep(100 * time.Microsecond)
-	}
-	d.wakeEngines()
-	return Reply{}
-}
-
-// detach cuts s from its peer (the peer sees the end of the stream) and unbinds it.
-func (d *Daemon) detach(s *sock) {
-	s.setState(SockClosed)
-	if peer := s.peer.Swap(nil); peer != nil {
-		if peer.peer.CompareAndSwap(s, nil) && peer.state() == SockConnected {
-			peer.setState(SockPeerClosed)
-		}
-		peer.p.wake()
-	}
-}
-
-// toReclaim queues s for freeing; it never blocks (the engine calls it).
-func (d *Daemon) toReclaim(s *sock) {
-	d.reclaimMu.Lock()
-	d.reclaimQ = append(d.reclaimQ, s)
-	d.reclaimMu.Unlock()
-	select {
-	case d.reclaimSig <- struct{}{}:
-	default:
-	}
-}
-
-// reclaimer frees sockets once no engine can still hold a pointer to them.
-func (d *Daemon) reclaimer() {
-	defer d.wg.Done()
-	for {
-		stop := false
-		select {
-		case <-d.reclaimSig:
-		case <-d.done:
-			stop = true
-		}
-		d.reclaimMu.Lock()
-		batch := d.reclaimQ
-		d.reclaimQ = nil
-		d.reclaimMu.Unlock()
-		if !stop {
-			d.quiesce()
-		}
-		for _, s := range batch {
-			d.free(s)
-		}
-		if stop {
-			return
-		}
-	}
-}
-
-func (d *Daemon) free(s *sock) {
-	s.freeOnce.Do(func() {
-		d.mu.Lock()
-		if s.bound && d.bound[s.key] == s {
-			delete(d.bound, s.key)
-		}
-		if !s.p.unmapped && s.p.socks[s.sid].CompareAndSwap(s, nil) {
-			clear(s.hdr)
-		}
-		d.mu.Unlock()
-		s.rx.Close()
-		d.ringsLive.Add(-1)
-	})
-}
-
-// quiesce waits until every engine finished the pass it was in (or sleeps).
-func (d *Daemon) quiesce() {
-	marks := make([]uint64, len(d.engines))
-	for i, e := range d.engines {
-		marks[i] = e.pass.Load()
-	}
-	d.wakeEngines()
-	for i, e := range d.engines {
-		for e.pass.Load() == marks[i] && !e.stopped.Load() {
-			if e.idle.Load() && e.pass.Load() == marks[i] {
-				// an idle engine holds no pointers; but it may wake any moment: let it finish a pass
-				d.wakeEngines()
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	}
-}
-
-// dropProc reclaims everything of a client that went away (crash or exit): its connections end
-// (peers see the end of stream), its rings and queues are unmapped once the engines let go.
-func (d *Daemon) dropProc(p *proc) {
-	p.dead.Store(true)
-	d.mu.Lock()
-	delete(d.procs, p)
-	d.publishProcs()
-	var all []*sock
-	for i := range p.socks {
-		if s := p.socks[i].Load(); s != nil {
-			all = append(all, s)
-		}
-	}
-	for _, s := range all {
-		s.closing.Store(true)
-		for _, c := range s.backlog {
-			d.detach(c)
-		}
-		d.detach(s)
-		if s.bound && d.bound[s.key] == s {
-			delete(d.bound, s.key)
-		}
-	}
-	d.mu.Unlock()
-	d.quiesce()
-	for _, s := range all {
-		for _, c := range s.backlog {
-			if c.p != p {
-				d.free(c)
-			}
-		}
-		d.free(s)
-	}
-	d.mu.Lock()
-	p.unmapped = true
-	d.mu.Unlock()
-	p.close()
-}
-
-// refreshAddrs caches the IPv4 addresses of p's network namespace (d.mu held).
-func (d *Daemon) refreshAddrs(p *proc) {
-	addrs, err := nsAddrs(p.pid)
-	if err == nil {
-		d.nsAddrs[p.ns] = addrs
-	}
-}
-
-// Status is what `peregrine pd status` shows.
-type Status struct {
-	Socket        string        `json:"socket"`
-	Mode          string        `json:"mode"`
-	Engines       []int         `json:"engine_cpus"`
-	RingBytes     int           `json:"ring_bytes"`
-	PoolBytes     int           `json:"pool_bytes"`
-	RingsHuge     int64         `json:"rings_hugepage"`
-	RingsNormal   int64         `json:"rings_normal_pages"`
-	RingsLive     int64         `json:"rings_live"`
-	Hugepages     string        `json:"hugepages"`
-	BytesCopied   uint64        `json:"bytes_copied"`
-	BytesPublish  uint64        `json:"bytes_published_in_place"`
-	Entries       uint64        `json:"entries"`
-	FailedEntries uint64        `json:"failed_entries"`
-	InternalErrs  uint64        `json:"internal_errors"`
-	Clients       []ClientState `json:"clients"`
-}
-
-// ClientState is one connected process.
-type ClientState struct {
-	PID     int    `json:"pid"`
-	Netns   string `json:"netns"`
-	Sockets int    `json:"sockets"`
-}
-
-// Status snapshots the daemon.
-func (d *Daemon) Status() Status {
-	st := Status{Socket: d.cfg.Socket, Mode: "engine", Engines: d.cfg.EngineCPUs, RingBytes: d.cfg.Ring, PoolBytes: d.cfg.Pool,
-		RingsHuge: d.ringsHuge.Load(), RingsNormal: d.ringsNormal.Load(), RingsLive: d.ringsLive.Load(), BytesCopied: d.bytesMoved.Load(),
-		BytesPublish: d.published.Load(), Entries: d.entries.Load(), FailedEntries: d.failed.Load(), InternalErrs: d.internalErrors.Load()}
-	if d.cfg.Direct {
-		st.Mode = "direct"
-	}
-	st.Hugepages = hugepageNote()
-	d.mu.Lock()
-	for p := range d.procs {
-		n := 0
-		for i := range p.socks {
-			if p.socks[i].Load() != nil {
-				n++
-			}
-		}
-		st.Clients = append(st.Clients, ClientState{PID: p.pid, Netns: p.ns, Sockets: n})
-	}
-	d.mu.Unlock()
-	return st
-}
-
-func hugepageNote() string {
-	b, err := os.ReadFile("/proc/sys/vm/nr_hugepages")
-	if err != nil {
-		return "unknown"
-	}
-	n := string(b)
-	for len(n) > 0 && (n[len(n)-1] == '\n') {
-		n = n[:len(n)-1]
-	}
-	if n == "0" {
-		return "none reserved (vm.nr_hugepages=0): rings fall back to normal pages; reserve with sysctl vm.nr_hugepages=N"
-	}
-	return "vm.nr_hugepages=" + n + " (2 MiB); rings that are a multiple of 2 MiB use them while free ones last"
 }

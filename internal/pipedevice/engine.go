@@ -1,9 +1,12 @@
 package pipedevice
 
 import (
+	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,6 +23,38 @@ type engine struct {
 	idle    atomic.Bool
 	stopped atomic.Bool
 	wake    []*proc
+	epfd    int   // every client's doorbell and the daemon's, edge-triggered: any ring wakes every engine
+	cur     *proc // the client whose queue is being served (blamed for a fault, see guard)
+}
+
+func newEngine(d *Daemon, idx, n, cpu int) (*engine, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{d: d, idx: idx, n: n, cpu: cpu, epfd: epfd}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(d.doorbell)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, d.doorbell, &ev); err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	return e, nil
+}
+
+// watchDoorbell adds a client's doorbell to every engine. Edge-triggered, so every write wakes
+// every engine whoever drains the counter, and a client reading its own doorbell (or never
+// letting it drain) mutes nobody but itself.
+func (d *Daemon) watchDoorbell(fd int) error {
+	for _, e := range d.engines {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(fd)}
+		if err := unix.EpollCtl(e.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			for _, x := range d.engines {
+				unix.EpollCtl(x.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 const engineBatch = 32 // entries per queue per pass: round-robin fairness between queues
@@ -29,6 +64,10 @@ func (e *engine) run() {
 	defer e.stopped.Store(true)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// A fault on client memory (which the seals should make impossible, see NewMemfd) becomes a
+	// panic that guard recovers, instead of killing the daemon.
+	debug.SetPanicOnFault(true)
+	evs := make([]unix.EpollEvent, 64)
 	if e.cpu >= 0 {
 		var set unix.CPUSet
 		set.Set(e.cpu)
@@ -41,7 +80,7 @@ func (e *engine) run() {
 			return
 		default:
 		}
-		n := e.pollOnce()
+		n := e.guard()
 		e.pass.Add(1)
 		if n > 0 {
 			last = time.Now()
@@ -52,13 +91,14 @@ func (e *engine) run() {
 		}
 		// Going to sleep: announce it, look once more (a producer that saw the old count did not
 		// ring), then block on the doorbell.
-		atomic.AddUint32(u32At(e.d.engPage.Mem, 0), 1)
+		atomic.AddUint32(u32At(e.d.engPage.Mem, 0), 1) // the daemon's own mapping; clients' are read-only
 		e.idle.Store(true)
-		if e.pollOnce() == 0 {
-			fds := []unix.PollFd{{Fd: int32(e.d.doorbell), Events: unix.POLLIN}}
-			unix.Poll(fds, 100)
+		if e.guard() == 0 {
+			k, _ := unix.EpollWait(e.epfd, evs, 100)
 			var b [8]byte
-			unix.Read(e.d.doorbell, b[:])
+			for i := 0; i < k; i++ {
+				unix.Read(int(evs[i].Fd), b[:]) // drain (nonblocking); another engine may have
+			}
 		}
 		e.idle.Store(false)
 		atomic.AddUint32(u32At(e.d.engPage.Mem, 0), ^uint32(0))
@@ -67,11 +107,61 @@ func (e *engine) run() {
 	}
 }
 
+// guard runs one pass; a fault on a client's memory drops that client (counted, logged) and the
+// engine goes on with everyone else. The faulting address says whose memory it was: the peer's
+// receive ring, or else the client being served.
+func (e *engine) guard() (n int) {
+	defer func() {
+		x := recover()
+		if x == nil {
+			return
+		}
+		guilty := e.cur
+		if f, ok := x.(interface{ Addr() uintptr }); ok && guilty != nil {
+			guilty = e.d.owner(guilty, f.Addr())
+		}
+		e.cur = nil
+		if guilty == nil {
+			panic(x) // not a client's memory: a daemon bug, not to be hidden
+		}
+		guilty.faulted.Store(true)
+		e.d.drop(guilty, guilty.id, fmt.Sprintf("engine fault on its memory: %v", x))
+		guilty.conn.Close() // its serveConn reclaims it
+		n = 1
+	}()
+	return e.pollOnce()
+}
+
+// owner is the client whose mapped memory holds addr: p itself or the owner of one of its
+// peers' rings (no lock: only atomics and immutable fields are read).
+func (d *Daemon) owner(p *proc, addr uintptr) *proc {
+	for i := range p.socks {
+		if s := p.socks[i].Load(); s != nil {
+			if peer := s.peer.Load(); peer != nil && within(peer.rx.Mem, addr) {
+				return peer.p
+			}
+		}
+	}
+	return p
+}
+
+func within(m []byte, addr uintptr) bool {
+	if len(m) == 0 {
+		return false
+	}
+	base := uintptr(unsafe.Pointer(&m[0]))
+	return addr >= base && addr < base+uintptr(len(m))
+}
+
 func (e *engine) pollOnce() int {
 	procs := *e.d.procList.Load()
 	total := 0
 	var ent Entry
 	for _, p := range procs {
+		if p.faulted.Load() {
+			continue
+		}
+		e.cur = p
 		for q := range p.sqs {
 			if (int(p.cid)+q)%e.n != e.idx {
 				continue
@@ -90,6 +180,7 @@ func (e *engine) pollOnce() int {
 			}
 		}
 	}
+	e.cur = nil
 	for _, p := range e.wake {
 		p.wake()
 	}
@@ -130,6 +221,12 @@ func (e *engine) do(p *proc, q int, ent *Entry) {
 		head, tail := peer.head.Load(), peer.tail.Load()
 		if tail+n-head > peer.R {
 			e.fail(p, q, ent, s, unix.ENOBUFS) // the library ignored its credit
+			return
+		}
+		if !peer.rx.Sealed() || peer.p.faulted.Load() {
+			// direct mode: the ring's writer has not sealed it yet. Neither a copy into it nor a
+			// publication of what it holds (a hole punched there would fault the receiver).
+			e.fail(p, q, ent, s, unix.EAGAIN)
 			return
 		}
 		if ent.Type == ReqSend {

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +34,14 @@ func runHelper(name string) int {
 		err = helperIsolation()
 	case "listen":
 		err = helperListen()
+	case "attack":
+		err = helperAttack()
+	case "daemon":
+		err = helperDaemon()
+	case "stream":
+		err = helperStream()
+	case "connect":
+		err = helperConnect()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -67,16 +74,8 @@ func helperCrash() error {
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	for off := 0; off < n; {
-		k, err := c.Send(sid, buf[off:])
-		if IsAgain(err) {
-			c.Wait(func() bool { return c.Room(sid) > 0 }, 10*time.Millisecond)
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		off += k
+	if err := sendAll(c, sid, buf); err != nil {
+		return err
 	}
 	l, err := c.Socket()
 	if err != nil {
@@ -176,13 +175,7 @@ func errName(err error) string {
 // helperIsolation runs in another network namespace as uid 65534 and tries what a hostile
 // container would.
 func helperIsolation() error {
-	if err := syscall.Setgroups(nil); err != nil {
-		return err
-	}
-	if err := syscall.Setgid(65534); err != nil {
-		return err
-	}
-	if err := syscall.Setuid(65534); err != nil {
+	if err := dropPrivileges(); err != nil {
 		return err
 	}
 	rep := isolationReport{UID: os.Getuid()}
@@ -363,4 +356,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func countFDs() int {
 	ents, _ := os.ReadDir("/proc/self/fd")
 	return len(ents)
+}
+
+// sendAll queues all of b (a pd_malloc buffer) on sid, waiting for room (pd_send's short sends).
+func sendAll(c *Client, sid int, b []byte) error {
+	for off := 0; off < len(b); {
+		n, err := c.Send(sid, b[off:])
+		if IsAgain(err) {
+			c.Wait(func() bool { return c.Room(sid) > 0 }, 10*time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// expect compares what a helper reported with what it should have met.
+func expect(t *testing.T, what, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s: %s, want %s", what, got, want)
+	}
 }

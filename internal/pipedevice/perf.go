@@ -1,6 +1,7 @@
 package pipedevice
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -172,6 +173,9 @@ func PerfServerPD(cfg PerfConfig, ready func()) (*PerfResult, error) {
 			if IsAgain(err) {
 				continue
 			}
+			if errors.Is(err, unix.ECONNRESET) {
+				return nil, fmt.Errorf("pd daemon gone: %w", err)
+			}
 			if err != nil || v == nil {
 				alive[i] = false
 				open--
@@ -338,6 +342,9 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 				}
 			}
 			if !progress {
+				if c.Dead() {
+					return nil, fmt.Errorf("pd daemon gone: %w", unix.ECONNRESET)
+				}
 				c.Wait(func() bool {
 					for _, sid := range sids {
 						if c.Room(sid) > 0 {
@@ -348,6 +355,9 @@ func PerfClientPD(cfg PerfConfig) (*PerfResult, error) {
 				}, 10*time.Millisecond)
 			}
 		}
+	}
+	if c.Dead() {
+		return nil, fmt.Errorf("pd daemon gone: %w", unix.ECONNRESET)
 	}
 	for _, sid := range sids {
 		c.CloseSock(sid)

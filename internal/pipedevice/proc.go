@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -16,46 +15,56 @@ import (
 // proc is one client process (one pd_init): its control memory (queues and socket headers), its
 // send ring (the pd_malloc pool, whose block table lives in the library) and its sockets.
 type proc struct {
-	d      *Daemon
-	conn   *net.UnixConn
-	cid    uint16
-	pid    int
-	ns     string // "net:[inode]" of the caller: its identity
-	ring   int
-	lay    CtlLayout
-	ctl    *Memfd
-	pool   *Memfd
-	notify int // eventfd the engine writes when the library sleeps
-	sqs    []*Queue
-	cqs    []*Queue
+	d        *Daemon
+	conn     *net.UnixConn
+	cid      uint16
+	id       identity // taken when the control connection was accepted
+	ring     int
+	lay      CtlLayout
+	ctl      *Memfd
+	pool     *Memfd
+	doorbell int // eventfd the library rings; the engines watch it (its own: no client can mute another's)
+	notify   int // eventfd the engine writes when the library sleeps
+	sqs      []*Queue
+	cqs      []*Queue
 	// cqBacklog[q]: completions waiting for room in cqs[q] (written only by the engine that
 	// owns queue q)
 	cqBacklog [][]Entry
 	socks     []atomic.Pointer[sock]
 	dead      atomic.Bool
-	unmapped  bool // d.mu
+	sealed    atomic.Bool // OpSeal done: the engines serve this client from now on
+	faulted   atomic.Bool // an engine faulted on its memory: skipped until dropped
+
+	// d.mu
+	unmapped bool
+	charged  int64 // shared bytes charged to its namespace (control memory and pool)
+	nsocks   int   // sockets in its table
+	pending  int   // unaccepted connections on its listeners
 }
 
-func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, pool, depth int) (*proc, error) {
-	nq := len(onlineCPUs())
-	lay := CtlLayout{NQ: nq, QDepth: depth, MaxSock: d.cfg.MaxSock}
+func newProc(d *Daemon, c *net.UnixConn, id identity, cid uint16, ring int, lay CtlLayout, pool int, huge bool) (*proc, error) {
 	ctl, err := NewMemfd(fmt.Sprintf("prg-pd-ctl-%d", cid), lay.Size(), false)
 	if err != nil {
 		return nil, err
 	}
-	pl, err := NewMemfd(fmt.Sprintf("prg-pd-pool-%d", cid), pool, true)
+	pl, err := NewMemfd(fmt.Sprintf("prg-pd-pool-%d", cid), pool, huge)
 	if err != nil {
 		ctl.Close()
 		return nil, err
 	}
-	nfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		ctl.Close()
-		pl.Close()
-		return nil, err
-	}
-	p := &proc{d: d, conn: c, cid: cid, pid: pid, ns: ns, ring: ring, lay: lay, ctl: ctl, pool: pl, notify: nfd,
+	p := &proc{d: d, conn: c, cid: cid, id: id, ring: ring, lay: lay, ctl: ctl, pool: pl, doorbell: -1, notify: -1,
 		socks: make([]atomic.Pointer[sock], lay.MaxSock)}
+	if p.notify, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err == nil {
+		p.doorbell, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	}
+	if err == nil {
+		err = d.watchDoorbell(p.doorbell)
+	}
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	nq := lay.NQ
 	store32(ctl.Mem, PhNQ, uint32(nq))
 	store32(ctl.Mem, PhQDepth, uint32(lay.QDepth))
 	store32(ctl.Mem, PhMaxSock, uint32(lay.MaxSock))
@@ -70,6 +79,14 @@ func newProc(d *Daemon, c *net.UnixConn, cid uint16, pid int, ns string, ring, p
 	}
 	store32(ctl.Mem, PhMagic, CtlMagic)
 	return p, nil
+}
+
+// hugeCharged is how many hugepages p's pool holds.
+func (p *proc) hugeCharged() int {
+	if p.pool != nil && p.pool.Huge {
+		return p.pool.Size / hugePage
+	}
+	return 0
 }
 
 func (p *proc) sock(sid int) *sock {
@@ -91,16 +108,21 @@ func (p *proc) freeSID() int {
 // wake tells a sleeping library that something changed for it.
 func (p *proc) wake() {
 	if load32(p.ctl.Mem, PhSleeping) != 0 {
-		var one [8]byte
-		one[0] = 1
-		unix.Write(p.notify, one[:])
+		ringEventfd(p.notify)
 	}
 }
 
 func (p *proc) close() {
+	for _, e := range p.d.engines {
+		unix.EpollCtl(e.epfd, unix.EPOLL_CTL_DEL, p.doorbell, nil)
+	}
 	p.ctl.Close()
 	p.pool.Close()
-	unix.Close(p.notify)
+	for _, fd := range []int{p.notify, p.doorbell} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 // sock is one PipeDevice socket: its receive ring (memfd) and the engine's authoritative ring
@@ -118,14 +140,18 @@ type sock struct {
 	closing atomic.Bool
 
 	// control state (d.mu)
-	bound      bool
-	key        bindKey
-	addr       netip.AddrPort
-	peerAddr   netip.AddrPort
-	backlog    []*sock
-	backlogMax int
-	pending    bool
-	freeOnce   sync.Once
+	bound       bool
+	key         bindKey
+	addr        netip.AddrPort
+	peerAddr    netip.AddrPort
+	backlog     []*sock
+	backlogMax  int
+	pendingFrom map[string]int // listener: waiting connections per connecting namespace
+	pending     bool
+	from        string // a pending connection's connecting namespace
+	payer       string // the namespace its ring is charged to
+	huge        int    // hugepages charged for its ring
+	freeOnce    sync.Once
 }
 
 // state is the daemon's own copy: the header lives in memory the client can write, so the
@@ -136,33 +162,9 @@ func (s *sock) setState(v uint32) {
 	store32(s.hdr, ShState, v)
 }
 
-// peerNetns identifies the caller of a unix socket: its pid (SO_PEERCRED) and network namespace.
-func peerNetns(c *net.UnixConn) (int, string, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, "", err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if cerr != nil {
-		return 0, "", cerr
-	}
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
-	if err != nil {
-		return 0, "", err
-	}
-	return int(cred.Pid), ns, nil
-}
-
-// nsAddrs lists the IPv4 addresses of pid's network namespace.
-func nsAddrs(pid int) ([]netip.Addr, error) {
-	h, err := netns.GetFromPid(pid)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
+// nsAddrs lists the IPv4 addresses of the network namespace open at nsfd.
+func nsAddrs(nsfd int) ([]netip.Addr, error) {
+	nl, err := netlink.NewHandleAt(netns.NsHandle(nsfd))
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,9 @@ const (
 	OpClose   = 7
 	OpStatus  = 8 // -> JSON body
 	OpGetName = 9 // -> peer address of sid
+	// OpSeal: a0 = 0: the caller mapped its control memory and pool (pd_init's last step; nothing
+	// else is served before); a0 = 1: it mapped sid's peer ring (direct mode). See NewMemfd.
+	OpSeal = 10
 
 	MsgSize = 64
 )

@@ -16,11 +16,24 @@ type Memfd struct {
 	Size int
 	Huge bool // backed by 2 MiB hugepages (MFD_HUGETLB); false: normal pages (fallback)
 	Mem  []byte
+
+	sealed atomic.Bool
 }
 
 // NewMemfd creates a memfd of size bytes, hugepage-backed when wantHuge and the size is a whole
 // number of hugepages and the kernel has free hugepages; otherwise normal pages. Sealing the size
 // keeps a client from shrinking the file under the daemon's mapping (SIGBUS in the engine).
+//
+// Size seals alone are not enough: a client holding a writable fd can punch a hole
+// (fallocate PUNCH_HOLE, madvise MADV_REMOVE) and, with hugepages, the daemon's next touch of that
+// range SIGBUSes when no free hugepage is left. So every memfd the daemon reads or writes gets
+// F_SEAL_FUTURE_WRITE (SealWrites) before the engine touches it: the kernel then refuses hole
+// punching and new writable mappings, while mappings made before the seal keep working. Memory
+// only the daemon writes (receive rings in engine mode, the engine page) is sealed at once, so
+// clients can map it read-only and nothing else; memory a client writes (its control queues and
+// send pool, a direct-mode peer ring) is sealed when the client says it has mapped it (OpSeal),
+// and the engine serves nothing from it before. Faults that get past this (a kernel without the
+// seal) are contained by the engine (engine.go: guard).
 func NewMemfd(name string, size int, wantHuge bool) (*Memfd, error) {
 	if wantHuge && size%hugePage == 0 {
 		if fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_HUGETLB|unix.MFD_ALLOW_SEALING); err == nil {
@@ -54,9 +67,22 @@ func finishMemfd(fd, size int, huge bool) (*Memfd, error) {
 			return nil, err
 		}
 	}
-	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 	return &Memfd{FD: fd, Size: size, Huge: huge, Mem: mem}, nil
 }
+
+// SealWrites forbids, from now on, writable mappings, writes and hole punching (and any further
+// seal); the mappings that exist keep working. Sealed says it happened.
+func (m *Memfd) SealWrites() error {
+	if _, err := unix.FcntlInt(uintptr(m.FD), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE|unix.F_SEAL_SEAL); err != nil {
+		return fmt.Errorf("seal memfd: %w", err)
+	}
+	m.sealed.Store(true)
+	return nil
+}
+
+// Sealed says whether SealWrites succeeded.
+func (m *Memfd) Sealed() bool { return m.sealed.Load() }
 
 // Close unmaps and closes. Callers make sure the engine no longer touches Mem.
 func (m *Memfd) Close() {
@@ -76,6 +102,15 @@ func (m *Memfd) Close() {
 // MapMirror maps size bytes of fd at off twice, back to back, so that a ring's wrapped-around
 // bytes are contiguous in memory (pd_recv returns one pointer for any span up to the ring size).
 func MapMirror(fd int, off int64, size int) ([]byte, error) {
+	return mapMirror(fd, off, size, unix.PROT_READ|unix.PROT_WRITE)
+}
+
+// MapMirrorRO is MapMirror, read-only (a receive ring the daemon sealed).
+func MapMirrorRO(fd int, off int64, size int) ([]byte, error) {
+	return mapMirror(fd, off, size, unix.PROT_READ)
+}
+
+func mapMirror(fd int, off int64, size int, prot int) ([]byte, error) {
 	resv, err := unix.Mmap(-1, 0, 2*size, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, err
@@ -83,7 +118,7 @@ func MapMirror(fd int, off int64, size int) ([]byte, error) {
 	base := uintptr(unsafe.Pointer(&resv[0]))
 	for i := 0; i < 2; i++ {
 		addr := base + uintptr(i*size)
-		_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
+		_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(size), uintptr(prot),
 			unix.MAP_SHARED|unix.MAP_FIXED, uintptr(fd), uintptr(off))
 		if e != 0 {
 			unix.Munmap(resv)

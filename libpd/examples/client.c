@@ -51,20 +51,25 @@ int main(int argc, char **argv)
 		if (!buf && (buf = pd_malloc(msg)) != NULL)
 			bufs[nbuf++] = buf;
 		if (!buf) {
-			pd_epoll_wait(ep, out, 1, 10);
+			if (errno != ENOMEM && errno != EAGAIN)
+				return die("pd_malloc"); /* e.g. ECONNRESET: the daemon is gone */
+			if (pd_epoll_wait(ep, out, 1, 10) < 0)
+				return die("pd_epoll_wait");
 			continue;
 		}
 		for (size_t i = 0; i < n; i++) {
 			((unsigned char *)buf)[i] = (unsigned char)(sent + i);
 			sum += (unsigned char)(sent + i);
 		}
+		/* pd_send queues what fits and returns how much: loop until all of it is queued */
 		size_t off = 0;
 		while (off < n) {
 			ssize_t k = pd_send(sid, (char *)buf + off, n - off);
 			if (k < 0) {
 				if (errno != EAGAIN)
 					return die("pd_send");
-				pd_epoll_wait(ep, out, 1, -1); /* the peer's ring has room again */
+				if (pd_epoll_wait(ep, out, 1, -1) < 0) /* the peer's ring has room again */
+					return die("pd_epoll_wait");
 				continue;
 			}
 			off += k;

@@ -37,7 +37,8 @@ int main(int argc, char **argv)
 	while ((acc = pd_accept(sid, (struct sockaddr *)&cli, &len)) < 0) {
 		if (errno != EAGAIN)
 			return die("pd_accept");
-		pd_epoll_wait(ep, out, 2, -1);
+		if (pd_epoll_wait(ep, out, 2, -1) < 0)
+			return die("pd_epoll_wait");
 	}
 	ev.data.sid = acc;
 	pd_epoll_ctl(ep, PD_EPOLL_CTL_ADD, acc, &ev);
@@ -51,7 +52,8 @@ int main(int argc, char **argv)
 		if (n < 0) {
 			if (errno != EAGAIN)
 				return die("pd_recv");
-			pd_epoll_wait(ep, out, 2, -1);
+			if (pd_epoll_wait(ep, out, 2, -1) < 0)
+				return die("pd_epoll_wait");
 			continue;
 		}
 		for (ssize_t i = 0; i < n; i++)

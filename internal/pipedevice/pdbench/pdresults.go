@@ -1,9 +1,13 @@
-package bench
+// Package pdbench is PipeDevice's benchmark (`peregrine pd bench`): kernel TCP, the sockmap
+// shortcut and PipeDevice's two modes between two containers of a lab, and its result files in
+// the bench schema (internal/results).
+package pdbench
 
 import (
 	"fmt"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/results"
 )
@@ -58,7 +62,7 @@ func PDRuns(rep *PDReport, o PDOptions, started, finished time.Time, version str
 		run := &results.Run{
 			Schema: results.Schema, ID: fmt.Sprintf("%s-%s", t.title, started.Format("20060102-150405")),
 			Started: started, Finished: finished, Complete: true,
-			Env: environment(version),
+			Env: bench.Environment(version),
 			Lab: results.Lab{Name: o.Lab, Styles: []string{lab.StyleDocker}, Hosts: 2, Containers: 2, MTU: 1500, Underlay: lab.UnderlayDirect},
 			Scenario: results.Scenario{Name: t.title, Workload: WorkloadPDPerf, Repetitions: 1, Primary: t.primary, Baseline: "tcp",
 				Params: map[string]any{"duration_s": o.Duration.Seconds(), "latency_count": o.LatCount, "engine_cpus": o.EngineCPUs}},
