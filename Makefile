@@ -17,8 +17,10 @@ PD_OUT ?= bin
 libpd:
 	@mkdir -p $(PD_OUT)
 	$(CC) $(PD_CFLAGS) -c libpd/pd.c -o $(PD_OUT)/pd.o
-	$(CC) -shared -pthread -Wl,-soname,libpd.so -o $(PD_OUT)/libpd.so $(PD_OUT)/pd.o
-	ar rcs $(PD_OUT)/libpd.a $(PD_OUT)/pd.o
+	$(CC) $(PD_CFLAGS) -c libpd/pd_io.c -o $(PD_OUT)/pd_io.o
+	$(CC) $(PD_CFLAGS) -c libpd/pd_epoll.c -o $(PD_OUT)/pd_epoll.o
+	$(CC) -shared -pthread -Wl,-soname,libpd.so -o $(PD_OUT)/libpd.so $(PD_OUT)/pd.o $(PD_OUT)/pd_io.o $(PD_OUT)/pd_epoll.o
+	ar rcs $(PD_OUT)/libpd.a $(PD_OUT)/pd.o $(PD_OUT)/pd_io.o $(PD_OUT)/pd_epoll.o
 	$(CC) -O2 -Wall -Ilibpd -o $(PD_OUT)/pd-example-server libpd/examples/server.c $(PD_OUT)/libpd.a -pthread
 	$(CC) -O2 -Wall -Ilibpd -o $(PD_OUT)/pd-example-client libpd/examples/client.c $(PD_OUT)/libpd.a -pthread
 
