@@ -127,23 +127,18 @@ func newPrismAddCmd() *cobra.Command {
 			if !replace && strings.TrimSpace(text) == "" {
 				return errors.New("no rule given")
 			}
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
-			}
-			for _, t := range targets {
-				var rs []prism.Rule
+			return eachTarget(&tf, func(t string) error {
+				change := prism.AddRules
 				if replace {
-					rs, err = prism.ReplaceRules(t, text)
-				} else {
-					rs, err = prism.AddRules(t, text)
+					change = prism.ReplaceRules
 				}
+				rs, err := change(t, text)
 				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
+					return err
 				}
 				fmt.Printf("%s: %d rules installed\n", label(t), len(rs))
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	tf.add(c)
@@ -161,18 +156,14 @@ func newPrismDelCmd() *cobra.Command {
   sudo peregrine prism del --lab "proto=tcp dport=11211"`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
-			}
-			for _, t := range targets {
+			return eachTarget(&tf, func(t string) error {
 				ids, err := prism.DelRules(t, args)
 				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
+					return err
 				}
 				fmt.Printf("%s: deleted rules %v\n", label(t), ids)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	tf.add(c)
@@ -186,20 +177,31 @@ func newPrismSyncCmd() *cobra.Command {
 		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
-			}
-			for _, t := range targets {
+			return eachTarget(&tf, func(t string) error {
 				a, u, g, err := prism.Sync(t)
 				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
+					return err
 				}
 				fmt.Printf("%s: endpoints %d added, %d updated, %d gone\n", label(t), a, u, g)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	tf.add(c)
 	return c
+}
+
+// eachTarget runs fn in each namespace tf names, in order; the first error stops it, prefixed
+// with the namespace it happened in (the namespaces before it keep their change).
+func eachTarget(tf *targetFlags, fn func(ns string) error) error {
+	targets, _, err := tf.resolve()
+	if err != nil {
+		return err
+	}
+	for _, t := range targets {
+		if err := fn(t); err != nil {
+			return fmt.Errorf("%s: %w", label(t), err)
+		}
+	}
+	return nil
 }
