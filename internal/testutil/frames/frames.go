@@ -38,6 +38,14 @@ func EthMAC(dst, src net.HardwareAddr, proto uint16, payload []byte, vlans ...ui
 	return append(b, payload...)
 }
 
+// Tag inserts an 802.1Q tag with vid after the MACs of a built frame (of at least 12 bytes).
+func Tag(f []byte, vid uint16) []byte {
+	b := append([]byte{}, f[:12]...)
+	b = binary.BigEndian.AppendUint16(b, 0x8100)
+	b = binary.BigEndian.AppendUint16(b, vid)
+	return append(b, f[12:]...)
+}
+
 // IPv4 is an IPv4 header without options. TTL 0 means 64.
 type IPv4 struct {
 	Src, Dst   netip.Addr
