@@ -127,17 +127,13 @@ func newPrismAddCmd() *cobra.Command {
 			if !replace && strings.TrimSpace(text) == "" {
 				return errors.New("no rule given")
 			}
-			return eachTarget(&tf, func(t string) error {
-				change := prism.AddRules
-				if replace {
-					change = prism.ReplaceRules
-				}
+			change := prism.AddRules
+			if replace {
+				change = prism.ReplaceRules
+			}
+			return eachTarget(&tf, func(t string) (string, error) {
 				rs, err := change(t, text)
-				if err != nil {
-					return err
-				}
-				fmt.Printf("%s: %d rules installed\n", label(t), len(rs))
-				return nil
+				return fmt.Sprintf("%d rules installed", len(rs)), err
 			})
 		},
 	}
@@ -156,13 +152,9 @@ func newPrismDelCmd() *cobra.Command {
   sudo peregrine prism del --lab "proto=tcp dport=11211"`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachTarget(&tf, func(t string) error {
+			return eachTarget(&tf, func(t string) (string, error) {
 				ids, err := prism.DelRules(t, args)
-				if err != nil {
-					return err
-				}
-				fmt.Printf("%s: deleted rules %v\n", label(t), ids)
-				return nil
+				return fmt.Sprintf("deleted rules %v", ids), err
 			})
 		},
 	}
@@ -177,13 +169,9 @@ func newPrismSyncCmd() *cobra.Command {
 		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return eachTarget(&tf, func(t string) error {
+			return eachTarget(&tf, func(t string) (string, error) {
 				a, u, g, err := prism.Sync(t)
-				if err != nil {
-					return err
-				}
-				fmt.Printf("%s: endpoints %d added, %d updated, %d gone\n", label(t), a, u, g)
-				return nil
+				return fmt.Sprintf("endpoints %d added, %d updated, %d gone", a, u, g), err
 			})
 		},
 	}
@@ -191,17 +179,20 @@ func newPrismSyncCmd() *cobra.Command {
 	return c
 }
 
-// eachTarget runs fn in each namespace tf names, in order; the first error stops it, prefixed
-// with the namespace it happened in (the namespaces before it keep their change).
-func eachTarget(tf *targetFlags, fn func(ns string) error) error {
+// eachTarget runs change in each namespace tf names, in order, and prints what it did there
+// after the namespace's label; the first error stops it, prefixed with the namespace it
+// happened in (the namespaces before it keep their change).
+func eachTarget(tf *targetFlags, change func(ns string) (done string, err error)) error {
 	targets, _, err := tf.resolve()
 	if err != nil {
 		return err
 	}
 	for _, t := range targets {
-		if err := fn(t); err != nil {
+		done, err := change(t)
+		if err != nil {
 			return fmt.Errorf("%s: %w", label(t), err)
 		}
+		fmt.Printf("%s: %s\n", label(t), done)
 	}
 	return nil
 }
