@@ -10,10 +10,10 @@ import (
 
 // The test containers' addresses. Test frames come from internal/testutil/frames.
 var (
-	macA = net.HardwareAddr{0x02, 0x42, 198, 19, 1, 2}
-	macB = net.HardwareAddr{0x02, 0x42, 198, 19, 2, 2}
 	ipA  = frames.Addr("198.19.1.2")
 	ipB  = frames.Addr("198.19.2.2")
+	macA = frames.DockerMAC(ipA)
+	macB = frames.DockerMAC(ipB)
 )
 
 // tcpFrame is container A's TCP frame (n payload bytes) to dst, addressed to container B's MAC.

@@ -22,6 +22,12 @@ var (
 // Addr parses an address literal (a test constant).
 func Addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
+// DockerMAC is the MAC docker gives a container with IPv4 address a: 02:42 and the address.
+func DockerMAC(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x02, 0x42, b[0], b[1], b[2], b[3]}
+}
+
 // Eth puts an Ethernet header with the test MACs, VLAN tags (802.1Q) and ethertype before payload.
 func Eth(proto uint16, payload []byte, vlans ...uint16) []byte {
 	return EthMAC(DstMAC, SrcMAC, proto, payload, vlans...)
