@@ -144,36 +144,35 @@ func newPrismAddCmd() *cobra.Command {
 }
 
 func newPrismDelCmd() *cobra.Command {
-	var tf targetFlags
-	c := &cobra.Command{
+	return changeEachCmd(&cobra.Command{
 		Use:   "del ID|RULE...",
 		Short: "Delete rules by ID or by their text, live",
 		Example: `  sudo peregrine prism del --lab 2
   sudo peregrine prism del --lab "proto=tcp dport=11211"`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachTarget(&tf, func(t string) (string, error) {
-				ids, err := prism.DelRules(t, args)
-				return fmt.Sprintf("deleted rules %v", ids), err
-			})
-		},
-	}
-	tf.add(c)
-	return c
+	}, func(t string, args []string) (string, error) {
+		ids, err := prism.DelRules(t, args)
+		return fmt.Sprintf("deleted rules %v", ids), err
+	})
 }
 
 func newPrismSyncCmd() *cobra.Command {
-	var tf targetFlags
-	c := &cobra.Command{
+	return changeEachCmd(&cobra.Command{
 		Use:   "sync",
 		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return eachTarget(&tf, func(t string) (string, error) {
-				a, u, g, err := prism.Sync(t)
-				return fmt.Sprintf("endpoints %d added, %d updated, %d gone", a, u, g), err
-			})
-		},
+	}, func(t string, _ []string) (string, error) {
+		a, u, g, err := prism.Sync(t)
+		return fmt.Sprintf("endpoints %d added, %d updated, %d gone", a, u, g), err
+	})
+}
+
+// changeEachCmd completes c into a command that takes the target flags and makes change, with
+// the command's arguments, in each target namespace (eachTarget).
+func changeEachCmd(c *cobra.Command, change func(ns string, args []string) (string, error)) *cobra.Command {
+	var tf targetFlags
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		return eachTarget(&tf, func(t string) (string, error) { return change(t, args) })
 	}
 	tf.add(c)
 	return c
