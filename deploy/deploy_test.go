@@ -60,21 +60,31 @@ func decodeStrict(t *testing.T, path string, into any) {
 	}
 }
 
+// decodeObject is decodeStrict for a Kubernetes object, which must also say it is apiVersion/kind.
+func decodeObject(t *testing.T, path, apiVersion, kind string, into any) {
+	t.Helper()
+	decodeStrict(t, path, into)
+	var tm struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(read(t, path), &tm); err != nil {
+		t.Fatal(err)
+	}
+	if tm.APIVersion != apiVersion || tm.Kind != kind {
+		t.Fatalf("%s is %s %s, want %s %s", path, tm.APIVersion, tm.Kind, apiVersion, kind)
+	}
+}
+
 func daemonSet(t *testing.T) *appsv1.DaemonSet {
 	var ds appsv1.DaemonSet
-	decodeStrict(t, "kubernetes/daemonset.yaml", &ds)
-	if ds.Kind != "DaemonSet" || ds.APIVersion != "apps/v1" {
-		t.Fatalf("daemonset.yaml is %s %s, want apps/v1 DaemonSet", ds.APIVersion, ds.Kind)
-	}
+	decodeObject(t, "kubernetes/daemonset.yaml", "apps/v1", "DaemonSet", &ds)
 	return &ds
 }
 
 func configMapObj(t *testing.T) *corev1.ConfigMap {
 	var cm corev1.ConfigMap
-	decodeStrict(t, "kubernetes/configmap.yaml", &cm)
-	if cm.Kind != "ConfigMap" || cm.APIVersion != "v1" {
-		t.Fatalf("configmap.yaml is %s %s, want v1 ConfigMap", cm.APIVersion, cm.Kind)
-	}
+	decodeObject(t, "kubernetes/configmap.yaml", "v1", "ConfigMap", &cm)
 	return &cm
 }
 
@@ -104,10 +114,7 @@ func TestManifestsDecode(t *testing.T) {
 	ds := daemonSet(t)
 	cm := configMapObj(t)
 	var sa corev1.ServiceAccount
-	decodeStrict(t, "kubernetes/serviceaccount.yaml", &sa)
-	if sa.Kind != "ServiceAccount" || sa.APIVersion != "v1" {
-		t.Fatalf("serviceaccount.yaml is %s %s", sa.APIVersion, sa.Kind)
-	}
+	decodeObject(t, "kubernetes/serviceaccount.yaml", "v1", "ServiceAccount", &sa)
 	for _, m := range []struct{ what, ns string }{{"DaemonSet", ds.Namespace}, {"ConfigMap", cm.Namespace}, {"ServiceAccount", sa.Namespace}} {
 		if m.ns != ds.Namespace || m.ns == "" {
 			t.Errorf("%s is in namespace %q, the DaemonSet in %q: they must share one", m.what, m.ns, ds.Namespace)

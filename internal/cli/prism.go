@@ -127,23 +127,14 @@ func newPrismAddCmd() *cobra.Command {
 			if !replace && strings.TrimSpace(text) == "" {
 				return errors.New("no rule given")
 			}
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
+			change := prism.AddRules
+			if replace {
+				change = prism.ReplaceRules
 			}
-			for _, t := range targets {
-				var rs []prism.Rule
-				if replace {
-					rs, err = prism.ReplaceRules(t, text)
-				} else {
-					rs, err = prism.AddRules(t, text)
-				}
-				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
-				}
-				fmt.Printf("%s: %d rules installed\n", label(t), len(rs))
-			}
-			return nil
+			return eachTarget(&tf, func(t string) (string, error) {
+				rs, err := change(t, text)
+				return fmt.Sprintf("%d rules installed", len(rs)), err
+			})
 		},
 	}
 	tf.add(c)
@@ -153,53 +144,54 @@ func newPrismAddCmd() *cobra.Command {
 }
 
 func newPrismDelCmd() *cobra.Command {
-	var tf targetFlags
-	c := &cobra.Command{
+	return changeEachCmd(&cobra.Command{
 		Use:   "del ID|RULE...",
 		Short: "Delete rules by ID or by their text, live",
 		Example: `  sudo peregrine prism del --lab 2
   sudo peregrine prism del --lab "proto=tcp dport=11211"`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
-			}
-			for _, t := range targets {
-				ids, err := prism.DelRules(t, args)
-				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
-				}
-				fmt.Printf("%s: deleted rules %v\n", label(t), ids)
-			}
-			return nil
-		},
+	}, func(t string, args []string) (string, error) {
+		ids, err := prism.DelRules(t, args)
+		return fmt.Sprintf("deleted rules %v", ids), err
+	})
+}
+
+func newPrismSyncCmd() *cobra.Command {
+	return changeEachCmd(&cobra.Command{
+		Use:   "sync",
+		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
+		Args:  cobra.NoArgs,
+	}, func(t string, _ []string) (string, error) {
+		a, u, g, err := prism.Sync(t)
+		return fmt.Sprintf("endpoints %d added, %d updated, %d gone", a, u, g), err
+	})
+}
+
+// changeEachCmd completes c into a command that takes the target flags and makes change, with
+// the command's arguments, in each target namespace (eachTarget).
+func changeEachCmd(c *cobra.Command, change func(ns string, args []string) (string, error)) *cobra.Command {
+	var tf targetFlags
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		return eachTarget(&tf, func(t string) (string, error) { return change(t, args) })
 	}
 	tf.add(c)
 	return c
 }
 
-func newPrismSyncCmd() *cobra.Command {
-	var tf targetFlags
-	c := &cobra.Command{
-		Use:   "sync",
-		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			targets, _, err := tf.resolve()
-			if err != nil {
-				return err
-			}
-			for _, t := range targets {
-				a, u, g, err := prism.Sync(t)
-				if err != nil {
-					return fmt.Errorf("%s: %w", label(t), err)
-				}
-				fmt.Printf("%s: endpoints %d added, %d updated, %d gone\n", label(t), a, u, g)
-			}
-			return nil
-		},
+// eachTarget runs change in each namespace tf names, in order, and prints what it did there
+// after the namespace's label; the first error stops it, prefixed with the namespace it
+// happened in (the namespaces before it keep their change).
+func eachTarget(tf *targetFlags, change func(ns string) (done string, err error)) error {
+	targets, _, err := tf.resolve()
+	if err != nil {
+		return err
 	}
-	tf.add(c)
-	return c
+	for _, t := range targets {
+		done, err := change(t)
+		if err != nil {
+			return fmt.Errorf("%s: %w", label(t), err)
+		}
+		fmt.Printf("%s: %s\n", label(t), done)
+	}
+	return nil
 }

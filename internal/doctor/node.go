@@ -255,34 +255,44 @@ func tcxCheck() Check {
 	}
 	defer prog.Close()
 	l, err := link.AttachTCX(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXIngress})
+	have := "bpf_link tc attach (tcx) works"
 	switch {
 	case err == nil:
 		l.Close()
-		c.Status, c.Detail = OK, "bpf_link tc attach (tcx) works"
 	case errors.Is(err, unix.ENODEV):
-		c.Status, c.Detail = OK, "bpf_link tc attach (tcx) is available"
-	case errors.Is(err, ebpf.ErrNotSupported):
-		c.Status, c.Detail = Fail, "the kernel has no tcx"
-		c.Fix = "use a 6.6 or later kernel: peregrine attaches, replaces and adopts its tc programs as tcx links"
-	default:
-		c.Status, c.Detail = Fail, "tcx probe: "+err.Error()
-		c.Fix = "run as root (or with CAP_BPF and CAP_NET_ADMIN)"
+		err, have = nil, "bpf_link tc attach (tcx) is available"
+	case !errors.Is(err, ebpf.ErrNotSupported):
+		err = fmt.Errorf("tcx probe: %w", err)
 	}
+	probed(&c, err, have, "the kernel has no tcx",
+		"use a 6.6 or later kernel: peregrine attaches, replaces and adopts its tc programs as tcx links",
+		"run as root (or with CAP_BPF and CAP_NET_ADMIN)")
 	return c
 }
 
 func redirectPeerCheck() Check {
 	c := Check{Name: "redirect_peer"}
 	err := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirectPeer)
+	if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		err = fmt.Errorf("probe: %w", err)
+	}
+	probed(&c, err, "bpf_redirect_peer is available to tc programs", "the kernel has no bpf_redirect_peer",
+		"use a newer kernel (5.10 added it): fastpath and prism hand frames to pods with it",
+		"run as root (or with CAP_BPF)")
+	return c
+}
+
+// probed sets c from the outcome of a kernel feature probe: OK with have when err is nil; Fail
+// with missing and upgrade (the fix) when the kernel lacks the feature; otherwise Fail with the
+// probe's own error and privileges as the fix, since a probe run without the capabilities to
+// load or attach a program fails that way.
+func probed(c *Check, err error, have, missing, upgrade, privileges string) {
 	switch {
 	case err == nil:
-		c.Status, c.Detail = OK, "bpf_redirect_peer is available to tc programs"
+		c.Status, c.Detail = OK, have
 	case errors.Is(err, ebpf.ErrNotSupported):
-		c.Status, c.Detail = Fail, "the kernel has no bpf_redirect_peer"
-		c.Fix = "use a newer kernel (5.10 added it): fastpath and prism hand frames to pods with it"
+		c.Status, c.Detail, c.Fix = Fail, missing, upgrade
 	default:
-		c.Status, c.Detail = Fail, "probe: "+err.Error()
-		c.Fix = "run as root (or with CAP_BPF)"
+		c.Status, c.Detail, c.Fix = Fail, err.Error(), privileges
 	}
-	return c
 }

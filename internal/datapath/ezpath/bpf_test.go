@@ -73,7 +73,7 @@ func TestToRDownEncapsulatesTaggedFrames(t *testing.T) {
 	o := torForTest(t, 0)
 	must(t, o.EzpEncap.Put(torEzpEncapKey{Vni: testVNI, Dst: nbo(ipB)}, torEzpEncapVal{RemoteVtep: nbo(tor2), Vni: testVNI}))
 	inner := innerFrame()
-	ret, out := runProg(t, o.PrgEzpTorDn, tagged(inner, testVID))
+	ret, out := runProg(t, o.PrgEzpTorDn, frames.Tag(inner, testVID))
 	if ret != verdictRedirect {
 		t.Fatalf("verdict %d, want redirect", int32(ret))
 	}
@@ -115,11 +115,11 @@ func TestToRDownMissesLeaveOrDrop(t *testing.T) {
 	o := torForTest(t, 0)
 	inner := innerFrame()
 	// Tagged, tenant known, destination not offloaded: nothing else may take a tagged frame.
-	if ret, _ := runProg(t, o.PrgEzpTorDn, tagged(inner, testVID)); ret != verdictShot || torStat(t, o, torMissEncap) != 1 {
+	if ret, _ := runProg(t, o.PrgEzpTorDn, frames.Tag(inner, testVID)); ret != verdictShot || torStat(t, o, torMissEncap) != 1 {
 		t.Fatalf("encap miss: verdict %d", int32(ret))
 	}
 	// Unknown VID.
-	if ret, _ := runProg(t, o.PrgEzpTorDn, tagged(inner, 7)); ret != verdictShot || torStat(t, o, torMissVNI) != 1 {
+	if ret, _ := runProg(t, o.PrgEzpTorDn, frames.Tag(inner, 7)); ret != verdictShot || torStat(t, o, torMissVNI) != 1 {
 		t.Fatalf("VID miss: verdict %d", int32(ret))
 	}
 	// Untagged overlay VXLAN from the host VTEP: counted, then left to the kernel unchanged.
@@ -134,7 +134,7 @@ func TestToRDownMissesLeaveOrDrop(t *testing.T) {
 		t.Fatalf("transit flow register: %+v", flows)
 	}
 	// Plain IP and ARP: unchanged.
-	arp := append(ethHdr(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, macA, 0x0806), make([]byte, 28)...)
+	arp := frames.EthMAC(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, macA, 0x0806, make([]byte, 28))
 	for _, f := range [][]byte{inner, arp} {
 		if ret, out := runProg(t, o.PrgEzpTorDn, f); ret != verdictNext || !bytes.Equal(out, f) {
 			t.Fatalf("plain frame: verdict %d", int32(ret))
@@ -151,7 +151,7 @@ func TestToRUpDecapsulatesToItsHosts(t *testing.T) {
 		t.Fatalf("decap: verdict %d, inner restored %v", int32(ret), bytes.Equal(out, inner))
 	}
 	// To our VTEP, unknown destination: dropped.
-	other := append(ethHdr(macB, macA, 0x0800), ipv4(ipA, netip.MustParseAddr("198.19.9.9"), 6, tcpSeg(1, 2, 10))...)
+	other := tcpFrame(frames.Addr("198.19.9.9"), 1, 2, 10)
 	if ret, _ := runProg(t, o.PrgEzpTorUp, vxlanFrame(other, tor2, tor1, testVNI, 4789)); ret != verdictShot || torStat(t, o, torMissDecap) != 1 {
 		t.Fatalf("decap miss: verdict %d", int32(ret))
 	}
@@ -192,7 +192,7 @@ func TestHostPortTagsOffloadedFlowsOnly(t *testing.T) {
 	if ret, _ := runProg(t, o.PrgEzpPort, inner); ret != verdictRedirect || hostStat(t, o, hostTagged) != 1 {
 		t.Fatalf("offloaded: verdict %d, tagged %d", int32(ret), hostStat(t, o, hostTagged))
 	}
-	arp := append(ethHdr(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, macA, 0x0806), make([]byte, 28)...)
+	arp := frames.EthMAC(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, macA, 0x0806, make([]byte, 28))
 	if ret, out := runProg(t, o.PrgEzpPort, arp); ret != verdictNext || !bytes.Equal(out, arp) {
 		t.Fatalf("ARP must stay on the overlay: verdict %d", int32(ret))
 	}
@@ -204,10 +204,10 @@ func TestHostUplinkAndRelayPassOnlyTaggedFrames(t *testing.T) {
 	if ret, out := runProg(t, o.PrgEzpUplink, inner); ret != verdictNext || !bytes.Equal(out, inner) {
 		t.Fatalf("uplink, untagged: verdict %d", int32(ret))
 	}
-	if ret, _ := runProg(t, o.PrgEzpUplink, tagged(inner, testVID)); ret != verdictRedirect {
+	if ret, _ := runProg(t, o.PrgEzpUplink, frames.Tag(inner, testVID)); ret != verdictRedirect {
 		t.Fatalf("uplink, tagged: verdict %d", int32(ret))
 	}
-	if ret, _ := runProg(t, o.PrgEzpRelay, tagged(inner, testVID)); ret != verdictRedirect || hostStat(t, o, hostRelayed) != 1 {
+	if ret, _ := runProg(t, o.PrgEzpRelay, frames.Tag(inner, testVID)); ret != verdictRedirect || hostStat(t, o, hostRelayed) != 1 {
 		t.Fatalf("relay, tagged: verdict %d", int32(ret))
 	}
 	if ret, _ := runProg(t, o.PrgEzpRelay, inner); ret != verdictShot {
@@ -224,14 +224,14 @@ func TestHostDeliverUntagsIntoThePod(t *testing.T) {
 	_, err := endpoints.Sync(tb, []endpoints.Endpoint{{Domain: domain, Addr: ipB, Netns: "", Veth: "lo", Ifindex: 1, CtrMAC: ctr, BrMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}}, timeNow())
 	must(t, err)
 	inner := innerFrame()
-	ret, out := runProg(t, o.PrgEzpDeliver, tagged(inner, testVID))
+	ret, out := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID))
 	if ret != verdictRedirect || hostStat(t, o, hostDelivered) != 1 {
 		t.Fatalf("deliver: verdict %d, counters %d", int32(ret), hostStat(t, o, hostDelivered))
 	}
 	if !bytes.Equal(out[0:6], ctr) || !bytes.Equal(out[6:12], macA) || !bytes.Equal(out[12:], inner[12:]) {
 		t.Fatalf("delivered frame should be untagged with the pod's MAC: % x", out[:18])
 	}
-	if ret, _ := runProg(t, o.PrgEzpDeliver, tagged(inner, 5)); ret != verdictShot || hostStat(t, o, hostMissVID) != 1 {
+	if ret, _ := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, 5)); ret != verdictShot || hostStat(t, o, hostMissVID) != 1 {
 		t.Fatalf("unknown VID: verdict %d", int32(ret))
 	}
 	if ret, _ := runProg(t, o.PrgEzpDeliver, inner); ret != verdictShot {

@@ -51,7 +51,7 @@ func fzFrame(rng *rand.Rand) []byte {
 		f = frames.EthMAC(dmac, macA, 0x0800, frames.IPv4{Src: pick(fzIPs), Dst: pick(fzIPs), Proto: proto, TTL: 64}.Wrap(frames.L4(proto, uint16(40000+rng.IntN(3)), 5201, rng.IntN(80))))
 	}
 	for i := rng.IntN(4); i > 0 && i < 3; i-- {
-		f = tagged(f, fzVIDs[rng.IntN(len(fzVIDs))])
+		f = frames.Tag(f, fzVIDs[rng.IntN(len(fzVIDs))])
 	}
 	if rng.IntN(3) == 0 {
 		port := uint16(4789)

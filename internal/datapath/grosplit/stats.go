@@ -47,18 +47,21 @@ func (s Stats) Sum() CPUStats {
 		t.Missed += c.Missed
 		t.Dropped += c.Dropped
 		t.VXLAN += c.VXLAN
-		for k, v := range c.ToCPU {
-			t.ToCPU[k] += v
-		}
 		t.Mice += c.Mice
 		t.Diverted += c.Diverted
 		t.Overflow += c.Overflow
 		t.Batches += c.Batches
-		for k, v := range c.BatchToCPU {
-			t.BatchToCPU[k] += v
-		}
+		addByCPU(t.ToCPU, c.ToCPU)
+		addByCPU(t.BatchToCPU, c.BatchToCPU)
 	}
 	return t
+}
+
+// addByCPU adds the per-CPU counts of from to sum.
+func addByCPU(sum, from map[int]uint64) {
+	for cpu, n := range from {
+		sum[cpu] += n
+	}
 }
 
 // ReadStats reads the counters of the split pinned under pinDir.

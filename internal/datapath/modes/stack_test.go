@@ -15,19 +15,26 @@ import (
 // The tests attach modes whose agents are started as this test binary.
 func TestMain(m *testing.M) { agentproc.TestMain(m) }
 
-// rpsMasks reads every receive knob (rps_cpus, rps_flow_cnt) of the lab's receive-side devices.
+// withFalcon builds a one-container docker lab called name and attaches falcon to its
+// receiving host (keeping the underlay, on cpus when given). It returns the lab, that host, the
+// options falcon got (for the mode stacked next) and the receive knobs before the attach.
+func withFalcon(t *testing.T, name string, cpus []int) (*lab.Lab, string, datapath.Options, map[string]string) {
+	t.Helper()
+	l := labtest.Up(t, lab.Spec{Name: name, Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}})
+	before := labtest.RxKnobs(t, l)
+	host := l.Hosts[1].Netns
+	keep := datapath.Options{KeepUnderlay: true, CPUs: cpus}
+	if _, err := datapath.Attach(context.Background(), host, "falcon", keep); err != nil {
+		t.Fatal(err)
+	}
+	return l, host, keep, before
+}
+
 // falcon and prism touch different hooks and knobs, so they stack; rps shares falcon's knobs,
 // so it is refused; detach --mode takes one off and leaves the other working.
 func TestFalconAndPrismStack(t *testing.T) {
-	spec := lab.Spec{Name: "tstack", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
-	l := labtest.Up(t, spec)
+	l, host, keep, before := withFalcon(t, "tstack", nil)
 	ctx := context.Background()
-	before := labtest.RxKnobs(t, l)
-	host := l.Hosts[1].Netns
-	keep := datapath.Options{KeepUnderlay: true}
-	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
-		t.Fatal(err)
-	}
 	pr := keep
 	pr.Extra = map[string]string{"rules": "dport=7000", "agent": "off"}
 	if _, err := datapath.Attach(ctx, host, "prism", pr); err != nil {
@@ -65,15 +72,8 @@ func TestFalconAndPrismStack(t *testing.T) {
 // mflow attached after falcon splits only the NIC stage and leaves the later stages to falcon;
 // device scaling, which would steer the VXLAN stage too, is refused.
 func TestMflowStacksOnFalcon(t *testing.T) {
-	spec := lab.Spec{Name: "tstkm", Style: lab.StyleDocker, Containers: 1, RxCPUs: []int{0}}
-	l := labtest.Up(t, spec)
+	l, host, keep, before := withFalcon(t, "tstkm", []int{0, 1})
 	ctx := context.Background()
-	before := labtest.RxKnobs(t, l)
-	host := l.Hosts[1].Netns
-	keep := datapath.Options{KeepUnderlay: true, CPUs: []int{0, 1}}
-	if _, err := datapath.Attach(ctx, host, "falcon", keep); err != nil {
-		t.Fatal(err)
-	}
 	dev := keep
 	dev.Extra = map[string]string{"split_at": "device"}
 	if _, err := datapath.Attach(ctx, host, "mflow", dev); err == nil || !strings.Contains(err.Error(), "falcon") {

@@ -22,6 +22,12 @@ var (
 // Addr parses an address literal (a test constant).
 func Addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
+// DockerMAC is the MAC docker gives a container with IPv4 address a: 02:42 and the address.
+func DockerMAC(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x02, 0x42, b[0], b[1], b[2], b[3]}
+}
+
 // Eth puts an Ethernet header with the test MACs, VLAN tags (802.1Q) and ethertype before payload.
 func Eth(proto uint16, payload []byte, vlans ...uint16) []byte {
 	return EthMAC(DstMAC, SrcMAC, proto, payload, vlans...)
@@ -36,6 +42,14 @@ func EthMAC(dst, src net.HardwareAddr, proto uint16, payload []byte, vlans ...ui
 	}
 	b = binary.BigEndian.AppendUint16(b, proto)
 	return append(b, payload...)
+}
+
+// Tag inserts an 802.1Q tag with vid after the MACs of a built frame (of at least 12 bytes).
+func Tag(f []byte, vid uint16) []byte {
+	b := append([]byte{}, f[:12]...)
+	b = binary.BigEndian.AppendUint16(b, 0x8100)
+	b = binary.BigEndian.AppendUint16(b, vid)
+	return append(b, f[12:]...)
 }
 
 // IPv4 is an IPv4 header without options. TTL 0 means 64.
