@@ -77,18 +77,23 @@ func helperCrash() error {
 	if err := sendAll(c, sid, buf); err != nil {
 		return err
 	}
-	l, err := c.Socket()
-	if err != nil {
-		return err
-	}
-	if _, err := c.Bind(l, netip.MustParseAddrPort(os.Getenv("PD_LISTEN"))); err != nil {
-		return err
-	}
-	if err := c.Listen(l, 4); err != nil {
+	if _, err := listenEnv(c, 4); err != nil {
 		return err
 	}
 	fmt.Println("ready")
 	select {}
+}
+
+// listenEnv opens a listener on PD_LISTEN with the given backlog.
+func listenEnv(c *Client, backlog int) (int, error) {
+	l, err := c.Socket()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := c.Bind(l, netip.MustParseAddrPort(os.Getenv("PD_LISTEN"))); err != nil {
+		return 0, err
+	}
+	return l, c.Listen(l, backlog)
 }
 
 // helperListen listens on PD_LISTEN, says "ready", accepts what comes until stdin closes, then
@@ -98,14 +103,8 @@ func helperListen() error {
 	if err != nil {
 		return err
 	}
-	l, err := c.Socket()
+	l, err := listenEnv(c, 16)
 	if err != nil {
-		return err
-	}
-	if _, err := c.Bind(l, netip.MustParseAddrPort(os.Getenv("PD_LISTEN"))); err != nil {
-		return err
-	}
-	if err := c.Listen(l, 16); err != nil {
 		return err
 	}
 	fmt.Println("ready")

@@ -243,27 +243,7 @@ func TestCloseDeliversQueuedData(t *testing.T) {
 			if err := a.CloseSock(cs); err != nil {
 				t.Fatal(err)
 			}
-			got := 0
-			for {
-				v, err := b.Recv(ss, 1<<20)
-				if IsAgain(err) {
-					b.Wait(func() bool { return b.Readable(ss) }, 100*time.Millisecond)
-					continue
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v == nil {
-					break
-				}
-				for i, x := range v {
-					if x != byte(got+i) {
-						t.Fatalf("byte %d: %d", got+i, x)
-					}
-				}
-				got += len(v)
-				b.RecvDone(ss, len(v))
-			}
+			got := recvToEnd(t, b, ss, func(i int) byte { return byte(i) })
 			if got != sent {
 				t.Fatalf("received %d of %d bytes before the end of stream", got, sent)
 			}
@@ -373,27 +353,7 @@ func TestCrashedPeerReclaimed(t *testing.T) {
 				t.Fatal(err)
 			}
 			cmd.Wait()
-			got := 0
-			for {
-				v, err := b.Recv(ss, 1<<20)
-				if IsAgain(err) {
-					b.Wait(func() bool { return b.Readable(ss) }, 100*time.Millisecond)
-					continue
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v == nil {
-					break
-				}
-				for i, x := range v {
-					if x != byte((got+i)*7) {
-						t.Fatalf("byte %d corrupt", got+i)
-					}
-				}
-				got += len(v)
-				b.RecvDone(ss, len(v))
-			}
+			got := recvToEnd(t, b, ss, func(i int) byte { return byte(i * 7) })
 			if got != sent {
 				t.Fatalf("received %d of %d bytes from the crashed peer", got, sent)
 			}
@@ -455,4 +415,31 @@ func TestCompletionBacklog(t *testing.T) {
 		}
 		return got == n
 	})
+}
+
+// recvToEnd reads sid until the end of stream, checking every byte against want(offset), and
+// returns how many bytes came.
+func recvToEnd(t *testing.T, c *Client, sid int, want func(int) byte) int {
+	t.Helper()
+	got := 0
+	for {
+		v, err := c.Recv(sid, 1<<20)
+		if IsAgain(err) {
+			c.Wait(func() bool { return c.Readable(sid) }, 100*time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == nil {
+			return got
+		}
+		for i, x := range v {
+			if x != want(got+i) {
+				t.Fatalf("byte %d: %d, want %d", got+i, x, want(got+i))
+			}
+		}
+		got += len(v)
+		c.RecvDone(sid, len(v))
+	}
 }
