@@ -46,6 +46,12 @@ type State struct {
 	Complete bool            `json:"complete"`       // false while attach is still applying
 	// AgentPID is the mode's node agent (a detached process that outlives the CLI), 0 if none.
 	AgentPID int `json:"agent_pid,omitempty"`
+	// AgentInNode says the mode's agent runs inside the node agent (`peregrine agent --config`):
+	// AgentPID is then the node agent's PID, which a detach must never signal.
+	AgentInNode bool `json:"agent_in_node,omitempty"`
+	// Managed says the node agent attached or adopted this attachment: it keeps it as its
+	// config says, and a CLI detach refuses it while the node agent runs (unless --force).
+	Managed bool `json:"managed,omitempty"`
 	// ModeState is the mode's own record (e.g. which per-device pieces it attached).
 	ModeState json.RawMessage `json:"mode_state,omitempty"`
 }
