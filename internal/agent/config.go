@@ -23,6 +23,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode a config may name
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 

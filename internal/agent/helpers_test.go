@@ -1,0 +1,335 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
+)
+
+// TestMain: this test binary run as `BIN agent --config FILE --netns NS` is a node agent (the
+// tests kill -9 it and start it again); otherwise it runs the tests.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "agent" {
+		os.Exit(runAsAgent(os.Args[2:]))
+	}
+	agentproc.TestMain(m)
+}
+
+func runAsAgent(args []string) int {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	config := fs.String("config", "", "")
+	netns := fs.String("netns", "", "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err := Run(context.Background(), Options{ConfigPath: *config, Netns: *netns, NetnsSet: true}); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		return 1
+	}
+	return 0
+}
+
+// syncBuffer is a log both the process and the test touch.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// agentProc is a node agent run as a process of its own.
+type agentProc struct {
+	cmd  *exec.Cmd
+	done chan error
+	log  *syncBuffer
+	port int
+}
+
+// writeConfig writes a config for an agent of target listening on port.
+func writeConfig(t *testing.T, path, modes string, port int) {
+	t.Helper()
+	text := fmt.Sprintf("modes:\n%slisten: 127.0.0.1:%d\nreconcile_interval: 500ms\n", modes, port)
+	if err := os.WriteFile(path+".tmp", []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil { // whole, as a ConfigMap update is
+		t.Fatal(err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startAgent(t *testing.T, cfg, netns string, port int) *agentProc {
+	t.Helper()
+	p := &agentProc{cmd: exec.Command(os.Args[0], "agent", "--config", cfg, "--netns", netns), done: make(chan error, 1),
+		log: &syncBuffer{}, port: port}
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("agent %s log:\n%s", netns, p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *agentProc) get(path string) (int, string) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", p.port, path))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return resp.StatusCode, string(b)
+}
+
+func (p *agentProc) waitReady(t *testing.T, within time.Duration) {
+	t.Helper()
+	labtest.Eventually(t, within, "the agent's /readyz answers 200", func() (bool, string) {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return false, fmt.Sprintf("the agent exited: %v", err)
+		default:
+		}
+		code, body := p.get("/readyz")
+		return code == 200, fmt.Sprintf("%d %s", code, body)
+	})
+}
+
+func (p *agentProc) kill9(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	p.done <- nil
+}
+
+// stop sends SIGTERM and wants exit 0.
+func (p *agentProc) stop(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Errorf("the agent exited on SIGTERM with %v, want 0", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not exit on SIGTERM")
+	}
+}
+
+// linkIDs are the IDs of mode's pinned tcx links on target, by pin name.
+func linkIDs(t *testing.T, target, mode string) map[string]link.ID {
+	t.Helper()
+	dir := filepath.Join(datapath.ModePinDir(target, mode), "links")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]link.ID{}
+	for _, e := range ents {
+		l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.TCX() != nil && info.TCX().Ifindex == 0 {
+			continue // detached
+		}
+		out[e.Name()] = info.ID
+	}
+	return out
+}
+
+// mapID is the ID of a pinned map (a new attach makes new maps).
+func mapID(t *testing.T, target, mode, name string) ebpf.MapID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(datapath.ModePinDir(target, mode), name), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// tcpResets is the namespace's TCP EstabResets + OutRsts (/proc/net/snmp).
+func tcpResets(t *testing.T, ns string) uint64 {
+	t.Helper()
+	var text string
+	if err := netnsutil.Do(ns, func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		text = string(b)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	var total uint64
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, v := range f {
+			if i < len(names) && (names[i] == "EstabResets" || names[i] == "OutRsts") {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// pingPong is a 64 B request/response exchange over TCP, one at a time every millisecond; it
+// keeps the longest time between two completed round trips (a lost packet costs a
+// retransmission timeout, 200 ms at least, so any loss shows).
+type pingPong struct {
+	rounds atomic.Int64
+	maxGap atomic.Int64 // ns
+	stop   chan struct{}
+	done   chan error
+}
+
+func startPingPong(t *testing.T, srcNS, dstNS string, dst netip.AddrPort) *pingPong {
+	t.Helper()
+	var ln net.Listener
+	if err := netnsutil.Do(dstNS, func() error {
+		var err error
+		ln, err = net.Listen("tcp", dst.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer ln.Close()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	var c net.Conn
+	if err := netnsutil.Do(srcNS, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := &pingPong{stop: make(chan struct{}), done: make(chan error, 1)}
+	go func() {
+		defer c.Close()
+		buf := make([]byte, 64)
+		last := time.Now()
+		for {
+			select {
+			case <-p.stop:
+				p.done <- nil
+				return
+			default:
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write(buf); err != nil {
+				p.done <- err
+				return
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				p.done <- err
+				return
+			}
+			now := time.Now()
+			if g := int64(now.Sub(last)); g > p.maxGap.Load() {
+				p.maxGap.Store(g)
+			}
+			last = now
+			p.rounds.Add(1)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.stop:
+		default:
+			close(p.stop)
+		}
+	})
+	return p
+}
+
+// finish stops it and returns the error that ended it early, if any.
+func (p *pingPong) finish() error {
+	close(p.stop)
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("ping-pong did not stop")
+	}
+}
