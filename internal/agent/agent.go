@@ -131,8 +131,18 @@ func (a *Agent) loop(ctx context.Context, hup <-chan os.Signal) {
 		case <-poll.C:
 			// A ConfigMap update swaps a symlink in the file's directory: the content (read
 			// through the link) changes; comparing its hash catches that and edits alike.
-			if h, err := fileHash(a.opts.ConfigPath); err == nil && h != a.config().Hash && h != a.refusedHash() {
+			h, err := fileHash(a.opts.ConfigPath)
+			switch {
+			case err != nil:
+			case h != a.config().Hash && h != a.refusedHash():
 				a.reload(ctx, "config file changed", tick)
+			case h == a.config().Hash && a.refusedHash() != "":
+				// The file is the applied config again: nothing to apply, nothing refused.
+				a.mu.Lock()
+				a.refused, a.cfgErr = "", ""
+				a.mu.Unlock()
+				slog.Info("config file is the applied config again")
+				a.writeStatus()
 			}
 		case <-tick.C:
 			a.reconcile(ctx)

@@ -165,7 +165,7 @@ func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		tmp := path + ".new"
+		tmp := path + "_new" // bpffs refuses names with a dot
 		_ = os.Remove(tmp)
 		if err := p.Pin(tmp); err != nil {
 			errs = append(errs, fmt.Errorf("fastpath: pin %s: %w", name, err))
