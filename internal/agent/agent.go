@@ -50,6 +50,7 @@ type Agent struct {
 	last     time.Time // the last reconcile
 
 	adopted map[string]bool // modes attached or adopted by this process (upgraded, agent hosted)
+	stopped bool            // exited normally (the status file says so)
 }
 
 // Run runs the node agent until ctx ends or SIGTERM/SIGINT (exit 0, datapath left in place
@@ -79,7 +80,9 @@ func Run(ctx context.Context, o Options) error {
 	if a.checks = doctor.Required(checks); a.checks != nil {
 		slog.Warn("start-up checks failed (see `peregrine doctor`)", "err", a.checks)
 	}
-	if s := Managing(a.target); s != nil && s.PID != os.Getpid() {
+	// By PID only: a status file still fresh from an agent killed a moment ago must not keep
+	// its restart from starting.
+	if s, _ := ReadStatus(a.target); s != nil && !s.Stopped && s.PID != os.Getpid() && agentproc.IsNodeAgent(s.PID) {
 		return fmt.Errorf("another node agent (pid %d, config %s) manages %s: stop it first", s.PID, s.Config, netnsutil.Label(a.target))
 	}
 	l, err := net.Listen("tcp", cfg.Listen)
@@ -110,6 +113,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.CleanupOnExit {
 		return a.cleanup()
 	}
+	a.mu.Lock()
+	a.stopped = true
+	a.mu.Unlock()
+	a.writeStatus()
 	slog.Info("node agent stopping: the datapath stays in place for the next agent to adopt")
 	return nil
 }
@@ -260,7 +267,8 @@ func (a *Agent) writeStatus() {
 	ready, why := a.readyLocked()
 	s := &Status{PID: os.Getpid(), Config: a.opts.ConfigPath, ConfigHash: a.cfg.Hash, Target: a.target,
 		Modes: a.cfg.ModeNames(), Listen: a.cfg.Listen, Started: a.started, LastReconcile: a.last,
-		Ready: ready, NotReady: why, ConfigError: a.cfgErr, Errors: append([]Event(nil), a.errs...)}
+		Ready: ready, NotReady: why, ConfigError: a.cfgErr, Errors: append([]Event(nil), a.errs...),
+		Updated: time.Now(), Interval: a.cfg.Interval, Stopped: a.stopped}
 	a.mu.Unlock()
 	if err := writeStatus(s); err != nil {
 		slog.Error("write status file", "err", err)

@@ -10,14 +10,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -61,8 +59,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // agentProc is a node agent run as a process of its own.
 type agentProc struct {
@@ -236,100 +238,4 @@ func tcpResets(t *testing.T, ns string) uint64 {
 		}
 	}
 	return total
-}
-
-// pingPong is a 64 B request/response exchange over TCP, one at a time every millisecond; it
-// keeps the longest time between two completed round trips (a lost packet costs a
-// retransmission timeout, 200 ms at least, so any loss shows).
-type pingPong struct {
-	rounds atomic.Int64
-	maxGap atomic.Int64 // ns
-	stop   chan struct{}
-	done   chan error
-}
-
-func startPingPong(t *testing.T, srcNS, dstNS string, dst netip.AddrPort) *pingPong {
-	t.Helper()
-	var ln net.Listener
-	if err := netnsutil.Do(dstNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp", dst.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer ln.Close()
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		buf := make([]byte, 64)
-		for {
-			if _, err := io.ReadFull(c, buf); err != nil {
-				return
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	}()
-	var c net.Conn
-	if err := netnsutil.Do(srcNS, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	p := &pingPong{stop: make(chan struct{}), done: make(chan error, 1)}
-	go func() {
-		defer c.Close()
-		buf := make([]byte, 64)
-		last := time.Now()
-		for {
-			select {
-			case <-p.stop:
-				p.done <- nil
-				return
-			default:
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := c.Write(buf); err != nil {
-				p.done <- err
-				return
-			}
-			if _, err := io.ReadFull(c, buf); err != nil {
-				p.done <- err
-				return
-			}
-			now := time.Now()
-			if g := int64(now.Sub(last)); g > p.maxGap.Load() {
-				p.maxGap.Store(g)
-			}
-			last = now
-			p.rounds.Add(1)
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.stop:
-		default:
-			close(p.stop)
-		}
-	})
-	return p
-}
-
-// finish stops it and returns the error that ended it early, if any.
-func (p *pingPong) finish() error {
-	close(p.stop)
-	select {
-	case err := <-p.done:
-		return err
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("ping-pong did not stop")
-	}
 }

@@ -77,7 +77,7 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 
 	resetsBefore := tcpResets(t, c1.Netns) + tcpResets(t, c2.Netns)
 	stream := labtest.StartTCP(t, c1.Netns, c2.Netns, netip.AddrPortFrom(dst, 5301), time.Millisecond)
-	pp := startPingPong(t, c1.Netns, c2.Netns, netip.AddrPortFrom(dst, 5302))
+	pp := labtest.StartPingPong(t, c1.Netns, c2.Netns, netip.AddrPortFrom(dst, 5302))
 	stream.WaitFlowing(t, 1<<20, 5*time.Second)
 	labtest.Eventually(t, 3*time.Second, "the transfer takes the fast path", func() (bool, string) {
 		h := fastHits(t, hosts[0])
@@ -172,12 +172,12 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 	}
 	stream.WaitFlowing(t, 1<<20, 5*time.Second)
 
-	ppErr := pp.finish()
+	ppErr := pp.Finish()
 	carried := stream.Finish(t)
 	resets := tcpResets(t, c1.Netns) + tcpResets(t, c2.Netns) - resetsBefore
-	gap := time.Duration(pp.maxGap.Load())
+	gap := pp.MaxGap()
 	t.Logf("figures: TCP %d bytes, %d resets; ping-pong %d rounds, max gap %v; fast-path hits while the agents were down (1 s): %d",
-		carried, resets, pp.rounds.Load(), gap.Round(time.Microsecond), hitsWhileDown)
+		carried, resets, pp.Rounds(), gap.Round(time.Microsecond), hitsWhileDown)
 	if ppErr != nil {
 		t.Errorf("ping-pong broke: %v", ppErr)
 	}

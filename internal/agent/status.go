@@ -36,6 +36,11 @@ type Status struct {
 	NotReady      string    `json:"not_ready,omitempty"` // why /readyz answers 503
 	ConfigError   string    `json:"config_error,omitempty"`
 	Errors        []Event   `json:"errors,omitempty"` // the last few, oldest first
+	// Updated is when the agent last wrote this file (after every reconcile: a heartbeat), and
+	// Interval its reconcile interval; Stopped is set by an agent that exited normally.
+	Updated  time.Time     `json:"updated"`
+	Interval time.Duration `json:"interval"`
+	Stopped  bool          `json:"stopped,omitempty"`
 }
 
 // Event is one logged error.
@@ -74,8 +79,27 @@ func ReadStatus(target string) (*Status, error) {
 	return &s, nil
 }
 
-// Running tells whether the agent of this status is alive (a recycled PID is not).
-func (s *Status) Running() bool { return s != nil && agentproc.IsNodeAgent(s.PID) }
+// Running tells whether the agent of this status is alive: its PID is a node agent (a
+// recycled PID is not), or, for an agent in another PID namespace (a DaemonSet pod without
+// hostPID, whose PID means nothing here), it wrote the file within three intervals.
+func (s *Status) Running() bool {
+	if s == nil || s.Stopped {
+		return false
+	}
+	return agentproc.IsNodeAgent(s.PID) || time.Since(s.Updated) < max(3*s.Interval, 10*time.Second)
+}
+
+func init() {
+	// A mode's record names the node agent hosting its agent by PID; across PID namespaces
+	// the status file's heartbeat tells instead.
+	agentproc.NodeAgentRunning = func(pid int, target string) bool {
+		if agentproc.IsNodeAgent(pid) {
+			return true
+		}
+		s, err := ReadStatus(target)
+		return err == nil && s != nil && s.Running()
+	}
+}
 
 // Managing is the running node agent that manages target, or nil.
 func Managing(target string) *Status {

@@ -151,6 +151,11 @@ func IsNodeAgent(pid int) bool {
 	return false
 }
 
+// NodeAgentRunning tells whether the node agent with pid, managing target, runs. The node
+// agent's package replaces it to also read its status file's heartbeat (an agent in another PID
+// namespace, where pid means nothing).
+var NodeAgentRunning = func(pid int, target string) bool { return IsNodeAgent(pid) }
+
 // slogWriter hands a hosted agent's log lines to slog, with its mode and target.
 type slogWriter struct{ mode, target string }
 

@@ -58,7 +58,7 @@ func (a Agent) Running(st *datapath.State) bool {
 			running, _ := HostedErr(string(a), st.Target)
 			return running
 		}
-		return IsNodeAgent(st.AgentPID)
+		return NodeAgentRunning(st.AgentPID, st.Target)
 	}
 	return Is(st.AgentPID, string(a), st.Target)
 }
