@@ -21,11 +21,21 @@ func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 	const ns = "prgt-keep" // not prg-: no lab's
 	testutil.TempNetns(t, ns)
 	if err := netnsutil.Do(ns, func() error {
-		d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "u0"}}
-		if err := netlink.LinkAdd(d); err != nil {
+		// An underlay (a veth pair: the kernel may lack dummy devices) for a VXLAN device.
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "u0"}, PeerName: "u1"}
+		if err := netlink.LinkAdd(v); err != nil {
 			return err
 		}
-		return netlink.LinkSetUp(d)
+		for _, n := range []string{"u0", "u1"} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
