@@ -77,13 +77,45 @@ type agentProc struct {
 // writeConfig writes a config for an agent of target listening on port.
 func writeConfig(t *testing.T, path, modes string, port int) {
 	t.Helper()
-	text := fmt.Sprintf("modes:\n%slisten: 127.0.0.1:%d\nreconcile_interval: 500ms\n", modes, port)
+	text := configText(modes, port)
 	if err := os.WriteFile(path+".tmp", []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(path+".tmp", path); err != nil { // whole, as a ConfigMap update is
 		t.Fatal(err)
 	}
+}
+
+func configText(modes string, port int) string {
+	return fmt.Sprintf("modes:\n%slisten: 127.0.0.1:%d\nreconcile_interval: 500ms\n", modes, port)
+}
+
+// configMapUpdate writes text as the kubelet updates a mounted ConfigMap: into a new directory
+// of dir, then swaps the ..data symlink to it; dir/config.yaml is a symlink through ..data. It
+// returns the config's path.
+func configMapUpdate(t *testing.T, dir, text string) string {
+	t.Helper()
+	gen := filepath.Join(dir, fmt.Sprintf("..%d", time.Now().UnixNano()))
+	if err := os.Mkdir(gen, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(gen, "config.yaml"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(gen), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "config.yaml")
+	if _, err := os.Lstat(path); os.IsNotExist(err) {
+		if err := os.Symlink(filepath.Join("..data", "config.yaml"), path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path
 }
 
 func freePort(t *testing.T) int {

@@ -43,8 +43,8 @@ func prismRules(t *testing.T, host string) []string {
 
 // TestAgentAcrossKillRestartAndReload is the integration test on a flannel lab with a
 // node agent per host (each a process of its own): a TCP transfer and a 64 B ping-pong through
-// the fast path run across kill -9 of both agents, their restart and a SIGHUP with changed prism
-// rules. While the agents are down the fast path keeps hitting; the restarted agents adopt what
+// the fast path run across kill -9 of both agents, their restart as an upgrade (h1's receive
+// program is an older one, swapped in place on adoption) and a SIGHUP with changed prism rules. While the agents are down the fast path keeps hitting; the restarted agents adopt what
 // is attached (same tcx links, same flow map: nothing detached or attached); the reload changes
 // prism's rules live and leaves fastpath alone. At the end: no TCP reset, no ping-pong gap over
 // 100 ms, the transfer complete.
@@ -129,6 +129,9 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 	}
 	same("after kill -9")
 
+	// Restart with a newer binary, as it were: h1's receive program is an older one (on its
+	// link and pin) and the restarted agent swaps this binary's in, on the same link.
+	older := installOlderRx(t, hosts[0])
 	// Restart: the new agents adopt; nothing is detached or attached.
 	for i, h := range hosts {
 		agents[i] = startAgent(t, cfgs[i], h, agents[i].port)
@@ -137,6 +140,7 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 		a.waitReady(t, 20*time.Second)
 	}
 	same("after the restart")
+	older.check(t)
 	if v, err := fastpath.Inspect(hosts[0]); err != nil || v.Flows < before.Flows {
 		t.Errorf("the restarted agent forgot cached flows: %d before, %v %v", before.Flows, v, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,17 +53,18 @@ func runInProcess(t *testing.T, cfg, netns string, port int) *agentProc {
 
 // TestReconcilePutsBackWhatWasChangedByHand: a tcx link unpinned by hand (which detaches it),
 // one detached with `bpftool link detach`'s system call, and an rps knob written by hand are all
-// put back within one reconcile interval, touching nothing else. A refused config keeps the
-// running state and is reported on /readyz and in the status file.
+// put back within one reconcile interval, touching nothing else. A refused config (a ConfigMap
+// update, seen without a SIGHUP) keeps the running state and is reported on /readyz and in the
+// status file; the fixed one is taken again.
 func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 	testutil.RequireBPF(t)
 	l := labtest.Up(t, lab.Spec{Name: "tagr", Style: lab.StyleFlannel, Containers: 1})
 	h1 := l.Hosts[0].Netns
 	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h1, "") })
-	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	cmDir := t.TempDir() // the config arrives as a mounted ConfigMap does
 	port := freePort(t)
 	const interval = 500 * time.Millisecond
-	writeConfig(t, cfg, "  fastpath: {}\n  rps: {}\n", port)
+	cfg := configMapUpdate(t, cmDir, configText("  fastpath: {}\n  rps: {}\n", port))
 	a := runInProcess(t, cfg, h1, port)
 	if code, body := a.get("/readyz"); code != 200 {
 		t.Fatalf("/readyz %d %s", code, body)
@@ -135,10 +135,7 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 	}
 
 	// A refused config: reported, the running state kept.
-	if err := os.WriteFile(cfg, []byte("modes:\n  fastpath: {}\n  rps: {}\n  prism:\n    rulez: [x]\nlisten: 127.0.0.1:1\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	configMapUpdate(t, cmDir, "modes:\n  fastpath: {}\n  rps: {}\n  prism:\n    rulez: [x]\nlisten: 127.0.0.1:1\n")
 	labtest.Eventually(t, 3*time.Second, "/readyz reports the refused config", func() (bool, string) {
 		code, body := a.get("/readyz")
 		return code == 503 && strings.Contains(body, "modes.prism.rulez"), fmt.Sprintf("%d %s", code, body)
@@ -153,7 +150,7 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 	if now := linkIDs(t, h1, fastpath.Name); len(now) != len(after) {
 		t.Errorf("links changed after a refused config: %v -> %v", after, now)
 	}
-	writeConfig(t, cfg, "  fastpath: {}\n  rps: {}\n", port) // fixed: picked up by its content
+	configMapUpdate(t, cmDir, configText("  fastpath: {}\n  rps: {}\n", port)) // fixed
 	labtest.Eventually(t, 3*time.Second, "ready again once the config is fixed", func() (bool, string) {
 		code, body := a.get("/readyz")
 		return code == 200, fmt.Sprintf("%d %s", code, body)
@@ -177,46 +174,7 @@ func TestAdoptReplacesAnOlderProgramInPlace(t *testing.T) {
 	if !agentproc.Is(oldAgent, fastpath.Name, h1) {
 		t.Fatalf("the CLI attach started no per-mode agent (pid %d)", oldAgent)
 	}
-	pinDir := datapath.ModePinDir(h1, fastpath.Name)
-	rx, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir, "prg_fastpath_rx"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rxInfo, _ := rx.Info()
-	rxID, _ := rxInfo.ID()
-	rx.Close()
-	// The "older binary": a program that hands every packet on (TCX_NEXT), on the link and pin.
-	older, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
-	olderInfo, _ := older.Info()
-	var rxLink string
-	dir := filepath.Join(pinDir, "links")
-	for n := range linkIDs(t, h1, fastpath.Name) {
-		lk, err := link.LoadPinnedLink(filepath.Join(dir, n), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info, err := lk.Info(); err == nil && info.Program == rxID {
-			rxLink = n
-			if err := lk.Update(older); err != nil {
-				t.Fatal(err)
-			}
-		}
-		lk.Close()
-	}
-	if rxLink == "" {
-		t.Fatal("no link runs prg_fastpath_rx")
-	}
-	if err := os.Remove(filepath.Join(pinDir, "prg_fastpath_rx")); err != nil {
-		t.Fatal(err)
-	}
-	if err := older.Pin(filepath.Join(pinDir, "prg_fastpath_rx")); err != nil {
-		t.Fatal(err)
-	}
+	older := installOlderRx(t, h1)
 	before := linkIDs(t, h1, fastpath.Name)
 
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
@@ -232,7 +190,77 @@ func TestAdoptReplacesAnOlderProgramInPlace(t *testing.T) {
 			t.Errorf("link %s: id %d -> %d: adoption must not detach or attach", n, id, after[n])
 		}
 	}
-	lk, err := link.LoadPinnedLink(filepath.Join(dir, rxLink), nil)
+	older.check(t)
+	st, err = datapath.LoadState(h1, fastpath.Name)
+	if err != nil || st == nil {
+		t.Fatal(errors.Join(errors.New("record gone"), err))
+	}
+	if !st.AgentInNode || st.AgentPID != os.Getpid() || !st.Managed {
+		t.Errorf("record after adoption: agent pid %d in node %v managed %v", st.AgentPID, st.AgentInNode, st.Managed)
+	}
+	if agentproc.Is(oldAgent, fastpath.Name, h1) {
+		t.Errorf("the per-mode agent %d still runs beside the node agent", oldAgent)
+	}
+}
+
+// olderRx is fastpath's receive program replaced, on its link and its pin, by a program that
+// stands for an older binary's: it hands every packet on (TCX_NEXT), so the normal path takes
+// them.
+type olderRx struct {
+	host, link       string
+	tag, olderTag    string
+	pinDir, linksDir string
+}
+
+func installOlderRx(t *testing.T, host string) *olderRx {
+	t.Helper()
+	o := &olderRx{host: host, pinDir: datapath.ModePinDir(host, fastpath.Name)}
+	o.linksDir = filepath.Join(o.pinDir, "links")
+	rx, err := ebpf.LoadPinnedProgram(filepath.Join(o.pinDir, "prg_fastpath_rx"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rxInfo, _ := rx.Info()
+	rxID, _ := rxInfo.ID()
+	rx.Close()
+	o.tag = rxInfo.Tag
+	older, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	olderInfo, _ := older.Info()
+	o.olderTag = olderInfo.Tag
+	for n := range linkIDs(t, host, fastpath.Name) {
+		lk, err := link.LoadPinnedLink(filepath.Join(o.linksDir, n), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := lk.Info(); err == nil && info.Program == rxID {
+			o.link = n
+			if err := lk.Update(older); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lk.Close()
+	}
+	if o.link == "" {
+		t.Fatal("no link runs prg_fastpath_rx")
+	}
+	if err := os.Remove(filepath.Join(o.pinDir, "prg_fastpath_rx")); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Pin(filepath.Join(o.pinDir, "prg_fastpath_rx")); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// check: the link and the pin run this binary's receive program again.
+func (o *olderRx) check(t *testing.T) {
+	t.Helper()
+	lk, err := link.LoadPinnedLink(filepath.Join(o.linksDir, o.link), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,26 +275,16 @@ func TestAdoptReplacesAnOlderProgramInPlace(t *testing.T) {
 	}
 	nowInfo, _ := now.Info()
 	now.Close()
-	if nowInfo.Tag != rxInfo.Tag || nowInfo.Tag == olderInfo.Tag {
-		t.Errorf("the receive link runs tag %s, want this binary's %s (the older one was %s)", nowInfo.Tag, rxInfo.Tag, olderInfo.Tag)
+	if nowInfo.Tag != o.tag || nowInfo.Tag == o.olderTag {
+		t.Errorf("%s: the receive link runs tag %s, want this binary's %s (the older one was %s)", o.host, nowInfo.Tag, o.tag, o.olderTag)
 	}
-	pinned, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir, "prg_fastpath_rx"), nil)
+	pinned, err := ebpf.LoadPinnedProgram(filepath.Join(o.pinDir, "prg_fastpath_rx"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pinnedInfo, _ := pinned.Info()
 	pinned.Close()
-	if pinnedInfo.Tag != rxInfo.Tag {
-		t.Errorf("the pin prg_fastpath_rx holds tag %s, want %s", pinnedInfo.Tag, rxInfo.Tag)
-	}
-	st, err = datapath.LoadState(h1, fastpath.Name)
-	if err != nil || st == nil {
-		t.Fatal(errors.Join(errors.New("record gone"), err))
-	}
-	if !st.AgentInNode || st.AgentPID != os.Getpid() || !st.Managed {
-		t.Errorf("record after adoption: agent pid %d in node %v managed %v", st.AgentPID, st.AgentInNode, st.Managed)
-	}
-	if agentproc.Is(oldAgent, fastpath.Name, h1) {
-		t.Errorf("the per-mode agent %d still runs beside the node agent", oldAgent)
+	if pinnedInfo.Tag != o.tag {
+		t.Errorf("%s: the pin prg_fastpath_rx holds tag %s, want %s", o.host, pinnedInfo.Tag, o.tag)
 	}
 }
