@@ -9,14 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/safefile"
 )
-
-// StatusDir holds the node agents' status files, one per managed target (a test may run
-// agents for several lab hosts at once). Root's alone, like the records (internal/safefile).
-var StatusDir = "/run/peregrine/agent"
 
 // maxErrors is how many of the last errors the status file keeps.
 const maxErrors = 10
@@ -49,14 +46,9 @@ type Event struct {
 	Msg string    `json:"msg"`
 }
 
-// StatusFile is the status file of the node agent managing target.
-func StatusFile(target string) string {
-	key := "root"
-	if target != "" {
-		key = strings.ReplaceAll(strings.TrimPrefix(target, "/"), "/", "_")
-	}
-	return filepath.Join(StatusDir, key+".json")
-}
+// StatusFile is the status file of the node agent managing target (one per target: a test may
+// run agents for several lab hosts at once). Root's alone, like the records (internal/safefile).
+func StatusFile(target string) string { return datapath.NodeAgentStatus(target) }
 
 func writeStatus(s *Status) error {
 	b, _ := json.MarshalIndent(s, "", "  ")
@@ -113,19 +105,27 @@ func Managing(target string) *Status {
 // Format is the status's lines for `peregrine status`.
 func (s *Status) Format() string {
 	var b strings.Builder
+	running := s.Running()
 	state := "running"
-	if !s.Running() {
-		state = "NOT RUNNING (the datapath stays as it was; start the agent again and it adopts it)"
+	switch {
+	case s.Stopped:
+		state = "stopped (the datapath stays as it was; the next agent adopts it)"
+	case !running:
+		state = "NOT RUNNING (killed or crashed; the datapath stays as it was; start the agent again and it adopts it)"
 	}
 	fmt.Fprintf(&b, "node agent on %s: pid %d, %s\n", netnsutil.Label(s.Target), s.PID, state)
 	fmt.Fprintf(&b, "  config    %s (modes: %s)\n", s.Config, strings.Join(s.Modes, ", "))
-	fmt.Fprintf(&b, "  uptime    %s (since %s)\n", time.Since(s.Started).Round(time.Second), s.Started.Format(time.RFC3339))
+	if running {
+		fmt.Fprintf(&b, "  uptime    %s (since %s)\n", time.Since(s.Started).Round(time.Second), s.Started.Format(time.RFC3339))
+	}
 	if !s.LastReconcile.IsZero() {
 		fmt.Fprintf(&b, "  reconcile %s ago\n", time.Since(s.LastReconcile).Round(time.Millisecond))
 	}
-	if s.Ready {
+	switch {
+	case !running:
+	case s.Ready:
 		fmt.Fprintf(&b, "  ready     yes\n")
-	} else {
+	default:
 		fmt.Fprintf(&b, "  ready     no: %s\n", s.NotReady)
 	}
 	if s.ConfigError != "" {
@@ -139,7 +139,7 @@ func (s *Status) Format() string {
 
 // AllStatuses reads every node agent's status file (running or not), by target.
 func AllStatuses() ([]*Status, error) {
-	ents, err := os.ReadDir(StatusDir)
+	ents, err := os.ReadDir(datapath.NodeAgentDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -151,7 +151,7 @@ func AllStatuses() ([]*Status, error) {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		b, err := safefile.ReadFile(filepath.Join(StatusDir, e.Name()))
+		b, err := safefile.ReadFile(filepath.Join(datapath.NodeAgentDir, e.Name()))
 		if err != nil {
 			continue
 		}

@@ -45,7 +45,7 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 	if err := errors.Join(errs...); err != nil {
 		return done, fmt.Errorf("%w (records kept for another try; nothing else removed)", err)
 	}
-	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, StatusDir} {
+	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, datapath.NodeAgentDir} {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}

@@ -25,7 +25,7 @@ func TestUninstallRemovesEverything(t *testing.T) {
 	h1 := l.Hosts[0].Netns
 	testutil.Set(t, &datapath.StateDir, filepath.Join(t.TempDir(), "datapath"))
 	testutil.Set(t, &datapath.AgentLogDir, filepath.Join(t.TempDir(), "agents"))
-	testutil.Set(t, &StatusDir, filepath.Join(t.TempDir(), "agent"))
+	testutil.Set(t, &datapath.NodeAgentDir, filepath.Join(t.TempDir(), "agent"))
 	testutil.Set(t, &datapath.PinRoot, "/sys/fs/bpf/prg-tagx-pins")
 	t.Cleanup(func() {
 		_, _ = datapath.Detach(context.Background(), h1, "")
@@ -57,7 +57,7 @@ func TestUninstallRemovesEverything(t *testing.T) {
 			t.Errorf("%s: %q after uninstall, want %q", k, live, k.Old)
 		}
 	}
-	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, StatusDir} {
+	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, datapath.NodeAgentDir} {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("%s is still there after uninstall (%v)", dir, err)
 		}

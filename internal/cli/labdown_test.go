@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -9,6 +10,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
@@ -51,6 +53,10 @@ func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A node agent's status file for the lab host (its agent was killed with the lab).
+	if err := safefile.WriteFile(datapath.NodeAgentStatus(h1), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
 	c := newLabDownCmd()
 	c.SetArgs([]string{"--all"})
 	if err := c.Execute(); err != nil {
@@ -59,6 +65,9 @@ func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 
 	if st, _ := datapath.LoadState(h1, "rps"); st != nil {
 		t.Errorf("the lab's attachment survived lab down --all")
+	}
+	if _, err := os.Stat(datapath.NodeAgentStatus(h1)); !os.IsNotExist(err) {
+		t.Errorf("the lab host's node agent status file survived lab down --all (%v)", err)
 	}
 	if netnsutil.Exists(h1) {
 		t.Errorf("the lab's namespace survived lab down --all")

@@ -179,8 +179,8 @@ func removePins(st *State) error {
 // attachments whose target namespace is being removed lose their record, pins and agent log
 // (their knobs go with the namespace). Attachments to any other namespace, this node's
 // included, are never touched, also with all (`lab down --all`): all only adds the pin
-// directories left under PinRoot by lab namespaces that are gone (a crashed run), recognised by
-// labPrefix, and the pin root itself when nothing else is in it.
+// directories and node agent status files left by lab namespaces that are gone (a crashed
+// run), recognised by labPrefix, and the pin root itself when nothing else is in it.
 func ForgetNamespaces(nss []string, all bool) error {
 	gone := map[string]bool{}
 	for _, n := range nss {
@@ -196,6 +196,7 @@ func ForgetNamespaces(nss []string, all bool) error {
 		for _, l := range logs {
 			errs = append(errs, safefile.Remove(l))
 		}
+		errs = append(errs, safefile.Remove(NodeAgentStatus(n)))
 	}
 	kept := map[string]bool{}
 	for _, st := range states {
@@ -221,6 +222,12 @@ func ForgetNamespaces(nss []string, all bool) error {
 			}
 		}
 		_ = os.Remove(PinRoot) // only if empty
+		sts, _ := filepath.Glob(filepath.Join(NodeAgentDir, labPrefix+"*.json"))
+		for _, f := range sts {
+			if !kept[strings.TrimSuffix(filepath.Base(f), ".json")] {
+				errs = append(errs, safefile.Remove(f))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -25,6 +25,15 @@ var (
 	AgentLogDir = "/run/peregrine/agents"
 )
 
+// NodeAgentDir holds the node agents' status files (internal/agent), one per managed target:
+// here so that a lab teardown removes those of the namespaces it removes.
+var NodeAgentDir = "/run/peregrine/agent"
+
+// NodeAgentStatus is the status file of the node agent managing target.
+func NodeAgentStatus(target string) string {
+	return filepath.Join(NodeAgentDir, stateKey(target)+".json")
+}
+
 // AgentLog is the log file of a mode's agent for a target.
 func AgentLog(mode, target string) string {
 	return filepath.Join(AgentLogDir, mode+"-agent-"+stateKey(target)+".log")
