@@ -17,6 +17,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/fastpath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -51,8 +52,9 @@ func runInProcess(t *testing.T, cfg, netns string, port int) *agentProc {
 	return &agentProc{port: port}
 }
 
-// TestReconcilePutsBackWhatWasChangedByHand: a tcx link unpinned by hand (which detaches it),
-// one detached with `bpftool link detach`'s system call, and an rps knob written by hand are all
+// TestReconcilePutsBackWhatWasChangedByHand: a fastpath tcx link unpinned by hand (which
+// detaches it), one detached with `bpftool link detach`'s system call, prism's link detached and
+// unpinned, and an rps knob written by hand are all
 // put back within one reconcile interval, touching nothing else. A refused config (a ConfigMap
 // update, seen without a SIGHUP) keeps the running state and is reported on /readyz and in the
 // status file; the fixed one is taken again.
@@ -64,7 +66,8 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 	cmDir := t.TempDir() // the config arrives as a mounted ConfigMap does
 	port := freePort(t)
 	const interval = 500 * time.Millisecond
-	cfg := configMapUpdate(t, cmDir, configText("  fastpath: {}\n  rps: {}\n", port))
+	const modes = "  fastpath: {}\n  rps: {}\n  prism:\n    rules: [\"proto=udp\"]\n"
+	cfg := configMapUpdate(t, cmDir, configText(modes, port))
 	a := runInProcess(t, cfg, h1, port)
 	if code, body := a.get("/readyz"); code != 200 {
 		t.Fatalf("/readyz %d %s", code, body)
@@ -73,7 +76,7 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 		t.Fatalf("/healthz %d %s", code, body)
 	}
 	s := Managing(h1)
-	if s == nil || s.PID != os.Getpid() || len(s.Modes) != 2 || s.LastReconcile.IsZero() {
+	if s == nil || s.PID != os.Getpid() || len(s.Modes) != 3 || s.LastReconcile.IsZero() {
 		t.Fatalf("status file: %+v", s)
 	}
 
@@ -98,6 +101,13 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 		t.Fatal(err)
 	}
 	lk.Close()
+	prismPins := bpfobj.LinkPins(datapath.ModePinDir(h1, "prism"))
+	if len(prismPins) == 0 {
+		t.Fatal("prism has no link")
+	}
+	if err := bpfobj.DetachPin(prismPins[0]); err != nil {
+		t.Fatal(err)
+	}
 	st, err := datapath.LoadState(h1, "rps")
 	if err != nil || st == nil || len(st.Knobs) == 0 {
 		t.Fatalf("rps record: %v %v", st, err)
@@ -121,7 +131,8 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 		_, a1 := now[unpinned]
 		_, a2 := now[detached]
 		took = time.Since(changed)
-		return a1 && a2 && datapath.SameValue(live, k.New), fmt.Sprintf("links %v, knob %s", now, live)
+		p := bpfobj.LinkAlive(prismPins[0])
+		return a1 && a2 && p && datapath.SameValue(live, k.New), fmt.Sprintf("fastpath links %v, prism's back %v, knob %s", now, p, live)
 	})
 	t.Logf("put back %s after the change (interval %s)", took.Round(time.Millisecond), interval)
 	if took > interval+300*time.Millisecond {
@@ -144,13 +155,13 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 		s := Managing(h1)
 		return s != nil && strings.Contains(s.ConfigError, "modes.prism.rulez") && !s.Ready, fmt.Sprintf("%+v", s)
 	})
-	if sts, _ := datapath.LoadStates(h1); len(sts) != 2 {
-		t.Errorf("%d attachments after a refused config, want the 2 running", len(sts))
+	if sts, _ := datapath.LoadStates(h1); len(sts) != 3 {
+		t.Errorf("%d attachments after a refused config, want the 3 running", len(sts))
 	}
 	if now := linkIDs(t, h1, fastpath.Name); len(now) != len(after) {
 		t.Errorf("links changed after a refused config: %v -> %v", after, now)
 	}
-	configMapUpdate(t, cmDir, configText("  fastpath: {}\n  rps: {}\n", port)) // fixed
+	configMapUpdate(t, cmDir, configText(modes, port)) // fixed
 	labtest.Eventually(t, 3*time.Second, "ready again once the config is fixed", func() (bool, string) {
 		code, body := a.get("/readyz")
 		return code == 200, fmt.Sprintf("%d %s", code, body)

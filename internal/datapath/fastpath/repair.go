@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 )
 
@@ -47,14 +48,7 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 	}
 	have := map[string]bool{}
 	for _, n := range before {
-		l, err := link.LoadPinnedLink(filepath.Join(dir, n), nil)
-		if err != nil {
-			_ = os.Remove(filepath.Join(dir, n))
-			continue
-		}
-		info, err := l.Info()
-		l.Close()
-		if err == nil && info.TCX() != nil && info.TCX().Ifindex == 0 {
+		if !bpfobj.LinkAlive(filepath.Join(dir, n)) {
 			_ = os.Remove(filepath.Join(dir, n)) // detached: the pin holds a dead link
 			continue
 		}
