@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
@@ -53,24 +52,11 @@ func runAsAgent(args []string) int {
 	return 0
 }
 
-// syncBuffer is a log both the process and the test touch.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // agentProc is a node agent run as a process of its own.
 type agentProc struct {
 	cmd  *exec.Cmd
 	done chan error
-	log  *syncBuffer
+	log  *testutil.SyncBuffer
 	port int
 }
 
@@ -131,7 +117,7 @@ func freePort(t *testing.T) int {
 func startAgent(t *testing.T, cfg, netns string, port int) *agentProc {
 	t.Helper()
 	p := &agentProc{cmd: exec.Command(os.Args[0], "agent", "--config", cfg, "--netns", netns), done: make(chan error, 1),
-		log: &syncBuffer{}, port: port}
+		log: &testutil.SyncBuffer{}, port: port}
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
