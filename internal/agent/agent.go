@@ -38,9 +38,9 @@ type Agent struct {
 	opts    Options
 	target  string
 	started time.Time
-	checks  error // doctor.Required at start
 
 	mu       sync.Mutex
+	checks   error   // doctor.Required: at start, then on every reconcile while it fails
 	cfg      *Config // the config applied
 	refused  string  // hash of a file refused last (not re-read until it changes again)
 	cfgErr   string
@@ -78,7 +78,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	if a.checks = doctor.Required(checks); a.checks != nil {
-		slog.Warn("start-up checks failed (see `peregrine doctor`)", "err", a.checks)
+		slog.Warn("start-up checks failed (see `peregrine doctor`); run again on every reconcile until they pass", "err", a.checks)
 	}
 	// By PID only: a status file still fresh from an agent killed a moment ago must not keep
 	// its restart from starting.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
+	"github.com/peregrine-net/peregrine/internal/doctor"
 )
 
 // reconcile brings every configured mode to its config on the target, and records why a mode
@@ -22,6 +23,21 @@ import (
 // detached and attached.
 func (a *Agent) reconcile(ctx context.Context) {
 	cfg := a.config()
+	a.mu.Lock()
+	failing := a.checks != nil
+	a.mu.Unlock()
+	if failing {
+		// Start-up checks that failed are run again until they pass: an overlay that comes up
+		// after the agent (a CNI starting later on a new node) must not leave it unready.
+		checks, _ := doctor.Run(ctx, doctor.Target{Netns: cfg.Netns, Underlay: cfg.Underlay})
+		err := doctor.Required(checks)
+		a.mu.Lock()
+		a.checks = err
+		a.mu.Unlock()
+		if err == nil {
+			slog.Info("start-up checks pass now")
+		}
+	}
 	notReady := map[string]string{}
 	for _, m := range cfg.ModeNames() {
 		if ctx.Err() != nil {
