@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/peregrine-net/peregrine/internal/agent"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
@@ -103,6 +104,11 @@ explains them.`,
 
 // attachAll attaches to every target, all or nothing.
 func attachAll(targets []string, mode string, o datapath.Options, asJSON bool) error {
+	for _, t := range targets {
+		if s := agent.Managing(t); s != nil {
+			fmt.Fprintf(os.Stderr, "note: the node agent (pid %d, config %s) manages %s; it leaves an attachment of a mode its config does not name alone\n", s.PID, s.Config, label(t))
+		}
+	}
 	var done []*datapath.State
 	for _, t := range targets {
 		st, err := datapath.Attach(context.Background(), t, mode, o)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/peregrine-net/peregrine/internal/agent"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode, for attach and status
 	"github.com/peregrine-net/peregrine/internal/lab"
@@ -58,7 +59,7 @@ func label(ns string) string { return netnsutil.Label(ns) }
 
 func newDetachCmd() *cobra.Command {
 	var tf targetFlags
-	var all bool
+	var all, force bool
 	var mode string
 	c := &cobra.Command{
 		Use:   "detach",
@@ -95,6 +96,13 @@ stacked on one node (e.g. falcon and prism); --mode detaches one of them.`,
 					return err
 				}
 			}
+			if !force {
+				for _, t := range targets {
+					if s := agent.Managing(t); s != nil {
+						return agent.RefuseManaged(s, "a detach")
+					}
+				}
+			}
 			var errs []error
 			for _, t := range targets {
 				sts, err := datapath.Detach(context.Background(), t, mode)
@@ -110,6 +118,7 @@ stacked on one node (e.g. falcon and prism); --mode detaches one of them.`,
 	}
 	tf.add(c)
 	c.Flags().BoolVar(&all, "all", false, "detach every recorded attachment")
+	c.Flags().BoolVar(&force, "force", false, "detach also what a running node agent manages (it attaches it again on its next reconcile unless its config changes)")
 	c.Flags().StringVar(&mode, "mode", "", "detach only this mode (default: every mode on the target)")
 	return c
 }
@@ -147,6 +156,13 @@ func newStatusCmd() *cobra.Command {
 				}
 				return printJSON(os.Stdout, out)
 			}
+			agents, err := agent.AllStatuses()
+			if err != nil {
+				return err
+			}
+			for _, a := range agents {
+				fmt.Print(a.Format())
+			}
 			if len(states) == 0 {
 				fmt.Println("nothing attached (modes: " + strings.Join(datapath.ModeNames(), ", ") + ")")
 				return nil
@@ -157,6 +173,9 @@ func newStatusCmd() *cobra.Command {
 					state = "INCOMPLETE (attach was interrupted: run `peregrine detach` to restore)"
 				}
 				fmt.Printf("%s on %s: %s since %s\n", st.Mode, label(st.Target), state, st.Attached.Format("2006-01-02 15:04:05"))
+				if st.Managed {
+					fmt.Printf("  managed by the node agent (change its config to change this attachment)\n")
+				}
 				for _, stage := range []string{datapath.StageNIC, datapath.StageVXLAN, datapath.StageVethHost, datapath.StageVeth} {
 					var names []string
 					for _, d := range st.Topology.ByStage(stage) {
@@ -200,5 +219,30 @@ func newStatusCmd() *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines")
 	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "list every knob")
+	return c
+}
+
+func newUninstallCmd() *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "uninstall",
+		Short: "Remove everything peregrine put on this machine: every attachment (knobs restored), pins and state",
+		Long: `Uninstall detaches every recorded attachment on this machine (programs, then every knob written
+back, pins and records), then removes the pin root (/sys/fs/bpf/peregrine) and peregrine's state
+under /run/peregrine. A running node agent would attach again: stop it first (systemctl stop
+peregrine-agent, or delete the DaemonSet), or give --force.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			done, err := agent.Uninstall(context.Background(), force)
+			for _, st := range done {
+				fmt.Printf("detached %s from %s: %d knobs restored\n", st.Mode, label(st.Target), len(st.Knobs))
+			}
+			if err == nil {
+				fmt.Println("peregrine removed: no attachment, pin or state left")
+			}
+			return err
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "uninstall even while a node agent runs")
 	return c
 }

@@ -158,7 +158,7 @@ func newLabDownCmd() *cobra.Command {
 		Short: "Remove a lab: its processes, namespaces, links, pinned objects and records",
 		Example: `  peregrine lab down              # the lab named "lab"
   peregrine lab down --name b
-  peregrine lab down --all        # everything with the prg- prefix, e.g. after a crash or kill -9`,
+  peregrine lab down --all        # every lab (prg- prefix), e.g. after a crash or kill -9; never an attachment elsewhere`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := lab.Preflight(); err != nil {
@@ -168,7 +168,7 @@ func newLabDownCmd() *cobra.Command {
 				if err := lab.DownAll(stderrLog, datapath.ForgetNamespaces); err != nil {
 					return err
 				}
-				fmt.Fprintln(os.Stderr, "removed every peregrine namespace, link, pin and record")
+				fmt.Fprintln(os.Stderr, "removed every lab namespace and link, with their attachments, pins and records (attachments to other namespaces are kept)")
 				return nil
 			}
 			err := lab.Down(name, stderrLog, datapath.ForgetNamespaces)

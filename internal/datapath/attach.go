@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/cpuset"
@@ -176,8 +177,10 @@ func removePins(st *State) error {
 
 // ForgetNamespaces is the datapath's part of a lab teardown (`lab down` passes it to lab.Down):
 // attachments whose target namespace is being removed lose their record, pins and agent log
-// (their knobs go with the namespace). With all, every other attachment is detached properly
-// and the pin root removed.
+// (their knobs go with the namespace). Attachments to any other namespace, this node's
+// included, are never touched, also with all (`lab down --all`): all only adds the pin
+// directories and node agent status files left by lab namespaces that are gone (a crashed
+// run), recognised by labPrefix, and the pin root itself when nothing else is in it.
 func ForgetNamespaces(nss []string, all bool) error {
 	gone := map[string]bool{}
 	for _, n := range nss {
@@ -193,20 +196,42 @@ func ForgetNamespaces(nss []string, all bool) error {
 		for _, l := range logs {
 			errs = append(errs, safefile.Remove(l))
 		}
+		errs = append(errs, safefile.Remove(NodeAgentStatus(n)))
 	}
+	kept := map[string]bool{}
 	for _, st := range states {
-		switch {
-		case gone[st.Target]:
-			if m, err := Lookup(st.Mode); err == nil {
-				errs = append(errs, m.Unload(context.Background(), st))
-			}
-			errs = append(errs, removePins(st), removeState(st.Target, st.Mode))
-		case all:
-			errs = append(errs, detachState(context.Background(), st))
+		if !gone[st.Target] {
+			kept[stateKey(st.Target)] = true
+			continue
+		}
+		if m, err := Lookup(st.Mode); err == nil {
+			errs = append(errs, m.Unload(context.Background(), st))
+		}
+		errs = append(errs, removePins(st), removeState(st.Target, st.Mode))
+	}
+	for _, n := range nss {
+		if !kept[stateKey(n)] {
+			errs = append(errs, os.RemoveAll(PinDir(n)))
 		}
 	}
 	if all {
-		errs = append(errs, os.RemoveAll(PinRoot))
+		ents, _ := os.ReadDir(PinRoot)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), labPrefix) && !kept[e.Name()] {
+				errs = append(errs, os.RemoveAll(filepath.Join(PinRoot, e.Name())))
+			}
+		}
+		_ = os.Remove(PinRoot) // only if empty
+		sts, _ := filepath.Glob(filepath.Join(NodeAgentDir, labPrefix+"*.json"))
+		for _, f := range sts {
+			if !kept[strings.TrimSuffix(filepath.Base(f), ".json")] {
+				errs = append(errs, safefile.Remove(f))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
+
+// labPrefix begins the names of the lab's namespaces (lab.Prefix; datapath does not import
+// the lab).
+const labPrefix = "prg-"

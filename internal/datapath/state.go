@@ -25,6 +25,15 @@ var (
 	AgentLogDir = "/run/peregrine/agents"
 )
 
+// NodeAgentDir holds the node agents' status files (internal/agent), one per managed target:
+// here so that a lab teardown removes those of the namespaces it removes.
+var NodeAgentDir = "/run/peregrine/agent"
+
+// NodeAgentStatus is the status file of the node agent managing target.
+func NodeAgentStatus(target string) string {
+	return filepath.Join(NodeAgentDir, stateKey(target)+".json")
+}
+
 // AgentLog is the log file of a mode's agent for a target.
 func AgentLog(mode, target string) string {
 	return filepath.Join(AgentLogDir, mode+"-agent-"+stateKey(target)+".log")
@@ -46,6 +55,12 @@ type State struct {
 	Complete bool            `json:"complete"`       // false while attach is still applying
 	// AgentPID is the mode's node agent (a detached process that outlives the CLI), 0 if none.
 	AgentPID int `json:"agent_pid,omitempty"`
+	// AgentInNode says the mode's agent runs inside the node agent (`peregrine agent --config`):
+	// AgentPID is then the node agent's PID, which a detach must never signal.
+	AgentInNode bool `json:"agent_in_node,omitempty"`
+	// Managed says the node agent attached or adopted this attachment: it keeps it as its
+	// config says, and a CLI detach refuses it while the node agent runs (unless --force).
+	Managed bool `json:"managed,omitempty"`
 	// ModeState is the mode's own record (e.g. which per-device pieces it attached).
 	ModeState json.RawMessage `json:"mode_state,omitempty"`
 }

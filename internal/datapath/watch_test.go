@@ -1,13 +1,11 @@
 package datapath
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,19 +15,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
-
-// syncedLog is a logger the test can read while the loop writes it.
-type syncedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *syncedLog) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 func addLink(t *testing.T, ns, name string) {
 	t.Helper()
@@ -62,7 +47,7 @@ func TestWatchFollowsLinksAndLateNamespaces(t *testing.T) {
 	t.Cleanup(func() { _ = netnsutil.Delete(ns); _ = netnsutil.Delete(late) })
 	var syncs atomic.Int32
 	var gone atomic.Bool
-	var logs syncedLog
+	var logs testutil.SyncBuffer
 	w := Watch{
 		Event: func(_ string, u any) bool {
 			lu, ok := u.(netlink.LinkUpdate)

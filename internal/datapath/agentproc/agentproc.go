@@ -71,14 +71,17 @@ func Is(pid int, mode, target string) bool {
 	if len(args) < 4 || args[1] != "agent" || args[2] != mode || args[3] != "--target="+target {
 		return false
 	}
+	return !zombie(pid)
+}
+
+// zombie tells whether pid has exited but is not yet reaped (or cannot be read at all).
+func zombie(pid int) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return true
 	}
-	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-		return false
-	}
-	return true
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // Stop asks the agent to stop (SIGTERM) and waits; SIGKILL after 3 s. Its log goes with it

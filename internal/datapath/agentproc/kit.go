@@ -25,6 +25,9 @@ func (a Agent) Log(target string) string { return Log(string(a), target) }
 // Start starts the agent for st.Target, detached, and records its PID in st (the caller or the
 // framework saves the record).
 func (a Agent) Start(st *datapath.State) error {
+	if Hosting() {
+		return startHosted(string(a), st)
+	}
 	pid, err := Start(string(a), st.Target)
 	if err != nil {
 		return err
@@ -35,14 +38,30 @@ func (a Agent) Start(st *datapath.State) error {
 
 // Stop stops st's agent; nil when st has none or it is no longer running.
 func (a Agent) Stop(st *datapath.State) error {
-	if st.AgentPID <= 0 {
+	switch {
+	case st.AgentPID <= 0:
+		return nil
+	case st.AgentInNode && st.AgentPID == os.Getpid():
+		return stopHosted(string(a), st.Target)
+	case st.AgentInNode:
+		// The node agent hosts it: never signal the node agent; its hosted body ends by
+		// itself once the record is gone.
 		return nil
 	}
 	return Stop(st.AgentPID, string(a), st.Target)
 }
 
 // Running tells whether st's agent is alive (a recycled PID is not).
-func (a Agent) Running(st *datapath.State) bool { return Is(st.AgentPID, string(a), st.Target) }
+func (a Agent) Running(st *datapath.State) bool {
+	if st.AgentInNode {
+		if st.AgentPID == os.Getpid() {
+			running, _ := HostedErr(string(a), st.Target)
+			return running
+		}
+		return NodeAgentRunning(st.AgentPID, st.Target)
+	}
+	return Is(st.AgentPID, string(a), st.Target)
+}
 
 // Status is the agent's part of a status line: "off" (attached without one), "pid N, running"
 // or "pid N, not running (log FILE)".
@@ -50,6 +69,10 @@ func (a Agent) Status(st *datapath.State) string {
 	switch {
 	case st.AgentPID <= 0:
 		return "off"
+	case st.AgentInNode && a.Running(st):
+		return fmt.Sprintf("in the node agent (pid %d), running", st.AgentPID)
+	case st.AgentInNode:
+		return fmt.Sprintf("in the node agent (pid %d), not running: start the node agent again (it adopts the attachment)", st.AgentPID)
 	case a.Running(st):
 		return fmt.Sprintf("pid %d, running", st.AgentPID)
 	default:
@@ -84,9 +107,15 @@ func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Du
 // ErrNotAttached (the record went: detached) stops the agent normally.
 func (a Agent) Run(ctx context.Context, target string, wait time.Duration,
 	body func(context.Context, *datapath.State, *log.Logger) error) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	lg := log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+	var lg *log.Logger
+	if inNode(ctx) { // hosted by the node agent, which handles the signals and the log
+		lg = hostedLogger(string(a), target)
+	} else {
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		lg = log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+	}
 	st, err := datapath.Attached(target, string(a), wait)
 	if err != nil {
 		return err

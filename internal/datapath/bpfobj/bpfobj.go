@@ -226,6 +226,21 @@ func DetachPin(pin string) error {
 	return nil
 }
 
+// LinkAlive tells whether the pinned tcx link at pin still holds its device: a link detached by
+// hand (`bpftool link detach`) keeps its pin but no device; one unpinned by hand is gone.
+func LinkAlive(pin string) bool {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	return info.TCX() == nil || info.TCX().Ifindex != 0
+}
+
 // LinkPins lists the link pins under a mode's pin directory (those a crash left out of a record
 // included).
 func LinkPins(dir string) []string {

@@ -140,7 +140,7 @@ func readOverlay(t *datapath.Topology) (*overlay, []string, error) {
 // cfg renders the overlay for the programs.
 func (ov *overlay) cfg() fpFpCfg {
 	c := fpFpCfg{Flags: cOn, Underlay: uint32(ov.Underlay.Ifindex), VxIfindex: uint32(ov.VX.Dev.Ifindex),
-		Vtep: binary.LittleEndian.Uint32(ov.VTEP), Vni: uint32(ov.VNI), Mtu: uint32(ov.MTU), Netns: ov.VX.Inode,
+		Vtep: vtepWord(ov.VTEP), Vni: uint32(ov.VNI), Mtu: uint32(ov.MTU), Netns: ov.VX.Inode,
 		VxlanPorts: [8]uint16{uint16(ov.Port)}, PortMin: uint16(ov.PortMin), PortMax: uint16(ov.PortMax)}
 	copy(c.VxMac[:], ov.VX.MAC)
 	if ov.Layout == LayoutRouted {
@@ -155,6 +155,18 @@ func (ov *overlay) cfg() fpFpCfg {
 		c.Flags |= cOneWay
 	}
 	return c
+}
+
+// vtepWord is the VTEP address as the program keeps it. The 4-byte form is taken whatever
+// the length: an overlay decoded from the record holds the 16-byte form (JSON's net.IP), and
+// reading its first 4 bytes made an adopting agent take the live overlay for a changed one and
+// forget every cached flow.
+func vtepWord(ip net.IP) uint32 {
+	v4 := ip.To4()
+	if v4 == nil {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(v4)
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -28,14 +28,7 @@ type TCPStream struct {
 // sleeping pace between them (0: flat out). The test's cleanup stops it if Finish is not called.
 func StartTCP(t testing.TB, srcNS, dstNS string, dst netip.AddrPort, pace time.Duration) *TCPStream {
 	t.Helper()
-	var ln net.Listener
-	if err := netnsutil.Do(dstNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp", dst.String())
-		return err
-	}); err != nil {
-		t.Fatalf("listen on %s in %s: %v", dst, dstNS, err)
-	}
+	ln := listenIn(t, dstNS, dst)
 	s := &TCPStream{stop: make(chan struct{}), sendErr: make(chan error, 1), recvDone: make(chan struct{})}
 	go func() {
 		defer close(s.recvDone)
@@ -54,15 +47,7 @@ func StartTCP(t testing.TB, srcNS, dstNS string, dst netip.AddrPort, pace time.D
 			}
 		}
 	}()
-	var c net.Conn
-	if err := netnsutil.Do(srcNS, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
-		return err
-	}); err != nil {
-		ln.Close()
-		t.Fatalf("connect from %s to %s: %v", srcNS, dst, err)
-	}
+	c := dialFrom(t, srcNS, dst, ln)
 	go func() {
 		buf := make([]byte, 16<<10)
 		for {
@@ -124,4 +109,33 @@ func (s *TCPStream) Finish(t testing.TB) int64 {
 		t.Fatalf("received %d bytes of %d", got, sent)
 	}
 	return s.sent.Load()
+}
+
+// listenIn listens on dst (TCP) inside ns.
+func listenIn(t testing.TB, ns string, dst netip.AddrPort) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := netnsutil.Do(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", dst.String())
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", dst, ns, err)
+	}
+	return ln
+}
+
+// dialFrom connects to dst from ns; on failure it closes ln and fails the test.
+func dialFrom(t testing.TB, ns string, dst netip.AddrPort, ln net.Listener) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := netnsutil.Do(ns, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
+		return err
+	}); err != nil {
+		ln.Close()
+		t.Fatalf("connect from %s to %s: %v", ns, dst, err)
+	}
+	return c
 }

@@ -1,0 +1,185 @@
+package fastpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+)
+
+// What the node agent asks of a live fastpath attachment (datapath.Repairer, Upgrader).
+
+// linkPins lists the pinned tcx links of target's attachment (file names).
+func linkPins(target string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(datapath.ModePinDir(target, Name), linksSub))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Repair implements datapath.Repairer: a pinned link that no longer holds its device (detached
+// by hand: `bpftool link detach`) loses its pin, and every piece whose pin is missing (also one
+// unpinned by hand, which detaches it) is attached again; the others, the maps and so the
+// cached flows are untouched. It returns the links it put back.
+func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil || ms.Overlay == nil {
+		return nil, errors.Join(errors.New("fastpath: record has no overlay"), err)
+	}
+	dir := filepath.Join(datapath.ModePinDir(st.Target, Name), linksSub)
+	before, err := linkPins(st.Target)
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: links: %w", err)
+	}
+	have := map[string]bool{}
+	for _, n := range before {
+		if !bpfobj.LinkAlive(filepath.Join(dir, n)) {
+			_ = os.Remove(filepath.Join(dir, n)) // detached: the pin holds a dead link
+			continue
+		}
+		have[n] = true
+	}
+	p, err := openPinned(st.Target, true)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	errs := []error{attachOverlay(p, st.Target, ms.Overlay)}
+	if t, err := datapath.Discover(st.Target, st.Options.Underlay); err == nil {
+		eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ms.Overlay.VX})
+		_, err = attachPods(p, st.Target, ms.Overlay, eps)
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, err)
+	}
+	after, _ := linkPins(st.Target)
+	var back []string
+	for _, n := range after {
+		if !have[n] {
+			back = append(back, n)
+		}
+	}
+	return back, errors.Join(errs...)
+}
+
+// Upgrade implements datapath.Upgrader: the programs of an attachment made by another binary
+// are replaced by this binary's where their kernel tag differs, with a bpf_link update on each
+// pinned tcx link (atomic: every packet sees the old program or the new one, never none), the
+// new programs using the attachment's pinned maps, so cached flows survive. The program pins
+// are then replaced, so the agent attaches the new programs to new pods. It must run before the
+// attachment's agent opens the programs (the node agent upgrades, then adopts). Maps whose
+// layout changed cannot be shared: it fails, and the node agent detaches and attaches fastpath.
+func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
+	dir := datapath.ModePinDir(st.Target, Name)
+	old, err := openPinned(st.Target, true)
+	if err != nil {
+		return nil, err
+	}
+	defer old.Close()
+	spec, err := loadFp()
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: %w", err)
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, m := range mapsOf(&old.fpMaps) {
+		repl[name] = *m
+	}
+	var nu fpPrograms
+	if err := spec.LoadAndAssign(&nu, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		return nil, fmt.Errorf("fastpath: load this binary's programs over the attachment's maps: %w: %w", err, datapath.ErrNeedsReattach)
+	}
+	defer nu.Close()
+	oldByID := map[ebpf.ProgramID]string{}
+	for name, p := range progsOf(&old.fpPrograms) {
+		if info, err := p.Info(); err == nil {
+			if id, ok := info.ID(); ok {
+				oldByID[id] = name
+			}
+		}
+	}
+	newProgs := progsOf(&nu)
+	changed := map[string]bool{}
+	for name, p := range progsOf(&old.fpPrograms) {
+		changed[name] = tagOf(p) != tagOf(newProgs[name])
+	}
+	pins, err := linkPins(st.Target)
+	if err != nil {
+		return nil, err
+	}
+	var replaced []string
+	var errs []error
+	for _, n := range pins {
+		l, err := link.LoadPinnedLink(filepath.Join(dir, linksSub, n), nil)
+		if err != nil {
+			continue // a dead pin: Repair's business
+		}
+		info, err := l.Info()
+		name := ""
+		if err == nil {
+			name = oldByID[info.Program]
+		}
+		if name == "" {
+			// Not one of the pinned programs (an interrupted earlier upgrade): identify it by
+			// its tag among this binary's.
+			if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
+				for nn, np := range newProgs {
+					if tagOf(np) == tagOf(p) {
+						name = nn
+					}
+				}
+				p.Close()
+			}
+		}
+		if name != "" && changed[name] {
+			if err := l.Update(newProgs[name]); err != nil {
+				errs = append(errs, fmt.Errorf("fastpath: update link %s: %w", n, err))
+			} else {
+				replaced = append(replaced, n+" -> "+name)
+			}
+		}
+		l.Close()
+	}
+	for name, p := range newProgs {
+		if !changed[name] {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		tmp := path + "_new" // bpffs refuses names with a dot
+		_ = os.Remove(tmp)
+		if err := p.Pin(tmp); err != nil {
+			errs = append(errs, fmt.Errorf("fastpath: pin %s: %w", name, err))
+			continue
+		}
+		if err := os.Rename(tmp, path); err != nil { // bpffs renames atomically
+			errs = append(errs, fmt.Errorf("fastpath: replace pin %s: %w", name, err))
+			_ = os.Remove(tmp)
+		}
+	}
+	return replaced, errors.Join(errs...)
+}
+
+func tagOf(p *ebpf.Program) string {
+	if p == nil {
+		return ""
+	}
+	info, err := p.Info()
+	if err != nil {
+		return ""
+	}
+	return info.Tag
+}
