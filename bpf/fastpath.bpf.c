@@ -71,8 +71,17 @@ char LICENSE[] SEC("license") = "GPL";
 #define FP_C_ONEWAY 16 /* opt-in: ingress needs only the ingress direction learned (see begin_in) */
 
 /* flow.flags */
-#define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
-#define FP_F_IN 2   /* the normal path delivered the flow to the pod */
+#define FP_F_OUT 1   /* the normal path carried the flow out of the pod (template learned) */
+#define FP_F_IN 2    /* the normal path delivered the flow to the pod */
+#define FP_F_DNAT 4  /* the normal path translated the flow's destination to nat_addr:nat_port
+		      * (a Service): egress replays it, ingress the reverse on the replies */
+#define FP_F_ALIAS 8 /* not a flow: the translated view of flow (local, nat_addr, lport, nat_port) */
+#define FP_F_NATX 16 /* the normal path translates the flow in a way the fast path does not
+		      * reproduce (source NAT, a changed protocol): it stays there */
+
+/* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
+ * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
+#define FP_TC_INDEX_OUT 0xfa58
 
 /* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
@@ -93,6 +102,7 @@ enum {
 	FP_R_DROP,   /* a helper failed after the packet changed: dropped */
 	FP_R_LEARN,  /* learners: a direction learned from the normal path */
 	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
+	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -134,6 +144,16 @@ struct fp_flow {
 	__u8 in_ttl_seen;
 	__u8 out_ttl_dec;       /* TTL change of the normal path, per direction */
 	__u8 in_ttl_dec;
+	__u32 nat_addr;         /* FP_F_DNAT: the backend; FP_F_ALIAS: the Service address */
+	__u16 nat_port;         /* network order, as nat_addr */
+	__u16 pad;
+};
+
+/* The last frame handover_out gave the normal path on this CPU: its (untranslated) key. A
+ * frame crosses the normal path from the pod's veth to the underlay synchronously on one CPU, so
+ * when the egress learner sees a frame with FP_TC_INDEX_OUT, this is that frame's record. */
+struct fp_ho {
+	struct fp_key k;
 };
 
 struct {
@@ -156,6 +176,13 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } prg_fastpath_stat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_ho);
+} prg_fastpath_ho SEC(".maps");
 
 PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
 
@@ -290,6 +317,15 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
 	}
+	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
+	__u32 zero = 0;
+	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+	if (ho && !ctx->tc_index) {
+		ho->k = *k;
+		ctx->tc_index = FP_TC_INDEX_OUT;
+	}
+	if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)
+		reason = FP_R_NAT;
 	count(FP_DIR_TX, reason);
 	return TCX_NEXT;
 }
@@ -364,11 +400,50 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 	}
 	key_in(k, p);
 	struct fp_flow *f = lookup(k, 0, need, &r);
+	if (f && (f->flags & FP_F_ALIAS)) {
+		/* A reply from a Service's backend: the flow is the pod's, keyed by the Service
+		 * address it sent to, and the normal path (and its learner) sees the reply with
+		 * that address as its source once conntrack has reversed the translation. */
+		__u32 be_addr = k->remote;
+		__u16 be_port = k->rport;
+		k->remote = f->nat_addr;
+		k->rport = f->nat_port;
+		f = lookup(k, 0, need, &r);
+		if (f && (!(f->flags & FP_F_DNAT) || f->nat_addr != be_addr || f->nat_port != be_port)) {
+			/* The flow is no longer translated to this backend: relearn from the normal path. */
+			count(FP_DIR_RX, FP_R_STALE);
+			return NULL;
+		}
+	}
 	if (r != FP_R_HIT) {
 		handover_in(ctx, f, k, p, vtep, r);
 		return NULL;
 	}
 	return f;
+}
+
+/* nat_rewrite replaces a packet's IPv4 address at ip_off + addr_off (16: destination, 12:
+ * source) with addr and the L4 port at l4_off + port_off with port, updating the IPv4 and L4
+ * checksums incrementally (the address is in the L4 pseudo-header; a CHECKSUM_PARTIAL packet
+ * has only that part in its check field, which the helpers know). 0, or -1 if a helper failed
+ * (1: before anything changed). */
+static __always_inline int nat_rewrite(struct __sk_buff *ctx, __u32 ip_off, __u32 addr_off, __u32 port_off,
+				       __u8 proto, __u32 old_addr, __u32 addr, __u16 old_port, __u16 port)
+{
+	__u32 l4 = ip_off + sizeof(struct iphdr);
+	__u32 csum = l4 + (proto == PRG_IPPROTO_TCP ? 16 : 6);
+	__u64 mangled0 = proto == PRG_IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0; /* UDP: 0 is "none" */
+
+	if (bpf_l4_csum_replace(ctx, csum, old_addr, addr, BPF_F_PSEUDO_HDR | mangled0 | sizeof(addr)))
+		return 1;
+	if (bpf_l3_csum_replace(ctx, ip_off + 10, old_addr, addr, sizeof(addr)) ||
+	    bpf_skb_store_bytes(ctx, ip_off + addr_off, &addr, sizeof(addr), 0))
+		return -1;
+	if (old_port != port &&
+	    (bpf_l4_csum_replace(ctx, csum, old_port, port, mangled0 | sizeof(port)) ||
+	     bpf_skb_store_bytes(ctx, l4 + port_off, &port, sizeof(port), 0)))
+		return -1;
+	return 0;
 }
 
 /* ttl_sub_ip lowers an IPv4 header's TTL by dec, updating its checksum incrementally
@@ -428,6 +503,16 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	if (wire > cfg->mtu) {
 		count(FP_DIR_TX, FP_R_MTU);
 		return TCX_NEXT;
+	}
+	if (f->flags & FP_F_DNAT) {
+		/* The Service's translation, as conntrack applied it to this connection. */
+		int nr = nat_rewrite(ctx, sizeof(struct ethhdr), 16, 2, p.proto, p.daddr, f->nat_addr, p.dport, f->nat_port);
+		if (nr > 0) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+		if (nr < 0)
+			goto drop;
 	}
 
 	/* The outer UDP checksum is always 0, also where the device computes one (udpcsum, the
@@ -599,6 +684,11 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		}
 		ttl_sub_ip(data + sizeof(struct ethhdr), f->in_ttl_dec);
 	}
+	/* A Service's reply: its source back to the Service address the pod sent to (k.remote,
+	 * k.rport: begin_in resolved the alias), as conntrack reverses the DNAT. */
+	if ((f->flags & FP_F_DNAT) &&
+	    nat_rewrite(ctx, sizeof(struct ethhdr), 12, 0, p.proto, p.saddr, k.remote, p.sport, k.rport))
+		goto drop;
 	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
 	if (v < 0)
 		goto drop;
@@ -621,6 +711,9 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
+	int handed = ctx->tc_index == FP_TC_INDEX_OUT;
+	if (handed) /* handover_out's: give it back */
+		ctx->tc_index = 0;
 	cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
@@ -631,10 +724,45 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
-	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
+	__u32 nat_addr = 0;
+	__u16 nat_port = 0;
+	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
+		/* Not the key the pod sent: the normal path translated the frame. Its key is in
+		 * the handover record. Reproduced: a destination translation (a Service's DNAT,
+		 * ports kept or changed) of TCP/UDP with the pod's own source. */
+		__u32 zero = 0;
+		struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+		if (!ho)
+			return TCX_NEXT;
+		struct fp_key ok = ho->k;
+		f = bpf_map_lookup_elem(&prg_fastpath_flow, &ok);
+		if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
+			return TCX_NEXT;
+		if (ok.local != k.local || ok.lport != k.lport || ok.proto != k.proto ||
+		    (k.proto != PRG_IPPROTO_TCP && k.proto != PRG_IPPROTO_UDP)) {
+			__sync_fetch_and_or(&f->flags, FP_F_NATX);
+			__sync_fetch_and_and(&f->flags, ~(FP_F_OUT | FP_F_DNAT));
+			f->out_ttl_seen = 0;
+			return TCX_NEXT;
+		}
+		/* The translated view points back at the flow, for the replies (begin_in). */
+		struct fp_flow a = {.flags = FP_F_ALIAS, .nat_addr = ok.remote, .nat_port = ok.rport, .vtep = o.daddr};
+		if (bpf_map_update_elem(&prg_fastpath_flow, &k, &a, BPF_ANY))
+			return TCX_NEXT;
+		nat_addr = k.remote;
+		nat_port = k.rport;
+	} else if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl) {
 		return TCX_NEXT; /* not a flow the fast path handed over */
+	}
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
+	/* Translated or not, as the normal path did it this time (rules can change). */
+	f->nat_addr = nat_addr;
+	f->nat_port = nat_port;
+	if (nat_addr)
+		__sync_fetch_and_or(&f->flags, FP_F_DNAT);
+	else
+		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
 	f->vtep = o.daddr;
 	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
 	f->out_ttl_seen = 0;
@@ -652,7 +780,7 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_key k = {};
 	struct fp_pkt p;
 
-	if (ctx->tc_index == PRG_TC_INDEX_LEARN) /* handover_in's: give it back */
+	if (ctx->tc_index == PRG_TC_INDEX_LEARN || ctx->tc_index == FP_TC_INDEX_OUT) /* handovers': give it back */
 		ctx->tc_index = 0;
 	if (!fp_config() || parse(ctx, 0, &p))
 		return TCX_NEXT;
@@ -708,6 +836,8 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
+	if (ctx->tc_index == FP_TC_INDEX_OUT) /* handover_out's (the docker layout learns by key) */
+		ctx->tc_index = 0;
 	if (!fp_config() || parse(ctx, 0, &p))
 		return TCX_NEXT;
 	key_out(&k, &p);
