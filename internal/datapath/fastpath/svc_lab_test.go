@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -124,7 +125,28 @@ func TestServiceNATFastPath(t *testing.T) {
 				serveNamedEcho(t, ep)
 			}
 			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			liberal := func() string {
+				v, err := netnsutil.ReadFileIn(hosts[1], conntrackLiberal)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(v)
+			}
+			old := liberal()
 			attachAll(t, hosts)
+			if liberal() != "1" {
+				t.Fatalf("attach left nf_conntrack_tcp_be_liberal at %s in %s", liberal(), hosts[1])
+			}
+			defer func() {
+				for _, h := range hosts {
+					if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+						t.Errorf("detach %s: %v", h, err)
+					}
+				}
+				if liberal() != old {
+					t.Errorf("detach left nf_conntrack_tcp_be_liberal at %s, was %s", liberal(), old)
+				}
+			}()
 			client, err := l.Node("h2-c1")
 			if err != nil {
 				t.Fatal(err)
