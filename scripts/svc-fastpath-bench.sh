@@ -22,9 +22,9 @@ name=svb
 cleanup() { "$bin" detach --lab --name "$name" >/dev/null 2>&1 || true; "$bin" lab down --name "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 "$bin" lab up --name "$name" --style flannel --containers 2 --services --proxy-mode "$mode" --rx-cpus 0 >/dev/null
-backend=$("$bin" lab status --name "$name" --json | grep -o '"cluster_ip": *"[0-9.]*"' | head -1 | grep -o '[0-9.]*$' || true)
-[[ -n $backend ]] || { echo "no Service in lab status" >&2; exit 1; }
-svc="$backend:80"
+svcip=$("$bin" lab status --name "$name" --json | grep -o '"cluster_ip": *"[0-9.]*' | head -1 | grep -o '[0-9.]*$' || true)
+[[ -n $svcip ]] || { echo "no Service in lab status" >&2; exit 1; }
+svc="$svcip:80"
 pod="198.19.2.2:47999" # default/one's backend: h2-c1, the Services' target port
 "$bin" lab exec --name "$name" h2-c1 -- iperf3 -s -D -p 47999
 sleep 0.5

@@ -228,3 +228,57 @@ func TestServiceNATFastPath(t *testing.T) {
 		})
 	}
 }
+
+// TestServiceSNATStaysOnNormalPath: with source NAT on top of the Service's DNAT (here a
+// MASQUERADE of the pod's traffic onto flannel.1, as for traffic leaving the cluster), the
+// fast path does not reproduce the translation: the connection works, its packets stay on the
+// normal path and are counted as "nat", none take the fast path.
+func TestServiceSNATStaysOnNormalPath(t *testing.T) {
+	spec := lab.Spec{Name: "fpsnat", Style: lab.StyleFlannel, Containers: 2, Services: true}
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
+	}
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	client, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, hosts[0], "iptables", "-w", "5", "-t", "nat", "-I", "POSTROUTING", "-s", client.AddrOnly(), "-o", "flannel.1", "-j", "MASQUERADE")
+	attachAll(t, hosts)
+	defer func() {
+		for _, h := range hosts {
+			_, _ = datapath.Detach(context.Background(), h, Name)
+		}
+	}()
+	before, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := l.Services[0] // default/one: its backend is on h2
+	var c net.Conn
+	if err := netnsutil.Do(client.Netns, func() error {
+		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != svc.Backends[0].Node {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	if _, err := streamEcho(c, r, 2*time.Second, 7); err != nil {
+		t.Fatal(err)
+	}
+	after, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat, hit := after.Egress["nat"]-before.Egress["nat"], after.Egress["hit"]-before.Egress["hit"]
+	t.Logf("client node egress: nat %d, hit %d (%v)", nat, hit, after.Egress)
+	if nat < 100 || hit > 0 {
+		t.Fatalf("source-NATed Service flow: egress nat %d (want many), hits %d (want 0)", nat, hit)
+	}
+}
