@@ -44,7 +44,7 @@ for ((r = 1; r <= reps; r++)); do
       echo "rep $r $m $t: $bw Gbit/s, $retr retransmits"
       res[$m-$t]+="$bw "
     done
-    [[ $m == fastpath ]] && "$bin" status 2>/dev/null | awk -v h="prg-$name-h1" '/^fastpath on / {on = ($3 == h)} on && /fastpath (egress|ingress)/ {print "    client node:" $0}'
+    [[ $m == fastpath ]] && "$bin" status 2>/dev/null | awk -v h="prg-$name-h1" '/^fastpath on / {on = ($3 == h ":")} on && /fastpath (egress|ingress)/ {print "    client node:" $0}'
     [[ $m == fastpath ]] && "$bin" detach --lab --name "$name" >/dev/null
   done
 done
