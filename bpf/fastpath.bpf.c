@@ -38,6 +38,9 @@
  * neighbour, FDB, route, MTU, VXLAN device or pod change. Delivery goes through the endpoint
  * table of pod.h, which cannot misdeliver to a vanished or replaced pod.
  *
+ * Services (flannel layout): a flow the normal path DNATs (kube-proxy's rules) is learned with
+ * its backend and translated on both ways per connection; see fastpath_nat.h.
+ *
  * Every miss returns TCX_NEXT, so later tcx programs and the CNI's own path run unchanged.
  */
 #include "common.h"
@@ -149,13 +152,6 @@ struct fp_flow {
 	__u16 pad;
 };
 
-/* The last frame handover_out gave the normal path on this CPU: its (untranslated) key. A
- * frame crosses the normal path from the pod's veth to the underlay synchronously on one CPU, so
- * when the egress learner sees a frame with FP_TC_INDEX_OUT, this is that frame's record. */
-struct fp_ho {
-	struct fp_key k;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -176,13 +172,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } prg_fastpath_stat SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct fp_ho);
-} prg_fastpath_ho SEC(".maps");
 
 PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
 
@@ -299,6 +288,8 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
 }
+
+#include "fastpath_nat.h"
 
 /* handover records what the normal path will be learned from and lets the packet go there. */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
@@ -420,30 +411,6 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		return NULL;
 	}
 	return f;
-}
-
-/* nat_rewrite replaces a packet's IPv4 address at ip_off + addr_off (16: destination, 12:
- * source) with addr and the L4 port at l4_off + port_off with port, updating the IPv4 and L4
- * checksums incrementally (the address is in the L4 pseudo-header; a CHECKSUM_PARTIAL packet
- * has only that part in its check field, which the helpers know). 0, or -1 if a helper failed
- * (1: before anything changed). */
-static __always_inline int nat_rewrite(struct __sk_buff *ctx, __u32 ip_off, __u32 addr_off, __u32 port_off,
-				       __u8 proto, __u32 old_addr, __u32 addr, __u16 old_port, __u16 port)
-{
-	__u32 l4 = ip_off + sizeof(struct iphdr);
-	__u32 csum = l4 + (proto == PRG_IPPROTO_TCP ? 16 : 6);
-	__u64 mangled0 = proto == PRG_IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0; /* UDP: 0 is "none" */
-
-	if (bpf_l4_csum_replace(ctx, csum, old_addr, addr, BPF_F_PSEUDO_HDR | mangled0 | sizeof(addr)))
-		return 1;
-	if (bpf_l3_csum_replace(ctx, ip_off + 10, old_addr, addr, sizeof(addr)) ||
-	    bpf_skb_store_bytes(ctx, ip_off + addr_off, &addr, sizeof(addr), 0))
-		return -1;
-	if (old_port != port &&
-	    (bpf_l4_csum_replace(ctx, csum, old_port, port, mangled0 | sizeof(port)) ||
-	     bpf_skb_store_bytes(ctx, l4 + port_off, &port, sizeof(port), 0)))
-		return -1;
-	return 0;
 }
 
 /* ttl_sub_ip lowers an IPv4 header's TTL by dec, updating its checksum incrementally
@@ -727,27 +694,8 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	__u32 nat_addr = 0;
 	__u16 nat_port = 0;
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
-		/* Not the key the pod sent: the normal path translated the frame. Its key is in
-		 * the handover record. Reproduced: a destination translation (a Service's DNAT,
-		 * ports kept or changed) of TCP/UDP with the pod's own source. */
-		__u32 zero = 0;
-		struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
-		if (!ho)
-			return TCX_NEXT;
-		struct fp_key ok = ho->k;
-		f = bpf_map_lookup_elem(&prg_fastpath_flow, &ok);
-		if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
-			return TCX_NEXT;
-		if (ok.local != k.local || ok.lport != k.lport || ok.proto != k.proto ||
-		    (k.proto != PRG_IPPROTO_TCP && k.proto != PRG_IPPROTO_UDP)) {
-			__sync_fetch_and_or(&f->flags, FP_F_NATX);
-			__sync_fetch_and_and(&f->flags, ~(FP_F_OUT | FP_F_DNAT));
-			f->out_ttl_seen = 0;
-			return TCX_NEXT;
-		}
-		/* The translated view points back at the flow, for the replies (begin_in). */
-		struct fp_flow a = {.flags = FP_F_ALIAS, .nat_addr = ok.remote, .nat_port = ok.rport, .vtep = o.daddr};
-		if (bpf_map_update_elem(&prg_fastpath_flow, &k, &a, BPF_ANY))
+		f = learn_dnat(&k, &p, o.daddr);
+		if (!f)
 			return TCX_NEXT;
 		nat_addr = k.remote;
 		nat_port = k.rport;
