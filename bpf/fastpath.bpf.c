@@ -405,6 +405,13 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 			count(FP_DIR_RX, FP_R_STALE);
 			return NULL;
 		}
+		/* A Service reply is re-learned only after the egress direction was: should
+		 * conntrack's entry be gone (flushed, expired), the pod's packet re-creates it with
+		 * its translation, where a reply first would reach the pod untranslated (and the
+		 * pod's RST would end the connection). Bounded: at most 2 intervals old. */
+		if (r == FP_R_STALE && f->out_ns <= f->in_ns &&
+		    bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+			r = FP_R_HIT;
 	}
 	if (r != FP_R_HIT) {
 		handover_in(ctx, f, k, p, vtep, r);

@@ -282,3 +282,59 @@ func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 		t.Fatalf("source-NATed Service flow: egress nat %d (want many), hits %d (want 0)", nat, hit)
 	}
 }
+
+// TestServiceConntrackFlush: conntrack flushed on both nodes mid-stream (twice) leaves a
+// Service connection working: the fast path carries on, and the re-learn packets re-create the
+// entry with the same translation (one backend) in the right order.
+func TestServiceConntrackFlush(t *testing.T) {
+	spec := lab.Spec{Name: "fpsvct", Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: lab.ProxyNFTables}
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
+	}
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	attachAll(t, hosts)
+	defer func() {
+		for _, h := range hosts {
+			_, _ = datapath.Detach(context.Background(), h, Name)
+		}
+	}()
+	client, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := l.Services[0] // default/one: one backend, on h2
+	var c net.Conn
+	if err := netnsutil.Do(client.Netns, func() error {
+		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
+			time.Sleep(at)
+			for _, h := range hosts {
+				_, _ = netnsutil.Run(context.Background(), h, "conntrack", "-F")
+			}
+		}
+	}()
+	n, err := streamEcho(c, r, 13*time.Second, 11)
+	if err != nil {
+		t.Fatalf("after conntrack -F: %v", err)
+	}
+	v, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d bytes echoed across two conntrack flushes; client node egress %v ingress %v", n, v.Egress, v.Ingress)
+	if v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 {
+		t.Fatalf("the stream never took the fast path (egress hits %d, ingress hits %d)", v.Egress["hit"], v.Ingress["hit"])
+	}
+}
