@@ -38,6 +38,9 @@
  * neighbour, FDB, route, MTU, VXLAN device or pod change. Delivery goes through the endpoint
  * table of pod.h, which cannot misdeliver to a vanished or replaced pod.
  *
+ * Services (flannel layout): a flow the normal path DNATs (kube-proxy's rules) is learned with
+ * its backend and translated on both ways per connection; see fastpath_nat.h.
+ *
  * Every miss returns TCX_NEXT, so later tcx programs and the CNI's own path run unchanged.
  */
 #include "common.h"
@@ -71,8 +74,17 @@ char LICENSE[] SEC("license") = "GPL";
 #define FP_C_ONEWAY 16 /* opt-in: ingress needs only the ingress direction learned (see begin_in) */
 
 /* flow.flags */
-#define FP_F_OUT 1  /* the normal path carried the flow out of the pod (template learned) */
-#define FP_F_IN 2   /* the normal path delivered the flow to the pod */
+#define FP_F_OUT 1   /* the normal path carried the flow out of the pod (template learned) */
+#define FP_F_IN 2    /* the normal path delivered the flow to the pod */
+#define FP_F_DNAT 4  /* the normal path translated the flow's destination to nat_addr:nat_port
+		      * (a Service): egress replays it, ingress the reverse on the replies */
+#define FP_F_ALIAS 8 /* not a flow: the translated view of flow (local, nat_addr, lport, nat_port) */
+#define FP_F_NATX 16 /* the normal path translates the flow in a way the fast path does not
+		      * reproduce (source NAT, a changed protocol): it stays there */
+
+/* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
+ * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
+#define FP_TC_INDEX_OUT 0xfa58
 
 /* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
@@ -93,6 +105,7 @@ enum {
 	FP_R_DROP,   /* a helper failed after the packet changed: dropped */
 	FP_R_LEARN,  /* learners: a direction learned from the normal path */
 	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
+	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -134,6 +147,9 @@ struct fp_flow {
 	__u8 in_ttl_seen;
 	__u8 out_ttl_dec;       /* TTL change of the normal path, per direction */
 	__u8 in_ttl_dec;
+	__u32 nat_addr;         /* FP_F_DNAT: the backend; FP_F_ALIAS: the Service address */
+	__u16 nat_port;         /* network order, as nat_addr */
+	__u16 pad;
 };
 
 struct {
@@ -273,6 +289,8 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
 }
 
+#include "fastpath_nat.h"
+
 /* handover records what the normal path will be learned from and lets the packet go there. */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
@@ -290,6 +308,15 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
 	}
+	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
+	__u32 zero = 0;
+	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+	if (ho && !ctx->tc_index) {
+		ho->k = *k;
+		ctx->tc_index = FP_TC_INDEX_OUT;
+	}
+	if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)
+		reason = FP_R_NAT;
 	count(FP_DIR_TX, reason);
 	return TCX_NEXT;
 }
@@ -364,6 +391,28 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 	}
 	key_in(k, p);
 	struct fp_flow *f = lookup(k, 0, need, &r);
+	if (f && (f->flags & FP_F_ALIAS)) {
+		/* A reply from a Service's backend: the flow is the pod's, keyed by the Service
+		 * address it sent to, and the normal path (and its learner) sees the reply with
+		 * that address as its source once conntrack has reversed the translation. */
+		__u32 be_addr = k->remote;
+		__u16 be_port = k->rport;
+		k->remote = f->nat_addr;
+		k->rport = f->nat_port;
+		f = lookup(k, 0, need, &r);
+		if (f && (!(f->flags & FP_F_DNAT) || f->nat_addr != be_addr || f->nat_port != be_port)) {
+			/* The flow is no longer translated to this backend: relearn from the normal path. */
+			count(FP_DIR_RX, FP_R_STALE);
+			return NULL;
+		}
+		/* A Service reply is re-learned only after the egress direction was: should
+		 * conntrack's entry be gone (flushed, expired), the pod's packet re-creates it with
+		 * its translation, where a reply first would reach the pod untranslated (and the
+		 * pod's RST would end the connection). Bounded: at most 2 intervals old. */
+		if (r == FP_R_STALE && f->out_ns <= f->in_ns &&
+		    bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+			r = FP_R_HIT;
+	}
 	if (r != FP_R_HIT) {
 		handover_in(ctx, f, k, p, vtep, r);
 		return NULL;
@@ -428,6 +477,16 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	if (wire > cfg->mtu) {
 		count(FP_DIR_TX, FP_R_MTU);
 		return TCX_NEXT;
+	}
+	if (f->flags & FP_F_DNAT) {
+		/* The Service's translation, as conntrack applied it to this connection. */
+		int nr = nat_rewrite(ctx, sizeof(struct ethhdr), 16, 2, p.proto, p.daddr, f->nat_addr, p.dport, f->nat_port);
+		if (nr > 0) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+		if (nr < 0)
+			goto drop;
 	}
 
 	/* The outer UDP checksum is always 0, also where the device computes one (udpcsum, the
@@ -599,6 +658,11 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		}
 		ttl_sub_ip(data + sizeof(struct ethhdr), f->in_ttl_dec);
 	}
+	/* A Service's reply: its source back to the Service address the pod sent to (k.remote,
+	 * k.rport: begin_in resolved the alias), as conntrack reverses the DNAT. */
+	if ((f->flags & FP_F_DNAT) &&
+	    nat_rewrite(ctx, sizeof(struct ethhdr), 12, 0, p.proto, p.saddr, k.remote, p.sport, k.rport))
+		goto drop;
 	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
 	if (v < 0)
 		goto drop;
@@ -621,6 +685,9 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
+	int handed = ctx->tc_index == FP_TC_INDEX_OUT;
+	if (handed) /* handover_out's: give it back */
+		ctx->tc_index = 0;
 	cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
@@ -631,10 +698,26 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
-	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
+	__u32 nat_addr = 0;
+	__u16 nat_port = 0;
+	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
+		f = learn_dnat(&k, &p, o.daddr);
+		if (!f)
+			return TCX_NEXT;
+		nat_addr = k.remote;
+		nat_port = k.rport;
+	} else if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl) {
 		return TCX_NEXT; /* not a flow the fast path handed over */
+	}
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
+	/* Translated or not, as the normal path did it this time (rules can change). */
+	f->nat_addr = nat_addr;
+	f->nat_port = nat_port;
+	if (nat_addr)
+		__sync_fetch_and_or(&f->flags, FP_F_DNAT);
+	else
+		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
 	f->vtep = o.daddr;
 	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
 	f->out_ttl_seen = 0;
@@ -652,7 +735,7 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_key k = {};
 	struct fp_pkt p;
 
-	if (ctx->tc_index == PRG_TC_INDEX_LEARN) /* handover_in's: give it back */
+	if (ctx->tc_index == PRG_TC_INDEX_LEARN || ctx->tc_index == FP_TC_INDEX_OUT) /* handovers': give it back */
 		ctx->tc_index = 0;
 	if (!fp_config() || parse(ctx, 0, &p))
 		return TCX_NEXT;
@@ -708,6 +791,8 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
+	if (ctx->tc_index == FP_TC_INDEX_OUT) /* handover_out's (the docker layout learns by key) */
+		ctx->tc_index = 0;
 	if (!fp_config() || parse(ctx, 0, &p))
 		return TCX_NEXT;
 	key_out(&k, &p);

@@ -65,6 +65,7 @@ func newLabUpCmd() *cobra.Command {
   peregrine lab up --name b --style native          # a second lab beside the first
   peregrine lab up --name l --style linux           # hosts talk over vxlan0: lab exec h1 -- ping 198.19.2.2
   peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)
+  peregrine lab up --style flannel --containers 2 --services --proxy-mode nftables
   peregrine lab up --tor --tenants 2                # two tenants, same addresses, isolated by VNI: h1-c1, h1-t2-c1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -126,10 +127,12 @@ func newLabUpCmd() *cobra.Command {
 	f.BoolVar(&noGRO, "no-gro", false, "leave GRO off on the underlay (veth without NAPI)")
 	f.BoolVar(&spec.NAPIThread, "napi-thread", false, "with --rx-cpus: run the underlay's receive NAPI (GRO, the NIC stage) in a kernel thread pinned to those CPUs, as a NIC's IRQ affinity does (a veth otherwise polls its peer on the sending CPU)")
 	f.BoolVar(&vethOffloads, "veth-offloads", false, "keep veth's TSO/checksum offload on the underlay: 64 KB super-packets cross unsegmented (faster, but no NIC delivers that)")
-	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, napi_thread, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port, tor, tor_cpus, tenants)")
+	f.StringVar(&file, "file", "", "YAML topology file (keys: name, style, hosts, containers, underlay, mtu, rx_cpus, gro, napi_thread, wire_frames, underlay_cidr, overlay_cidr, vni, vxlan_port, tor, tor_cpus, tenants, services, proxy_mode)")
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
+	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend, default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
+	f.StringVar(&spec.ProxyMode, "proxy-mode", "", "with --services: kube-proxy's mode whose rules to write, iptables (default) or nftables")
 	f.IntVar(&spec.Tenants, "tenants", 1, "docker style: tenants, each with its own overlay (VXLAN device, VNI vni+t-1, bridge) and containers h<i>-t<t>-c<j> using the same addresses as tenant 1's h<i>-c<j>")
 	return c
 }
@@ -272,6 +275,25 @@ func printLab(l *lab.Lab) {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, n.Addr, strings.Join(devs, " "))
+	}
+	tw.Flush()
+	printServices(l)
+}
+
+// printServices lists the lab's Services, as `kubectl get svc` and its endpoints would.
+func printServices(l *lab.Lab) {
+	if len(l.Services) == 0 {
+		return
+	}
+	fmt.Printf("\nServices (kube-proxy %s mode rules in every host namespace):\n", l.Spec.ProxyMode)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tCLUSTER-IP\tPORT\tBACKENDS")
+	for _, sv := range l.Services {
+		var bs []string
+		for _, be := range sv.Backends {
+			bs = append(bs, be.Node+"="+be.Target())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%s\t%s\n", sv.Name, sv.ClusterIP, sv.Port, sv.Protocol, strings.Join(bs, " "))
 	}
 	tw.Flush()
 }

@@ -80,6 +80,9 @@ func Up(ctx context.Context, spec Spec, log Logf) (*Lab, error) {
 		} else {
 			log("verifying overlay connectivity (TCP and UDP, every pair of endpoints)")
 		}
+		if spec.Services {
+			log("verifying that a client on every host reaches every Service, and every backend answers")
+		}
 		var l *Lab
 		l, err = Status(spec.Name)
 		if err == nil {
@@ -126,6 +129,14 @@ func (b *builder) build() error {
 		}
 		if err != nil {
 			return err
+		}
+	}
+	if s.Services {
+		b.log("writing Services as kube-proxy's %s mode does (ClusterIPs from %s) in every host namespace", s.ProxyMode, ServiceCIDR)
+		for i := 1; i <= s.Hosts; i++ {
+			if err := b.writeServices(i); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

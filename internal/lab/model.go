@@ -100,6 +100,10 @@ type Spec struct {
 	// others. Default 1 (one overlay, as without the key; stored as 0, see TenantCount). See
 	// tenants.go.
 	Tenants int `yaml:"tenants" json:"tenants,omitempty"`
+	// Services writes Kubernetes Services into every host namespace as kube-proxy does, in
+	// ProxyMode (iptables, the default, or nftables). Flannel style only. See services.go.
+	Services  bool   `yaml:"services" json:"services,omitempty"`
+	ProxyMode string `yaml:"proxy_mode" json:"proxy_mode,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.
@@ -113,6 +117,8 @@ type Lab struct {
 	ToRs       []Node `json:"tors,omitempty"` // --tor: one top-of-rack switch per host (role "tor")
 	Kernel     string `json:"kernel"`
 	CPUs       int    `json:"cpus"`
+	// Services are the Kubernetes Services written into the hosts (--services).
+	Services []Service `json:"services,omitempty"`
 }
 
 // Node is one network namespace of the lab.

@@ -67,6 +67,9 @@ func (s *Spec) Defaults() {
 	if s.ToR && len(s.ToRCPUs) == 0 {
 		s.ToRCPUs = []int{runtime.NumCPU() - 1}
 	}
+	if s.Services && s.ProxyMode == "" {
+		s.ProxyMode = ProxyIPTables // kube-proxy's default mode
+	}
 	if s.VXLANPort == 0 {
 		s.VXLANPort = 4789
 		if s.Style == StyleFlannel {
@@ -141,6 +144,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.VXLANPort < 1 || s.VXLANPort > 65535 {
 		return fmt.Errorf("VXLAN port %d out of range", s.VXLANPort)
+	}
+	if err := s.validateServices(); err != nil {
+		return err
 	}
 	return s.validateTenants()
 }

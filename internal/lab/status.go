@@ -21,7 +21,7 @@ func Status(name string) (*Lab, error) {
 		return nil, err
 	}
 	s := *spec
-	l := &Lab{Spec: s, Kernel: kernelRelease(), CPUs: runtime.NumCPU()}
+	l := &Lab{Spec: s, Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Services: s.LabServices()}
 	tenant := 0 // 0 in a single-tenant lab: Node.Tenant stays out of the JSON
 	add := func(set *[]Node, short, role, host, addr string) error {
 		n := Node{Name: short, Netns: s.ns(short), Role: role, Host: host, Addr: addr}

@@ -106,6 +106,11 @@ func Verify(ctx context.Context, l *Lab) error {
 		}
 	}
 	wg.Wait()
+	if len(l.Services) > 0 {
+		n, fs := verifyServices(ctx, l)
+		paths += n
+		failures = append(failures, fs...)
+	}
 	if len(failures) > 0 {
 		sort.Strings(failures)
 		return fmt.Errorf("overlay connectivity check failed for %d of %d paths:\n  %s",

@@ -52,6 +52,14 @@ type fpFpFlow struct {
 	InTtlSeen  uint8
 	OutTtlDec  uint8
 	InTtlDec   uint8
+	NatAddr    uint32
+	NatPort    uint16
+	Pad        uint16
+}
+
+type fpFpHo struct {
+	_ structs.HostLayout
+	K fpFpKey
 }
 
 type fpFpKey struct {
@@ -88,6 +96,7 @@ const (
 	fpMapPrgFastpathCfg     = "prg_fastpath_cfg"
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
+	fpMapPrgFastpathHo      = "prg_fastpath_ho"
 	fpMapPrgFastpathPort    = "prg_fastpath_port"
 	fpMapPrgFastpathStat    = "prg_fastpath_stat"
 	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
@@ -157,6 +166,7 @@ type fpMapSpecs struct {
 	PrgFastpathCfg  *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
 	PrgFastpathEp   *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo   *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
 	PrgFastpathPort *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 }
@@ -190,6 +200,7 @@ type fpMaps struct {
 	PrgFastpathCfg  *ebpf.Map `ebpf:"prg_fastpath_cfg"`
 	PrgFastpathEp   *ebpf.Map `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo   *ebpf.Map `ebpf:"prg_fastpath_ho"`
 	PrgFastpathPort *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat *ebpf.Map `ebpf:"prg_fastpath_stat"`
 }
@@ -199,6 +210,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathCfg,
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
+		m.PrgFastpathHo,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 	)

@@ -57,12 +57,25 @@ type modeState struct {
 	Notes   []string `json:"notes,omitempty"`
 }
 
-// Knobs: the fast path changes no sysfs knob. Unknown options are refused here, before anything
-// changes.
-func (mode) Knobs(_ *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	_, err := configOf(o)
-	return nil, err
+// Knobs: one, conntrack's TCP window check in the node's namespace. Where the node tracks
+// connections (kube-proxy's Service NAT, a stateful firewall), conntrack sees a fast-path flow
+// only on its re-learn packets, whose sequence and ack numbers are then far beyond the window
+// it last saw: strict window tracking calls them INVALID, which kube-proxy's KUBE-FORWARD (and
+// most firewalls) drop, and the flow would stall at its first re-learn. With
+// nf_conntrack_tcp_be_liberal (what kube-proxy's --conntrack-tcp-be-liberal asks for) those
+// packets keep the entry alive and its state, NAT and timeouts in charge. Restored on detach.
+// Unknown options are refused here, before anything changes.
+func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
+	if _, err := configOf(o); err != nil {
+		return nil, err
+	}
+	if _, err := netnsutil.ReadFileIn(t.Host, conntrackLiberal); err != nil {
+		return nil, nil // no conntrack in this kernel or namespace: nothing to relax
+	}
+	return []datapath.Knob{{Netns: t.Host, Path: conntrackLiberal, New: "1"}}, nil
 }
+
+const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 
 func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	c, err := configOf(o)

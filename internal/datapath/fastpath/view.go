@@ -10,7 +10,7 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
-	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other"}
+	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -58,6 +58,9 @@ func Inspect(target string) (*View, error) {
 	var f fpFpFlow
 	it := p.PrgFastpathFlow.Iterate()
 	for it.Next(&k, &f) {
+		if f.Flags&fAlias != 0 {
+			continue // a Service flow's translated view, not a flow of its own
+		}
 		v.Flows++
 		if f.Flags&(fOut|fIn) == fOut|fIn {
 			v.Both++

@@ -1,0 +1,340 @@
+package fastpath
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// serveNamedEcho greets each connection with the node's name and echoes it, without the lab
+// verifier's 5 s deadline, as a Service backend on the Services' target port.
+func serveNamedEcho(t *testing.T, ep lab.Node) {
+	t.Helper()
+	var l net.Listener
+	err := netnsutil.Do(ep.Netns, func() error {
+		var err error
+		l, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := io.WriteString(c, ep.Name+"\n"); err == nil {
+					_, _ = io.Copy(c, c)
+				}
+			}()
+		}
+	}()
+}
+
+// streamEcho sends d's worth of seeded pseudo-random bytes over c and checks that the echo is
+// byte-exact; it returns how many bytes went each way.
+func streamEcho(c net.Conn, r *bufio.Reader, d time.Duration, seed uint64) (int64, error) {
+	const chunk = 64 << 10
+	errc := make(chan error, 1)
+	var sent int64
+	go func() {
+		src := rand.NewChaCha8([32]byte{byte(seed)})
+		buf := make([]byte, chunk)
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			_, _ = src.Read(buf)
+			n, err := c.Write(buf)
+			sent += int64(n)
+			if err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- c.(*net.TCPConn).CloseWrite()
+	}()
+	want := rand.NewChaCha8([32]byte{byte(seed)})
+	got, exp := make([]byte, chunk), make([]byte, chunk)
+	var recv int64
+	for {
+		n, err := io.ReadFull(r, got)
+		if n > 0 {
+			_, _ = want.Read(exp[:n])
+			if !bytes.Equal(got[:n], exp[:n]) {
+				return recv, fmt.Errorf("echo differs within bytes %d-%d", recv, recv+int64(n))
+			}
+			recv += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return recv, err
+		}
+	}
+	if err := <-errc; err != nil {
+		return recv, err
+	}
+	if recv != sent {
+		return recv, fmt.Errorf("sent %d bytes, %d came back", sent, recv)
+	}
+	return recv, nil
+}
+
+// fastShare is the part of a direction's packets (delta between two counter snapshots) that
+// took the fast path: hits over everything the program decided about (not "learned", a learner
+// count, nor "other", traffic that is not the overlay's).
+func fastShare(before, after Direction) (float64, uint64) {
+	var all uint64
+	for r, v := range after {
+		if r != "learned" && r != "other" {
+			all += v - before[r]
+		}
+	}
+	if all == 0 {
+		return 0, 0
+	}
+	return float64(after["hit"]-before["hit"]) / float64(all), all
+}
+
+// TestServiceNATFastPath: a TCP stream from a pod to a ClusterIP with 3 backends (kube-proxy
+// rules of either mode), through the fast path on both hosts: both directions hit, the echoed
+// data is byte-exact, and after learning at least 99 % of the client node's packets of the
+// flow take the fast path. Connections landing on a backend on the client's own node never
+// cross the overlay and are skipped.
+func TestServiceNATFastPath(t *testing.T) {
+	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
+		t.Run(mode, func(t *testing.T) {
+			spec := lab.Spec{Name: "fpsv" + mode[:2], Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: mode}
+			l := labForTest(t, spec)
+			for _, ep := range l.Endpoints() {
+				serveNamedEcho(t, ep)
+			}
+			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			liberal := func() string {
+				v, err := netnsutil.ReadFileIn(hosts[1], conntrackLiberal)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(v)
+			}
+			old := liberal()
+			attachAll(t, hosts)
+			if liberal() != "1" {
+				t.Fatalf("attach left nf_conntrack_tcp_be_liberal at %s in %s", liberal(), hosts[1])
+			}
+			defer func() {
+				for _, h := range hosts {
+					if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+						t.Errorf("detach %s: %v", h, err)
+					}
+				}
+				if liberal() != old {
+					t.Errorf("detach left nf_conntrack_tcp_be_liberal at %s, was %s", liberal(), old)
+				}
+			}()
+			client, err := l.Node("h2-c1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc := l.Services[1] // default/three
+			remote := map[string]bool{}
+			for _, be := range svc.Backends {
+				remote[be.Node] = strings.HasPrefix(be.Node, "h1-")
+			}
+			streams := 0
+			for try := 0; try < 40 && streams < 1; try++ {
+				var c net.Conn
+				err := netnsutil.Do(client.Netns, func() error {
+					var err error
+					c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
+					return err
+				})
+				if err != nil {
+					t.Fatalf("connect %s: %v", svc.Target(), err)
+				}
+				r := bufio.NewReader(c)
+				line, err := r.ReadString('\n')
+				name := strings.TrimSpace(line)
+				if err != nil || !remote[name] {
+					c.Close()
+					if _, ok := remote[name]; !ok {
+						t.Fatalf("answered by %q (%v), not a backend of %s", name, err, svc.Name)
+					}
+					continue // a backend on the client's node: no overlay to accelerate
+				}
+				streams++
+				// Learn (a second), then measure the client node's share over the rest.
+				ctx, cancel := context.WithCancel(context.Background())
+				snap := make(chan [2]Direction, 1)
+				go func() {
+					select {
+					case <-time.After(time.Second):
+						v, err := Inspect(hosts[1])
+						if err == nil {
+							snap <- [2]Direction{v.Egress, v.Ingress}
+						}
+					case <-ctx.Done():
+					}
+					close(snap)
+				}()
+				// A stalled flow fails the test instead of hanging it.
+				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+				// 7 s: the flow crosses a re-learn (every 5 s each direction takes the normal
+				// path once), where conntrack must still accept it.
+				n, err := streamEcho(c, r, 7*time.Second, uint64(try))
+				cancel()
+				c.Close()
+				if err != nil {
+					t.Fatalf("stream via %s to %s: %v", svc.Target(), name, err)
+				}
+				before, ok := <-snap
+				if !ok {
+					t.Fatal("no counter snapshot after learning")
+				}
+				v, err := Inspect(hosts[1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				eg, egN := fastShare(before[0], v.Egress)
+				in, inN := fastShare(before[1], v.Ingress)
+				t.Logf("%s: %d bytes echoed via %s to %s; client node after learning: egress %.2f%% of %d packets fast, ingress %.2f%% of %d (egress %v, ingress %v)",
+					mode, n, svc.Target(), name, 100*eg, egN, 100*in, inN, v.Egress, v.Ingress)
+				if v.Egress["stale"] == before[0]["stale"] {
+					t.Errorf("the stream never took the normal path to be re-learned (egress stale %d)", v.Egress["stale"])
+				}
+				if egN == 0 || inN == 0 || eg < 0.99 || in < 0.99 {
+					t.Fatalf("client node's packets on the fast path after learning: egress %.2f%% of %d, ingress %.2f%% of %d, want >= 99%%",
+						100*eg, egN, 100*in, inN)
+				}
+			}
+			if streams == 0 {
+				t.Fatal("no connection landed on a remote backend in 40 tries")
+			}
+		})
+	}
+}
+
+// TestServiceSNATStaysOnNormalPath: with source NAT on top of the Service's DNAT (here a
+// MASQUERADE of the pod's traffic onto flannel.1, as for traffic leaving the cluster), the
+// fast path does not reproduce the translation: the connection works, its packets stay on the
+// normal path and are counted as "nat", none take the fast path.
+func TestServiceSNATStaysOnNormalPath(t *testing.T) {
+	spec := lab.Spec{Name: "fpsnat", Style: lab.StyleFlannel, Containers: 2, Services: true}
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
+	}
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	client, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, hosts[0], "iptables", "-w", "5", "-t", "nat", "-I", "POSTROUTING", "-s", client.AddrOnly(), "-o", "flannel.1", "-j", "MASQUERADE")
+	attachAll(t, hosts)
+	defer func() {
+		for _, h := range hosts {
+			_, _ = datapath.Detach(context.Background(), h, Name)
+		}
+	}()
+	before, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := l.Services[0] // default/one: its backend is on h2
+	var c net.Conn
+	if err := netnsutil.Do(client.Netns, func() error {
+		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != svc.Backends[0].Node {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	if _, err := streamEcho(c, r, 2*time.Second, 7); err != nil {
+		t.Fatal(err)
+	}
+	after, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat, hit := after.Egress["nat"]-before.Egress["nat"], after.Egress["hit"]-before.Egress["hit"]
+	t.Logf("client node egress: nat %d, hit %d (%v)", nat, hit, after.Egress)
+	if nat < 100 || hit > 0 {
+		t.Fatalf("source-NATed Service flow: egress nat %d (want many), hits %d (want 0)", nat, hit)
+	}
+}
+
+// TestServiceConntrackFlush: conntrack flushed on both nodes mid-stream (twice) leaves a
+// Service connection working: the fast path carries on, and the re-learn packets re-create the
+// entry with the same translation (one backend) in the right order.
+func TestServiceConntrackFlush(t *testing.T) {
+	spec := lab.Spec{Name: "fpsvct", Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: lab.ProxyNFTables}
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
+	}
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	attachAll(t, hosts)
+	defer func() {
+		for _, h := range hosts {
+			_, _ = datapath.Detach(context.Background(), h, Name)
+		}
+	}()
+	client, err := l.Node("h1-c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := l.Services[0] // default/one: one backend, on h2
+	var c net.Conn
+	if err := netnsutil.Do(client.Netns, func() error {
+		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
+			time.Sleep(at)
+			for _, h := range hosts {
+				_, _ = netnsutil.Run(context.Background(), h, "conntrack", "-F")
+			}
+		}
+	}()
+	n, err := streamEcho(c, r, 13*time.Second, 11)
+	if err != nil {
+		t.Fatalf("after conntrack -F: %v", err)
+	}
+	v, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d bytes echoed across two conntrack flushes; client node egress %v ingress %v", n, v.Egress, v.Ingress)
+	if v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 {
+		t.Fatalf("the stream never took the fast path (egress hits %d, ingress hits %d)", v.Egress["hit"], v.Ingress["hit"])
+	}
+}
