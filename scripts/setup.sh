@@ -20,6 +20,7 @@ declare -A need=(
   [iperf3]=iperf3 [sockperf]=sockperf [memcached]=memcached [memcslap]=libmemcached-tools
   [nginx]=nginx-light [wrk]=wrk [tcpdump]=tcpdump [taskset]=util-linux [nstat]=iproute2
   [make]=make [git]=git [ping]=iputils-ping [cc]=gcc
+  [nft]=nftables [conntrack]=conntrack [iptables]=iptables
 )
 missing=()
 for bin in "${!need[@]}"; do
