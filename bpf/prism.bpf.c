@@ -635,11 +635,12 @@ int prg_prism_fwd(struct bpf_nf_ctx *ctx)
 	m.p.flow.dport = ports[1];
 	m.p.has_ports = 1;
 
-	/* The in device's namespace is the hook's (state->net, which a test run leaves unset). */
-	struct net_device *in = st->in;
-	if (!in)
+	/* A device's namespace is the hook's: state->net, which a test run leaves unset (and sets
+	 * only out, whatever the hook). */
+	struct net_device *nd = st->in ? st->in : st->out;
+	if (!nd)
 		return PR_NF_ACCEPT;
-	__u32 netns = in->nd_net.net->ns.inum;
+	__u32 netns = nd->nd_net.net->ns.inum;
 	struct prism_ep_key ek = {.netns = netns, .family = m.p.family};
 	__builtin_memcpy(ek.addr, m.p.flow.daddr, sizeof(ek.addr));
 	if (!bpf_map_lookup_elem(&prg_prism_ep, &ek))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,7 +123,7 @@ func TestLabFirewall(t *testing.T) {
 			fwNS := h2 // flannel: FORWARD of the host, where flannel.1 and cni0 are
 			if style == lab.StyleDocker {
 				fwNS = labtest.NS(l, "h2-ov") // docker: the overlay namespace's bridge, via br_netfilter
-				if v, err := netnsutil.ReadFileIn(fwNS, "/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil || v != "1" {
+				if v, err := netnsutil.ReadFileIn(fwNS, "/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil || strings.TrimSpace(v) != "1" {
 					t.Skipf("bridged frames skip iptables in %s (bridge-nf-call-iptables %q, %v)", fwNS, v, err)
 				}
 			}
@@ -201,12 +202,62 @@ func TestLabFirewall(t *testing.T) {
 				t.Fatalf("the established flow still runs 5 s after a DROP rule (echoes %d)", p.ok.Load())
 			}
 			stopped := time.Unix(0, p.last.Load()).Sub(added)
-			t.Logf("%s: DROP added mid-flow: last echo %v after the rule (bound %v)", style, stopped, windowFactor*defaultVerify)
+			t.Logf("%s: TCP: DROP added mid-flow: last echo %v after the rule (bound %v)", style, stopped, windowFactor*defaultVerify)
 			if stopped > windowFactor*defaultVerify+100*time.Millisecond {
-				t.Errorf("the flow ran %v after the DROP rule; bound %v", stopped, windowFactor*defaultVerify)
+				t.Errorf("TCP: the flow ran %v after the DROP rule; bound %v", stopped, windowFactor*defaultVerify)
+			}
+
+			// UDP: a lost datagram does not stall the others, so this measures the window itself.
+			u := startUDPPinger(t, c11.Netns, dst)
+			labtest.Eventually(t, 3*time.Second, "UDP flow running", func() (bool, string) { return u.ok.Load() > 100, fmt.Sprint(u.ok.Load()) })
+			fwRule(t, fwNS, "udp")
+			added = time.Now()
+			time.Sleep(2 * time.Second)
+			close(u.stop)
+			<-u.done
+			stopped = time.Unix(0, u.last.Load()).Sub(added)
+			t.Logf("%s: UDP: DROP added mid-flow: last echo %v after the rule (bound %v)", style, stopped, windowFactor*defaultVerify)
+			if stopped > windowFactor*defaultVerify+100*time.Millisecond {
+				t.Errorf("UDP: the flow ran %v after the DROP rule; bound %v", stopped, windowFactor*defaultVerify)
 			}
 		})
 	}
+}
+
+// startUDPPinger sends a datagram from ns to addr:fwPort every 2 ms and records the time of the
+// last echo (each waits at most 50 ms), until stop.
+func startUDPPinger(t *testing.T, ns, addr string) *pinger {
+	t.Helper()
+	var c *net.UDPConn
+	if err := netnsutil.Do(ns, func() error {
+		var err error
+		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: fwPort})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := &pinger{done: make(chan error, 1), stop: make(chan struct{})}
+	go func() {
+		defer c.Close()
+		buf := make([]byte, 128)
+		for {
+			select {
+			case <-p.stop:
+				p.done <- nil
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+			if _, err := c.Write([]byte("ping")); err != nil {
+				continue
+			}
+			if _, err := c.Read(buf); err == nil {
+				p.ok.Add(1)
+				p.last.Store(time.Now().UnixNano())
+			}
+		}
+	}()
+	return p
 }
 
 // udpOnce sends one datagram from ns to addr:port and waits timeout for the echo.

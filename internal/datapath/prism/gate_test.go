@@ -171,7 +171,7 @@ func (e *progEnv) runFwd(f frame) error {
 	var ret uint32
 	err := e.ns.Do(func() error {
 		var err error
-		ret, err = e.o.PrgPrismFwd.Run(&ebpf.RunOptions{Data: f.bytes()[14:], Context: ctx}) // the IP packet, as at FORWARD
+		ret, err = e.o.PrgPrismFwd.Run(&ebpf.RunOptions{Data: f.bytes(), Context: ctx}) // the kernel pulls the Ethernet header
 		return err
 	})
 	if err == nil && ret != 1 {
