@@ -26,8 +26,20 @@ import (
 // ctnetlink's are.
 func (e *progEnv) ctInsert(f frame, reply bool) {
 	e.t.Helper()
+	args := e.ctArgs(f, reply)
+	// The same flow again (another case's frame) is an entry that exists: delete it first.
+	del := append([]string{"conntrack", "-D"}, args[2:12]...)
+	_, _ = netnsutil.Run(context.Background(), e.ns.Name(), del...)
+	e.ctRun(args)
+}
+
+// ctInsertNew is ctInsert(f, true) for a flow known to have no entry (one process less).
+func (e *progEnv) ctInsertNew(f frame) { e.t.Helper(); e.ctRun(e.ctArgs(f, true)) }
+
+func (e *progEnv) ctArgs(f frame, reply bool) []string {
+	e.t.Helper()
 	requireTools(e.t, "conntrack")
-	args := []string{"conntrack", "-I", "-p", map[byte]string{6: "tcp", 17: "udp"}[f.proto], "-s", addrOf(f, true), "-d", addrOf(f, false),
+	args := []string{"conntrack", "-I", "-p", map[byte]string{6: "tcp", 17: "udp"}[f.proto], "-s", f.saddr, "-d", f.daddr,
 		"--sport", strconv.Itoa(int(f.sport)), "--dport", strconv.Itoa(int(f.dport)), "-t", "120"}
 	if f.proto == 6 {
 		if reply {
@@ -36,9 +48,11 @@ func (e *progEnv) ctInsert(f frame, reply bool) {
 			args = append(args, "--state", "SYN_SENT")
 		}
 	}
-	// The same flow again (another case's frame) is an entry that exists: delete it first.
-	del := append([]string{"conntrack", "-D"}, args[2:12]...)
-	_, _ = netnsutil.Run(context.Background(), e.ns.Name(), del...)
+	return args
+}
+
+func (e *progEnv) ctRun(args []string) {
+	e.t.Helper()
 	if out, err := netnsutil.Run(context.Background(), e.ns.Name(), args...); err != nil {
 		e.t.Fatalf("%v\n%s", err, out)
 	}
@@ -60,13 +74,6 @@ func requireTools(t *testing.T, names ...string) {
 			t.Skipf("%s is not installed (scripts/setup.sh installs it)", n)
 		}
 	}
-}
-
-func addrOf(f frame, src bool) string {
-	if src {
-		return f.saddr
-	}
-	return f.daddr
 }
 
 // flowKey is prg_prism_acc's key for f in this env.

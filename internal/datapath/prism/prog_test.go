@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -52,6 +53,9 @@ var progEnvs atomic.Int32
 
 func newProgEnv(t *testing.T, routed bool, rules string) *progEnv {
 	t.Helper()
+	// Tests pin the thread to a CPU (pinThread) and read per-CPU results: keep the thread.
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
 	o := testutil.LoadObjects(t, loadObjects)
 	name := fmt.Sprintf("prg-prt%d-%d", os.Getpid(), progEnvs.Add(1))
 	testutil.TempNetns(t, name)
