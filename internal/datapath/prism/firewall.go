@@ -16,7 +16,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// The firewall gate (bpf/prism.bpf.c, accepted): an HP frame is redirected past the normal path
+// The firewall gate (bpf/prism_gate.h, accepted): an HP frame is redirected past the normal path
 // only when conntrack in the VXLAN device's namespace confirmed the flow (TCP: reply seen) and
 // prg_prism_fwd, at the end of that namespace's FORWARD hook, saw one of the flow's frames within
 // the window. This file puts prg_prism_fwd on each such namespace and, unless told not to, keeps
