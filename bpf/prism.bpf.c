@@ -28,6 +28,11 @@
  * userspace saw vanish stay as tombstones for a while, so their HP frames are dropped and
  * counted too.
  *
+ * The firewall gate (accepted, in prism_gate.h): an HP frame is redirected only when the normal path
+ * accepted its flow (a confirmed conntrack entry, the TCP reply seen, and a frame of the flow past
+ * FORWARD within the window, which prg_prism_fwd records); opening packets, flushed flows and
+ * flows FORWARD stopped accepting take the normal path, so prism never bypasses the firewall.
+ *
  * A frame the fast path (fastpath.bpf.c) handed to the normal path to learn its flow carries
  * PRG_TC_INDEX_LEARN and is left on the normal path, so prism stacked over the fast path does not
  * keep HP flows off it.
@@ -92,6 +97,13 @@ enum {
 	PR_ST_ISO_OFF,  /* isolation not configured, or no CPU to steer to: untouched */
 	PR_ST_ISO_STAY, /* of HP+LP: already on a CPU of its class, kept there (hash 0: no RPS hop) */
 	PR_ST_LEARN,    /* HP, the fast path is learning the flow from the normal path: normal path */
+	/* The firewall gate (HP frames the normal path has not accepted take the normal path) */
+	PR_ST_NOTCPUDP, /* HP but not TCP/UDP with ports (ICMP, fragments...): conntrack can't be asked */
+	PR_ST_NOCT,     /* HP, no conntrack entry for the flow (new, flushed, or no conntrack there) */
+	PR_ST_CTNEW,    /* HP, the entry is unconfirmed, or TCP without a reply seen yet */
+	PR_ST_UNSEEN,   /* HP, the normal path did not forward the flow within the window */
+	PR_ST_PROBE,    /* HP, re-verification: one frame per interval through the normal path */
+	PR_ST_FWD,      /* prg_prism_fwd: HP frames seen past the FORWARD chain (accepted) */
 	PR_ST_N,
 };
 
@@ -108,6 +120,9 @@ struct prism_rule {
 struct prism_cfg {
 	__u32 set;  /* active half of prg_prism_rule: 0 or 1 */
 	__u32 n[2]; /* rules in each half */
+	__u32 pad;
+	__u64 verify_ns; /* send one frame per flow through the normal path this often */
+	__u64 window_ns; /* redirect only if the normal path forwarded the flow this recently */
 };
 
 /* What a VXLAN device the program is attached to decides. */
@@ -307,19 +322,21 @@ static long match_one(__u32 i, void *data)
 	return 0;
 }
 
-/* classify runs the active rules over m->p; m->hit is the first matching rule or -1. */
-static __always_inline void classify(struct pr_match *m)
+/* classify runs the active rules over m->p; m->hit is the first matching rule or -1. It returns
+ * the configuration it read (NULL: none, and no match). */
+static __always_inline struct prism_cfg *classify(struct pr_match *m)
 {
 	__u32 zero = 0;
 	struct prism_cfg *cfg = bpf_map_lookup_elem(&prg_prism_cfg, &zero);
 	if (!cfg)
-		return;
+		return 0;
 	__u32 set = cfg->set & 1;
 	__u32 n = set ? cfg->n[1] : cfg->n[0];
 	if (n > PR_MAX_RULES)
 		n = PR_MAX_RULES;
 	m->base = set * PR_MAX_RULES;
 	bpf_loop(n, match_one, m, 0);
+	return cfg;
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
@@ -359,6 +376,8 @@ static __always_inline int route_rewrite(struct __sk_buff *ctx, const struct prg
 	return 0;
 }
 
+#include "prism_gate.h" /* the firewall gate and prg_prism_fwd */
+
 SEC("tcx/ingress")
 int prg_prism_vx(struct __sk_buff *ctx)
 {
@@ -392,8 +411,8 @@ int prg_prism_vx(struct __sk_buff *ctx)
 	if (m.p.frag)
 		count(PR_ST_FRAG);
 
-	classify(&m);
-	if (m.hit < 0) {
+	struct prism_cfg *cfg = classify(&m);
+	if (m.hit < 0 || !cfg) {
 		count(PR_ST_LP);
 		return PR_TCX_NEXT;
 	}
@@ -442,13 +461,15 @@ int prg_prism_vx(struct __sk_buff *ctx)
 			count(PR_ST_TTL);
 			return PR_TCX_NEXT;
 		}
-		if (route_rewrite(ctx, &m.p, ep)) {
-			count(PR_ST_ERR);
-			return PR_TC_ACT_SHOT;
-		}
 	} else if (!mac_eq(dmac, ep->ctr_mac)) {
 		count(PR_ST_L2);
 		return PR_TCX_NEXT;
+	}
+	if (!accepted(ctx, &m.p, dk.netns, cfg))
+		return PR_TCX_NEXT;
+	if (dev->routed && route_rewrite(ctx, &m.p, ep)) {
+		count(PR_ST_ERR);
+		return PR_TC_ACT_SHOT;
 	}
 	/* The veth's eth_type_trans would have said PACKET_HOST (the dst MAC is the container's). */
 	if (bpf_skb_change_type(ctx, PR_PACKET_HOST)) {

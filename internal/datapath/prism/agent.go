@@ -121,6 +121,12 @@ func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *l
 			ms.Pieces = append(ms.Pieces, p)
 			lg.Printf("VXLAN device %s appeared: attached", vx.Dev)
 		}
+		var c Config
+		err = datapath.RecordedConfig(st, &c)
+		if err == nil {
+			ms.Firewall, err = followFirewall(objs, st.Target, vxs, ms.Firewall, c.Conntrack)
+		}
+		errs = append(errs, err)
 		if ms.Isolation != nil && !slices.Equal(t.VXLANPorts, st.Topology.VXLANPorts) {
 			ports, err := t.VXLANPortSet()
 			if err == nil {

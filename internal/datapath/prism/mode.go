@@ -28,10 +28,12 @@ const Name = "prism"
 // Config is prism's settings: the declared options and the rules and CPU plan Complete derives
 // from them (saved in the record as JSON).
 type Config struct {
-	RuleText  []string `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
-	RulesFile string   `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
-	Agent     bool     `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
-	HPCPUs    string   `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
+	RuleText  []string      `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
+	RulesFile string        `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
+	Agent     bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
+	HPCPUs    string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
+	Conntrack bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
+	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path (and its FORWARD chain) this often; a flow FORWARD stopped accepting leaves the redirect 3 intervals after the last frame it accepted"`
 
 	Rules     []Rule     `json:"rules"`
 	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
@@ -86,6 +88,8 @@ type modeState struct {
 	Notes  []string `json:"notes,omitempty"`
 	// Isolation is the --hp-cpus plan; nil without it.
 	Isolation *isoConfig `json:"isolation,omitempty"`
+	// Firewall: the namespaces the firewall gate serves (prg_prism_fwd, conntrack table).
+	Firewall []fwNS `json:"firewall,omitempty"`
 }
 
 // readRules reads the rules given at attach: text, and a file's.
@@ -148,6 +152,9 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	if err := objs.writeRules(rules); err != nil {
 		return err
 	}
+	if err := objs.writeGate(c.Reverify); err != nil {
+		return err
+	}
 	vxs, err := discoverVXLAN(t)
 	if err != nil {
 		return err
@@ -166,6 +173,13 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 		if err := datapath.SaveModeState(st, ms); err != nil {
 			return err
 		}
+	}
+	ms.Firewall, err = followFirewall(objs, st.Target, vxs, nil, c.Conntrack)
+	if serr := datapath.SaveModeState(st, ms); err != nil || serr != nil {
+		return errors.Join(err, serr)
+	}
+	if !c.Conntrack {
+		notes = append(notes, "conntrack=false: HP flows are redirected only where something else keeps conntrack on in the VXLAN device's namespace (status counts \"no conntrack entry\" otherwise)")
 	}
 	if iso != nil {
 		if err := attachIsolation(objs, t, st, &ms, iso); err != nil {
@@ -258,6 +272,7 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 			errs = append(errs, fmt.Errorf("prism: %s: %w", p.Dev, err))
 		}
 	}
+	errs = append(errs, removeFirewall(ms.Firewall))
 	for _, p := range bpfobj.LinkPins(datapath.ModePinDir(st.Target, Name)) { // pinned by an attach that crashed before recording them
 		errs = append(errs, bpfobj.DetachPin(p))
 	}
@@ -338,6 +353,11 @@ func (v *View) Format() string {
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
 	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d, fast path learning %d; HP dropped: vanished %d, stale %d, errors %d\n",
 		s.Miss, s.L2, s.TTL, s.Learn, s.Gone, s.Stale, s.Err)
+	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, FORWARD %d), re-verification %d; HP frames past FORWARD %d\n",
+		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Probe, s.Fwd)
+	if s.NoCT > 0 && s.Redirected == 0 && s.Fwd == 0 {
+		b.WriteString("    note: no HP flow has a conntrack entry yet: is conntrack on in the VXLAN device's namespace? (attach with conntrack=true turns it on)\n")
+	}
 	if iso := v.Isolation; iso != nil {
 		fmt.Fprintf(&b, "  prism: HP isolation: HP on CPUs %s, the rest on %s (VXLAN RPS set %s); underlay VXLAN frames %d: HP %d, LP %d (kept on their CPU %d), untouched %d\n",
 			cpuset.Format(iso.HP), cpuset.Format(iso.LP), cpuset.Format(iso.Set), s.IsoVXLAN, s.IsoHP, s.IsoLP, s.IsoStay, s.IsoOff)

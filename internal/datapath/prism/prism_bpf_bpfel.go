@@ -28,10 +28,19 @@ type prsPrgDevKey struct {
 	Ifindex uint32
 }
 
+type prsPrismAcc struct {
+	_       structs.HostLayout
+	SeenNs  uint64
+	ProbeNs uint64
+}
+
 type prsPrismCfg struct {
-	_   structs.HostLayout
-	Set uint32
-	N   [2]uint32
+	_        structs.HostLayout
+	Set      uint32
+	N        [2]uint32
+	Pad      uint32
+	VerifyNs uint64
+	WindowNs uint64
 }
 
 type prsPrismDev struct {
@@ -56,6 +65,21 @@ type prsPrismEpKey struct {
 	Netns  uint32
 	Family uint32
 	Addr   [4]uint32
+}
+
+type prsPrismFlowKey struct {
+	_      structs.HostLayout
+	Netns  uint32
+	Family uint32
+	Flow   struct {
+		_     structs.HostLayout
+		Saddr [4]uint32
+		Daddr [4]uint32
+		Sport uint16
+		Dport uint16
+		Proto uint8
+		Pad   [3]uint8
+	}
 }
 
 type prsPrismIso struct {
@@ -105,6 +129,7 @@ type prsPrismRule struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	prsMapPrgPrismAcc    = "prg_prism_acc"
 	prsMapPrgPrismCfg    = "prg_prism_cfg"
 	prsMapPrgPrismCpucls = "prg_prism_cpucls"
 	prsMapPrgPrismDev    = "prg_prism_dev"
@@ -116,6 +141,7 @@ const (
 	prsMapPrgPrismRcnt   = "prg_prism_rcnt"
 	prsMapPrgPrismRule   = "prg_prism_rule"
 	prsMapPrgPrismStat   = "prg_prism_stat"
+	prsProgPrgPrismFwd   = "prg_prism_fwd"
 	prsProgPrgPrismNic   = "prg_prism_nic"
 	prsProgPrgPrismVx    = "prg_prism_vx"
 )
@@ -162,6 +188,7 @@ type prsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsProgramSpecs struct {
+	PrgPrismFwd *ebpf.ProgramSpec `ebpf:"prg_prism_fwd"`
 	PrgPrismNic *ebpf.ProgramSpec `ebpf:"prg_prism_nic"`
 	PrgPrismVx  *ebpf.ProgramSpec `ebpf:"prg_prism_vx"`
 }
@@ -170,6 +197,7 @@ type prsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsMapSpecs struct {
+	PrgPrismAcc    *ebpf.MapSpec `ebpf:"prg_prism_acc"`
 	PrgPrismCfg    *ebpf.MapSpec `ebpf:"prg_prism_cfg"`
 	PrgPrismCpucls *ebpf.MapSpec `ebpf:"prg_prism_cpucls"`
 	PrgPrismDev    *ebpf.MapSpec `ebpf:"prg_prism_dev"`
@@ -209,6 +237,7 @@ func (o *prsObjects) Close() error {
 //
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsMaps struct {
+	PrgPrismAcc    *ebpf.Map `ebpf:"prg_prism_acc"`
 	PrgPrismCfg    *ebpf.Map `ebpf:"prg_prism_cfg"`
 	PrgPrismCpucls *ebpf.Map `ebpf:"prg_prism_cpucls"`
 	PrgPrismDev    *ebpf.Map `ebpf:"prg_prism_dev"`
@@ -224,6 +253,7 @@ type prsMaps struct {
 
 func (m *prsMaps) Close() error {
 	return _PrsClose(
+		m.PrgPrismAcc,
 		m.PrgPrismCfg,
 		m.PrgPrismCpucls,
 		m.PrgPrismDev,
@@ -248,12 +278,14 @@ type prsVariables struct {
 //
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsPrograms struct {
+	PrgPrismFwd *ebpf.Program `ebpf:"prg_prism_fwd"`
 	PrgPrismNic *ebpf.Program `ebpf:"prg_prism_nic"`
 	PrgPrismVx  *ebpf.Program `ebpf:"prg_prism_vx"`
 }
 
 func (p *prsPrograms) Close() error {
 	return _PrsClose(
+		p.PrgPrismFwd,
 		p.PrgPrismNic,
 		p.PrgPrismVx,
 	)
