@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* fastpath's shared part: counters, config, the flow cache and its maps, the inner-frame parse, flow
+ * keys, the hand-over to the normal path and the lookups the programs of fastpath.bpf.c begin with.
+ * Included by fastpath.bpf.c only (the maps are defined here). */
+#ifndef PRG_FASTPATH_H
+#define PRG_FASTPATH_H
+
+#include "common.h"
+#include "pod.h"
+#include "vxlan.h"
+#include <bpf/bpf_endian.h>
+
+
+#define TCX_NEXT (-1)
+#define TC_ACT_SHOT 2
+#define FP_IPPROTO_ICMP 1
+#define FP_ENCAP_LEN 50 /* outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14 */
+/* uapi's BPF_F_ADJ_ROOM_ENCAP_L2(len): a macro, so vmlinux.h lacks it. */
+#define FP_ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
+#define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
+#define FP_MAX_FLOWS 65536
+#define FP_MAX_PODS 4096
+/* Each direction of a flow takes the normal path once per this long (re-learned there). */
+#define FP_REVALIDATE_NS (5ULL * 1000000000ULL)
+/* skb->mark of frames prg_fastpath_tx/dtx redirected, so the learner behind them skips them and
+ * gives the mark back (a pod's packet arrives at its host-side veth with mark 0: crossing the
+ * namespace scrubbed it). */
+#define FP_MARK 0x0fa57000
+
+/* cfg.flags */
+#define FP_C_ON 1      /* configured */
+#define FP_C_DOCKER 2  /* docker layout (dtx/drx); else flannel layout (tx/rx) */
+#define FP_C_ROUTED 4  /* the VXLAN device has no bridge: decapsulated frames are IP-forwarded */
+#define FP_C_UNSUP 8   /* the device does something the fast path does not reproduce (TOS/DF inherit, ...) */
+#define FP_C_ONEWAY 16 /* opt-in: ingress needs only the ingress direction learned (see begin_in) */
+
+/* flow.flags */
+#define FP_F_OUT 1   /* the normal path carried the flow out of the pod (template learned) */
+#define FP_F_IN 2    /* the normal path delivered the flow to the pod */
+#define FP_F_DNAT 4  /* the normal path translated the flow's destination to nat_addr:nat_port
+		      * (a Service): egress replays it, ingress the reverse on the replies */
+#define FP_F_ALIAS 8 /* not a flow: the translated view of flow (local, nat_addr, lport, nat_port) */
+#define FP_F_NATX 16 /* the normal path translates the flow in a way the fast path does not
+		      * reproduce (source NAT, a changed protocol): it stays there */
+
+/* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
+ * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
+#define FP_TC_INDEX_OUT 0xfa58
+
+/* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
+ * Keep in step with the names in internal/datapath/fastpath/view.go. */
+enum {
+	FP_R_HIT,    /* took the fast path */
+	FP_R_MISS,   /* flow not (yet) learned both ways: normal path */
+	FP_R_STALE,  /* due for re-learning, or the cache no longer matches the pod/VTEP: normal path */
+	FP_R_NOTIP,  /* not IPv4 (ARP, IPv6, ...): normal path */
+	FP_R_L2,     /* broadcast/multicast, or not the MAC the normal path accepts: normal path */
+	FP_R_OPTS,   /* IPv4 options (inner or outer): normal path */
+	FP_R_FRAG,   /* a fragment (inner or outer): normal path */
+	FP_R_PROTO,  /* not TCP/UDP/ICMP echo, or a TCP SYN/FIN/RST: normal path */
+	FP_R_NOPOD,  /* ingress: inner destination is not a live local pod (the node itself, ...) */
+	FP_R_MTU,    /* would exceed the underlay MTU once encapsulated: normal path */
+	FP_R_TTL,    /* TTL would expire on the routed hop: normal path (it sends the ICMP error) */
+	FP_R_UNSUP,  /* outer UDP checksum on, TOS/DF inherit, a foreign skb mark: normal path */
+	FP_R_ERR,    /* a helper failed before anything changed: normal path */
+	FP_R_DROP,   /* a helper failed after the packet changed: dropped */
+	FP_R_LEARN,  /* learners: a direction learned from the normal path */
+	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
+	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
+	FP_R_N,
+};
+#define FP_DIR_TX 0
+#define FP_DIR_RX 1
+
+struct fp_cfg {
+	__u32 flags;      /* FP_C_* */
+	__u32 underlay;   /* flannel: the underlay's ifindex */
+	__u32 vx_ifindex; /* docker: the VXLAN device's ifindex (overlay namespace) */
+	__u32 vtep;       /* local VTEP IPv4, network order */
+	__u32 vni;        /* host order */
+	__u32 mtu;        /* underlay MTU */
+	__u32 netns;      /* pod endpoint domain: inode of the bridge-side veths' namespace */
+	__u16 vxlan_ports[PRG_VXLAN_MAX_PORTS]; /* the device's UDP port (host order; vxlan.h's set) */
+	__u16 port_min;   /* UDP source port range [min, max), host order, as udp_flow_src_port */
+	__u16 port_max;
+	__u8 vx_mac[6];   /* the VXLAN device's MAC (a routed device only accepts frames to it) */
+};
+
+struct fp_key {
+	__u32 local;  /* the local pod's IPv4 (network order) */
+	__u32 remote; /* the remote end's IPv4 */
+	__u16 lport;  /* network order; ICMP echo: the identifier in both */
+	__u16 rport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct fp_flow {
+	__u8 tmpl[FP_TMPL_LEN]; /* egress: what the kernel put before the inner IP header */
+	__u8 in_mac[12];        /* ingress: dst+src MAC the normal path delivered the flow with */
+	__u32 vtep;             /* the remote VTEP (flannel); ingress checks the outer source */
+	__u32 out_ifindex;      /* the veth the flow leaves the pod on */
+	__u32 in_ifindex;       /* the veth the normal path delivered it to */
+	__u64 out_ns;           /* when each direction was last learned (bpf_ktime_get_coarse_ns) */
+	__u64 in_ns;
+	__u32 flags;            /* FP_F_* */
+	__u8 out_ttl_seen;      /* TTL the fast path saw on its last handover to the normal path */
+	__u8 in_ttl_seen;
+	__u8 out_ttl_dec;       /* TTL change of the normal path, per direction */
+	__u8 in_ttl_dec;
+	__u32 nat_addr;         /* FP_F_DNAT: the backend; FP_F_ALIAS: the Service address */
+	__u16 nat_port;         /* network order, as nat_addr */
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_cfg);
+} prg_fastpath_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FP_MAX_FLOWS);
+	__type(key, struct fp_key);
+	__type(value, struct fp_flow);
+} prg_fastpath_flow SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2 * FP_R_N);
+	__type(key, __u32);
+	__type(value, __u64);
+} prg_fastpath_stat SEC(".maps");
+
+PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
+
+static __always_inline void count(__u32 dir, __u32 r)
+{
+	__u32 i = dir * FP_R_N + r;
+	__u64 *c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline struct fp_cfg *fp_config(void)
+{
+	__u32 zero = 0;
+	struct fp_cfg *c = bpf_map_lookup_elem(&prg_fastpath_cfg, &zero);
+	return c && (c->flags & FP_C_ON) ? c : NULL;
+}
+
+/* The inner packet, as far as the caches look at it. */
+struct fp_pkt {
+	struct ethhdr eth;
+	__u32 saddr, daddr;
+	__u16 sport, dport; /* network order */
+	__u8 proto, ttl, tos;
+	__u8 hdrs; /* IPv4 + L4 header bytes (for the MTU check of GSO segments) */
+};
+
+/* parse_at reads the inner Ethernet/IPv4/L4 headers at off with the shared parser (parse.h)
+ * and adds what the fast path needs beyond it. 0, or the FP_R_* reason the packet stays on the
+ * normal path. */
+static __always_inline int parse_at(const struct prg_pkt *pk, __u32 off, struct fp_pkt *p)
+{
+	struct prg_hdrs h = {};
+	int r = prg_parse_frame(pk, off, 0, &h);
+	if (r == PRG_SHORT)
+		return PRG_SHORT;
+	if (r != PRG_OK || h.family != 4)
+		return FP_R_NOTIP; /* ARP, IPv6, VLAN-tagged, malformed */
+	struct ethhdr *eth = prg_hdr(pk, off, struct ethhdr);
+	struct iphdr *ip = prg_hdr(pk, h.l3_off, struct iphdr);
+	if (!eth || !ip)
+		return PRG_SHORT;
+	__builtin_memcpy(&p->eth, eth, sizeof(p->eth));
+	if (p->eth.h_dest[0] & 1)
+		return FP_R_L2;
+	if (ip->ihl != 5)
+		return FP_R_OPTS;
+	if (h.frag)
+		return FP_R_FRAG;
+	p->saddr = h.flow.saddr[0];
+	p->daddr = h.flow.daddr[0];
+	p->proto = h.flow.proto;
+	p->ttl = h.ttl;
+	p->tos = ip->tos;
+	p->sport = h.flow.sport;
+	p->dport = h.flow.dport;
+	if (p->proto == PRG_IPPROTO_TCP) {
+		__u8 *t = prg_at(pk, h.l4_off, 14); /* ports, seq, ack, data offset, flags */
+		if (!t)
+			return PRG_SHORT;
+		if (t[13] & 0x07) /* FIN, SYN, RST: conntrack must see them */
+			return FP_R_PROTO;
+		p->hdrs = sizeof(*ip) + (t[12] >> 4) * 4;
+		return 0;
+	}
+	if (p->proto == PRG_IPPROTO_UDP) {
+		p->hdrs = sizeof(*ip) + 8;
+		return 0;
+	}
+	if (p->proto == FP_IPPROTO_ICMP) {
+		__u8 *c = prg_at(pk, h.l4_off, 6); /* type, code, checksum, identifier */
+		if (!c)
+			return PRG_SHORT;
+		if ((c[0] != 0 && c[0] != 8) || c[1] != 0)
+			return FP_R_PROTO; /* only echo: errors carry other flows' headers */
+		__builtin_memcpy(&p->sport, c + 4, 2);
+		p->dport = p->sport; /* symmetric: request and reply share the key */
+		p->hdrs = sizeof(*ip) + 8;
+		return 0;
+	}
+	return FP_R_PROTO;
+}
+
+/* parse is parse_at on a tc packet, pulling the headers into the linear part once if needed. */
+static __always_inline int parse(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p)
+{
+	struct prg_pkt pk;
+	int r;
+
+	prg_pkt_tc(&pk, ctx);
+	PRG_TC_PARSE(r, &pk, ctx, parse_at(&pk, off, p));
+	return r == PRG_SHORT ? FP_R_NOTIP : r;
+}
+
+static __always_inline void key_out(struct fp_key *k, const struct fp_pkt *p)
+{
+	k->local = p->saddr;
+	k->remote = p->daddr;
+	k->lport = p->sport;
+	k->rport = p->dport;
+	k->proto = p->proto;
+}
+
+static __always_inline void key_in(struct fp_key *k, const struct fp_pkt *p)
+{
+	k->local = p->daddr;
+	k->remote = p->saddr;
+	k->lport = p->dport;
+	k->rport = p->sport;
+	k->proto = p->proto;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
+}
+
+#include "fastpath_nat.h"
+
+/* handover records what the normal path will be learned from and lets the packet go there. */
+static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
+					struct __sk_buff *ctx, __u32 reason)
+{
+	if (f) {
+		f->out_ttl_seen = p->ttl;
+		/* The flow now leaves a pod through another veth (a replaced pod with the same
+		 * address): the egress direction was learned on the old one, so it is no longer
+		 * learned until the normal path carries the flow from this veth. */
+		if (f->out_ifindex != ctx->ifindex) {
+			f->out_ifindex = ctx->ifindex;
+			__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
+		}
+	} else {
+		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
+		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+	}
+	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
+	__u32 zero = 0;
+	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+	if (ho && !ctx->tc_index) {
+		ho->k = *k;
+		ctx->tc_index = FP_TC_INDEX_OUT;
+	}
+	if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)
+		reason = FP_R_NAT;
+	count(FP_DIR_TX, reason);
+	return TCX_NEXT;
+}
+
+static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f, struct fp_key *k,
+				       const struct fp_pkt *p, __u32 vtep, __u32 reason)
+{
+	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
+	 * from the VXLAN device past it, and its flow would never be learned). */
+	if (!ctx->tc_index)
+		ctx->tc_index = PRG_TC_INDEX_LEARN;
+	if (f) {
+		f->in_ttl_seen = p->ttl;
+	} else {
+		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
+		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+	}
+	count(FP_DIR_RX, reason);
+	return TCX_NEXT;
+}
+
+/* lookup_fresh finds the flow of key k; *reason is MISS (not learned both ways) or STALE (this
+ * direction is due for re-learning) when it cannot take the fast path. */
+static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 *reason)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	if (!f) {
+		*reason = FP_R_MISS;
+		return NULL;
+	}
+	if ((f->flags & need) != need) {
+		*reason = FP_R_MISS;
+		return f;
+	}
+	__u64 then = out ? f->out_ns : f->in_ns;
+	if (bpf_ktime_get_coarse_ns() - then > FP_REVALIDATE_NS) {
+		*reason = FP_R_STALE;
+		return f;
+	}
+	*reason = FP_R_HIT;
+	return f;
+}
+
+/* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
+ * take the fast path. NULL: the packet goes the normal path (counted). */
+static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct fp_pkt *p, struct fp_key *k)
+{
+	__u32 r = parse(ctx, 0, p);
+	if (r) {
+		count(FP_DIR_TX, r);
+		return NULL;
+	}
+	key_out(k, p);
+	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, &r);
+	if (r != FP_R_HIT) {
+		handover_out(f, k, p, ctx, r);
+		return NULL;
+	}
+	return f;
+}
+
+/* begin_in is the same for the ingress programs, the inner frame at off. */
+static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off, struct fp_pkt *p, struct fp_key *k,
+						__u32 vtep, const struct fp_cfg *cfg)
+{
+	/* One-way (opt-in): a flow the normal path delivered to the pod needs no reply first. */
+	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
+	__u32 r = parse(ctx, off, p);
+	if (r) {
+		count(FP_DIR_RX, r);
+		return NULL;
+	}
+	key_in(k, p);
+	struct fp_flow *f = lookup(k, 0, need, &r);
+	if (f && (f->flags & FP_F_ALIAS)) {
+		/* A reply from a Service's backend: the flow is the pod's, keyed by the Service
+		 * address it sent to, and the normal path (and its learner) sees the reply with
+		 * that address as its source once conntrack has reversed the translation. */
+		__u32 be_addr = k->remote;
+		__u16 be_port = k->rport;
+		k->remote = f->nat_addr;
+		k->rport = f->nat_port;
+		f = lookup(k, 0, need, &r);
+		if (f && (!(f->flags & FP_F_DNAT) || f->nat_addr != be_addr || f->nat_port != be_port)) {
+			/* The flow is no longer translated to this backend: relearn from the normal path. */
+			count(FP_DIR_RX, FP_R_STALE);
+			return NULL;
+		}
+		/* A Service reply is re-learned only after the egress direction was: should
+		 * conntrack's entry be gone (flushed, expired), the pod's packet re-creates it with
+		 * its translation, where a reply first would reach the pod untranslated (and the
+		 * pod's RST would end the connection). Bounded: at most 2 intervals old. */
+		if (r == FP_R_STALE && f->out_ns <= f->in_ns &&
+		    bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+			r = FP_R_HIT;
+	}
+	if (r != FP_R_HIT) {
+		handover_in(ctx, f, k, p, vtep, r);
+		return NULL;
+	}
+	return f;
+}
+
+/* ttl_sub_ip lowers an IPv4 header's TTL by dec, updating its checksum incrementally
+ * (RFC 1624: TTL shares a 16-bit word with the protocol byte). The header must be writable. */
+static __always_inline void ttl_sub_ip(struct iphdr *ip, __u8 dec)
+{
+	if (!dec)
+		return;
+	__u16 oldw = *(__u16 *)&ip->ttl;
+	ip->ttl -= dec;
+	__u16 neww = *(__u16 *)&ip->ttl;
+	__u32 c = (~bpf_ntohs(ip->check) & 0xffff) + (~bpf_ntohs(oldw) & 0xffff) + bpf_ntohs(neww);
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	ip->check = bpf_htons(~c & 0xffff);
+}
+
+/* ip_csum is the checksum of an option-less IPv4 header whose check field is 0. */
+static __always_inline __u16 ip_csum(const struct iphdr *ip)
+{
+	const __u16 *w = (const __u16 *)ip;
+	__u32 c = 0;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		c += w[i];
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return ~c;
+}
+
+#endif /* PRG_FASTPATH_H */
