@@ -84,10 +84,23 @@ type pinger struct {
 }
 
 func startPinger(c net.Conn) *pinger {
+	buf := make([]byte, 64)
+	return runPinger(c, func() (bool, error) {
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return false, err
+		}
+		_, err := io.ReadFull(c, buf)
+		return err == nil, err
+	})
+}
+
+// runPinger calls exchange every 2 ms until stop, recording each answered one; an exchange's
+// error ends the run (done gets it).
+func runPinger(c io.Closer, exchange func() (bool, error)) *pinger {
 	p := &pinger{done: make(chan error, 1), stop: make(chan struct{})}
 	go func() {
 		defer c.Close()
-		buf := make([]byte, 64)
 		for {
 			select {
 			case <-p.stop:
@@ -95,17 +108,15 @@ func startPinger(c net.Conn) *pinger {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := c.Write(buf); err != nil {
+			ok, err := exchange()
+			if err != nil {
 				p.done <- err
 				return
 			}
-			if _, err := io.ReadFull(c, buf); err != nil {
-				p.done <- err
-				return
+			if ok {
+				p.ok.Add(1)
+				p.last.Store(time.Now().UnixNano())
 			}
-			p.ok.Add(1)
-			p.last.Store(time.Now().UnixNano())
 		}
 	}()
 	return p
@@ -228,46 +239,25 @@ func TestLabFirewall(t *testing.T) {
 // last echo (each waits at most 50 ms), until stop.
 func startUDPPinger(t *testing.T, ns, addr string) *pinger {
 	t.Helper()
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: fwPort})
-		return err
-	}); err != nil {
+	c, err := dialUDPIn(ns, addr, fwPort)
+	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pinger{done: make(chan error, 1), stop: make(chan struct{})}
-	go func() {
-		defer c.Close()
-		buf := make([]byte, 128)
-		for {
-			select {
-			case <-p.stop:
-				p.done <- nil
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
-			if _, err := c.Write([]byte("ping")); err != nil {
-				continue
-			}
-			if _, err := c.Read(buf); err == nil {
-				p.ok.Add(1)
-				p.last.Store(time.Now().UnixNano())
-			}
+	buf := make([]byte, 128)
+	return runPinger(c, func() (bool, error) {
+		_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return false, nil // a refused datagram is a miss, not the end
 		}
-	}()
-	return p
+		_, err := c.Read(buf)
+		return err == nil, nil
+	})
 }
 
 // udpOnce sends one datagram from ns to addr:port and waits timeout for the echo.
 func udpOnce(ns, addr string, port int, timeout time.Duration) error {
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	}); err != nil {
+	c, err := dialUDPIn(ns, addr, port)
+	if err != nil {
 		return err
 	}
 	defer c.Close()
@@ -275,6 +265,6 @@ func udpOnce(ns, addr string, port int, timeout time.Duration) error {
 	if _, err := c.Write([]byte("hello")); err != nil {
 		return err
 	}
-	_, err := c.Read(make([]byte, 64))
+	_, err = c.Read(make([]byte, 64))
 	return err
 }

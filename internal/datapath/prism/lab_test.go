@@ -75,12 +75,8 @@ func udpEcho(t *testing.T, ns, addr string, port int) {
 // server saw; every echo must come back intact.
 func pingPong(t *testing.T, ns, addr string, port, n int) []byte {
 	t.Helper()
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	}); err != nil {
+	c, err := dialUDPIn(ns, addr, port)
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
@@ -295,6 +291,15 @@ func waitGone(t *testing.T, l *lab.Lab, veth string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// dialUDPIn opens a UDP socket in ns connected to addr:port (it keeps its namespace after Do).
+func dialUDPIn(ns, addr string, port int) (c *net.UDPConn, err error) {
+	err = netnsutil.Do(ns, func() error {
+		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
+		return err
+	})
+	return c, err
 }
 
 // udpBurst sends n datagrams of size bytes from ns to addr:port at a modest rate (no drops).

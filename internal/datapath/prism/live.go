@@ -79,7 +79,43 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 		}
 		back = append(back, filepath.Base(p.LinkPin))
 	}
+	// The firewall gate's netfilter links (prg_prism_fwd at FORWARD): without them no HP flow
+	// is ever verified, so prism would stop redirecting; put back both families of a namespace
+	// that lost one. The pin paths are derived from the namespace, so the record stays as is.
+	for i := range ms.Firewall {
+		f := &ms.Firewall[i]
+		if fwAlive(f) || !netnsutil.Exists(f.Netns) {
+			continue
+		}
+		if objs == nil {
+			if objs, err = openPinned(st.Target); err != nil {
+				return back, errors.Join(append(errs, err)...)
+			}
+			defer objs.Close()
+		}
+		for _, p := range f.Pins {
+			_ = bpfobj.DetachPin(p)
+		}
+		f.Pins = nil
+		if err := attachFwd(objs, st.Target, f); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, p := range f.Pins {
+			back = append(back, filepath.Base(p))
+		}
+	}
 	return back, errors.Join(errs...)
+}
+
+// fwAlive tells whether every recorded netfilter link of f is attached.
+func fwAlive(f *fwNS) bool {
+	for _, p := range f.Pins {
+		if !bpfobj.LinkAlive(p) {
+			return false
+		}
+	}
+	return len(f.Pins) > 0
 }
 
 // deviceIs tells whether d's ifindex still names d in its namespace.
