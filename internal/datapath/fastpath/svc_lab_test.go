@@ -256,14 +256,7 @@ func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := l.Services[0] // default/one: its backend is on h2
-	var c net.Conn
-	if err := netnsutil.Do(client.Netns, func() error {
-		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialIn(t, client.Netns, svc.Target())
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	r := bufio.NewReader(c)
 	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != svc.Backends[0].Node {
@@ -304,14 +297,7 @@ func TestServiceConntrackFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := l.Services[0] // default/one: one backend, on h2
-	var c net.Conn
-	if err := netnsutil.Do(client.Netns, func() error {
-		c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialIn(t, client.Netns, svc.Target())
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	r := bufio.NewReader(c)
 	if _, err := r.ReadString('\n'); err != nil {
@@ -337,4 +323,19 @@ func TestServiceConntrackFlush(t *testing.T) {
 	if v.Egress["hit"] == 0 || v.Ingress["hit"] == 0 {
 		t.Fatalf("the stream never took the fast path (egress hits %d, ingress hits %d)", v.Egress["hit"], v.Ingress["hit"])
 	}
+}
+
+// dialIn connects from ns to target over TCP (3 s), closing the connection when the test ends.
+func dialIn(t *testing.T, ns, target string) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := netnsutil.Do(ns, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", target, 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
