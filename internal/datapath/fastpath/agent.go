@@ -20,8 +20,9 @@ import (
 )
 
 // The node agent keeps the caches honest. It listens to netlink in the host namespace and the
-// VXLAN device's: a neighbour or FDB entry that changes its address, a route change, or a change
-// of the underlay or VXLAN device (MTU, addresses, settings) forgets every cached flow (they
+// VXLAN device's: a neighbour or FDB entry that changes its address, a route change, a change
+// of the underlay or VXLAN device (MTU, addresses, settings), or a netfilter rule change
+// (nfwatch.go) forgets every cached flow (they
 // re-learn from the normal path within a round trip); a pod that comes, goes or changes MAC or
 // address gets its endpoint rewritten and its flows forgotten, and a new pod's veth gets the
 // programs. It also re-reads everything every resyncEvery, so a change netlink does not report
@@ -58,7 +59,15 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	w := datapath.Watch{Neighs: true, Routes: true, Event: a.event, NeighsSubscribed: a.learnNeighs,
 		Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Sync: a.syncAll, Log: lg}
 	lg.Printf("started (%s layout)", ms.Overlay.Layout)
-	return w.Run(ctx, []string{target, ms.Overlay.VX.Dev.Netns})
+	nss := []string{target, ms.Overlay.VX.Dev.Netns}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the netfilter subscriptions end with the loop
+	// A rule change forgets every flow at once, not at the next round of the loop (up to
+	// resyncEvery later): the bound is the debounce and a map walk.
+	watchNetfilter(ctx, nss, lg, resyncEvery, func(why string) {
+		lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true }))
+	})
+	return w.Run(ctx, nss)
 }
 
 // syncAll is one round of the watch loop: forget every flow when a change asked for it, forget
