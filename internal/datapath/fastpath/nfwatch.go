@@ -156,17 +156,23 @@ func receiveNetfilter(s *nl.NetlinkSocket, ev chan<- string) error {
 }
 
 // warnLegacy says once when namespace ns has iptables-legacy tables: their changes send no
-// notification. The kernel lists the x_tables tables legacy iptables registered in
-// /proc/net/ip_tables_names (and ip6_tables_names); iptables-nft leaves them empty.
+// notification.
 func warnLegacy(ns string, lg *log.Logger) {
+	if tables := legacyTables(ns); len(tables) > 0 {
+		lg.Printf("%s has iptables-legacy tables (%s): their rule changes send no events and reach cached flows at their re-learn (5 s), not at once",
+			netnsutil.Label(ns), strings.Join(tables, " "))
+	}
+}
+
+// legacyTables lists the x_tables tables (IPv4, then IPv6) that iptables-legacy registered in
+// namespace ns; iptables-nft registers none. The thread's own view is read (/proc/net is the
+// process's, not the namespace the thread entered).
+func legacyTables(ns string) []string {
 	var tables []string
 	for _, f := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
 		if s, err := netnsutil.ReadFileIn(ns, f); err == nil {
 			tables = append(tables, strings.Fields(s)...)
 		}
 	}
-	if len(tables) > 0 {
-		lg.Printf("%s has iptables-legacy tables (%s): their rule changes send no events and reach cached flows at their re-learn (5 s), not at once",
-			netnsutil.Label(ns), strings.Join(tables, " "))
-	}
+	return tables
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
@@ -36,6 +39,27 @@ func TestNfChange(t *testing.T) {
 		if got := nfChange(c.typ); got != c.want {
 			t.Errorf("nfChange(%#x) = %v, want %v", c.typ, got, c.want)
 		}
+	}
+}
+
+// TestLegacyTables checks the iptables-legacy detection: a fresh namespace has no legacy
+// tables, one where iptables-legacy listed its filter table (which registers it) has.
+func TestLegacyTables(t *testing.T) {
+	const ns = "prg-nflegacy"
+	testutil.TempNetns(t, ns)
+	if got := legacyTables(ns); len(got) != 0 {
+		t.Fatalf("fresh namespace: legacy tables %v, want none", got)
+	}
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Skip("no iptables-legacy")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := netnsutil.Run(ctx, ns, "iptables-legacy", "-L", "FORWARD"); err != nil {
+		t.Fatalf("iptables-legacy: %v: %s", err, out)
+	}
+	if got := legacyTables(ns); !slices.Contains(got, "filter") {
+		t.Fatalf("after iptables-legacy -L: legacy tables %v, want filter", got)
 	}
 }
 
