@@ -130,14 +130,22 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show what is attached where, the devices found, and whether each knob still holds",
 		Example: `  sudo peregrine status
   sudo peregrine status -v        # every knob with its old, set and live value
-  sudo peregrine status --json`,
+  sudo peregrine status --json  # {"node_agents": [...], "attachments": [...]}`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			states, err := datapath.AllStates()
 			if err != nil {
 				return err
 			}
+			agents, err := agent.AllStatuses()
+			if err != nil {
+				return err
+			}
 			if asJSON {
+				type agentView struct {
+					*agent.Status
+					Running bool `json:"running"`
+				}
 				type knobView struct {
 					datapath.Knob
 					Live string `json:"live"`
@@ -146,19 +154,22 @@ func newStatusCmd() *cobra.Command {
 					*datapath.State
 					Live []knobView `json:"live_knobs"`
 				}
-				var out []view
+				// Both lists are always present (empty, never null) so a script can index them.
+				out := struct {
+					NodeAgents  []agentView `json:"node_agents"`
+					Attachments []view      `json:"attachments"`
+				}{[]agentView{}, []view{}}
+				for _, a := range agents {
+					out.NodeAgents = append(out.NodeAgents, agentView{a, a.Running()})
+				}
 				for _, st := range states {
 					v := view{State: st}
 					for _, k := range st.Knobs {
 						v.Live = append(v.Live, knobView{k, datapath.CurrentValue(k)})
 					}
-					out = append(out, v)
+					out.Attachments = append(out.Attachments, v)
 				}
-				return printJSON(os.Stdout, out)
-			}
-			agents, err := agent.AllStatuses()
-			if err != nil {
-				return err
+				return printJSON(cmd.OutOrStdout(), out)
 			}
 			for _, a := range agents {
 				fmt.Print(a.Format())
