@@ -193,3 +193,37 @@ func TestSwarmLikeVXLANDev(t *testing.T) {
 		t.Fatalf("vxlan_dev=%s:\n%s", user, v.Format())
 	}
 }
+
+// TestSwarmLikeNoUnderlay: with no remote VTEP in the FDB and no default route, nothing tells
+// the underlay of a vxlan0 without dev/local: attach says to pass --underlay, and does with it.
+func TestSwarmLikeNoUnderlay(t *testing.T) {
+	const name = "fsu"
+	_, hosts := swarmLab(t, name)
+	h := hosts[0]
+	for _, k := range []string{"0", "1"} {
+		ns := "/run/" + h + "/netns/1-ov" + k
+		out, err := exec.Command("nsenter", "--net="+ns, "bridge", "fdb", "flush", "dev", "vxlan0", "self", "permanent").CombinedOutput()
+		if err != nil {
+			t.Fatalf("flush the FDB of %s: %v\n%s", ns, err, out)
+		}
+	}
+	_, err := datapath.Attach(context.Background(), h, Name, datapath.Options{})
+	if err == nil || !strings.Contains(err.Error(), "--underlay") || !strings.Contains(err.Error(), "vxlan0") {
+		t.Fatalf("attach with an undiscoverable underlay: %v", err)
+	}
+	if st, _ := datapath.LoadState(h, Name); st != nil {
+		t.Fatal("a refused attach left a record")
+	}
+	if _, err := datapath.Attach(context.Background(), h, Name, datapath.Options{Underlay: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := Inspect(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range v.Overlays {
+		if o.Underlay != h+"/eth0" || o.VTEP != "10.251.0.1" {
+			t.Fatalf("--underlay eth0: %+v", o)
+		}
+	}
+}
