@@ -33,6 +33,7 @@ const (
 type Config struct {
 	Agent  bool `json:"agent" opt:"agent" default:"true" help:"run the node agent (false: pods and devices are frozen at attach; flows still re-learn every few seconds)"`
 	OneWay bool `json:"one_way" opt:"one_way" help:"a flow the normal path delivered to a pod takes the ingress fast path without waiting for the pod's reply (one-way streams such as UDP telemetry); default: only flows carried both ways"`
+	BigTCP int  `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO/GRO sizes (IPv4 and legacy) of the pod veths, bridge, VXLAN device and underlay to this many bytes (above 65536; gso capped at each device's tso_max_size), restored on detach; packets above 64 KiB take the normal path (counted as big). 0: off"`
 }
 
 var schema = option.Declare(Name, Config{})
@@ -57,7 +58,8 @@ type modeState struct {
 	Notes   []string `json:"notes,omitempty"`
 }
 
-// Knobs: one, conntrack's TCP window check in the node's namespace. Where the node tracks
+// Knobs: with big_tcp, the GSO/GRO sizes of the overlay's devices (bigtcp.go); and
+// conntrack's TCP window check in the node's namespace. Where the node tracks
 // connections (kube-proxy's Service NAT, a stateful firewall), conntrack sees a fast-path flow
 // only on its re-learn packets, whose sequence and ack numbers are then far beyond the window
 // it last saw: strict window tracking calls them INVALID, which kube-proxy's KUBE-FORWARD (and
@@ -66,13 +68,18 @@ type modeState struct {
 // packets keep the entry alive and its state, NAT and timeouts in charge. Restored on detach.
 // Unknown options are refused here, before anything changes.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	if _, err := configOf(o); err != nil {
+	c, err := configOf(o)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := bigTCPKnobs(t, c.BigTCP)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := netnsutil.ReadFileIn(t.Host, conntrackLiberal); err != nil {
-		return nil, nil // no conntrack in this kernel or namespace: nothing to relax
+		return ks, nil // no conntrack in this kernel or namespace: nothing to relax
 	}
-	return []datapath.Knob{{Netns: t.Host, Path: conntrackLiberal, New: "1"}}, nil
+	return append(ks, datapath.Knob{Netns: t.Host, Path: conntrackLiberal, New: "1"}), nil
 }
 
 const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
