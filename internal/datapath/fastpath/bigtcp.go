@@ -3,6 +3,7 @@ package fastpath
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 
@@ -18,8 +19,11 @@ import (
 //     gso_ipv4_max_size; GRO at either end may merge up to gro_ipv4_max_size;
 //   - the bridge and the VXLAN device: the normal path carries the big packets (the fast path
 //     leaves them there, FP_R_BIG) and the VXLAN device encapsulates them whole;
-//   - the underlay: its GRO builds the big packets a receiving pod gets; its GSO sizes let a
-//     big encapsulated packet leave whole where the NIC segments it.
+//   - the underlay: its GSO sizes let a big encapsulated packet leave whole where the NIC
+//     segments it. Its GRO sizes stay: the receive fast path leaves frames above 64 KiB to the
+//     normal path, whose gro_cells and veth backlog queue them, so the small packets of the
+//     same flow the fast path delivers at once would overtake them (reordering). At 64 KiB
+//     every frame of a flow takes one path.
 // gso sizes cannot exceed a device's tso_max_size (the kernel refuses); a device that cannot
 // carry more than 64 KiB makes attach refuse, naming it, rather than half-apply.
 
@@ -38,7 +42,10 @@ func bigTCPKnobs(t *datapath.Topology, size int) ([]datapath.Knob, error) {
 	if size <= bigTCPMin {
 		return nil, fmt.Errorf("fastpath: big_tcp %d: BIG TCP is a size above 64 KiB (%d), up to 524280; 0 leaves it off", size, bigTCPMin)
 	}
-	type nd struct{ ns, name string }
+	type nd struct {
+		ns, name string
+		nic      bool
+	}
 	var devs []nd
 	seen := map[nd]bool{}
 	add := func(d nd) {
@@ -50,9 +57,9 @@ func bigTCPKnobs(t *datapath.Topology, size int) ([]datapath.Knob, error) {
 	for _, d := range t.Devs {
 		switch d.Stage {
 		case datapath.StageNIC, datapath.StageVXLAN, datapath.StageVethHost, datapath.StageVeth:
-			add(nd{d.Netns, d.Name})
+			add(nd{d.Netns, d.Name, d.Stage == datapath.StageNIC})
 			if d.Master != "" {
-				add(nd{d.Netns, d.Master})
+				add(nd{d.Netns, d.Master, false})
 			}
 		}
 	}
@@ -71,8 +78,10 @@ func bigTCPKnobs(t *datapath.Topology, size int) ([]datapath.Knob, error) {
 		gso := min(size, int(tso))
 		for _, a := range bigTCPAttrs {
 			v := size
-			if a == "gso_max_size" || a == "gso_ipv4_max_size" {
+			if strings.HasPrefix(a, "gso") {
 				v = gso
+			} else if d.nic {
+				continue
 			}
 			ks = append(ks, datapath.Knob{Netns: d.ns, Path: datapath.LinkKnobPath(d.name, a), New: strconv.Itoa(v)})
 		}

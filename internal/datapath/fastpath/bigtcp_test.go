@@ -26,14 +26,14 @@ func TestBigTCPKnobsRefuse(t *testing.T) {
 }
 
 // On a device that allows it (loopback: tso_max_size 524280 on kernels with IPv4 BIG TCP),
-// every size attribute gets a knob; gso sizes never exceed tso_max_size; devices of other
-// stages are left alone.
+// every size attribute gets a knob (once per device); gso sizes never exceed tso_max_size;
+// devices of other stages are left alone; the underlay keeps its GRO sizes.
 func TestBigTCPKnobsLoopback(t *testing.T) {
 	tso, err := tsoMax("", "lo")
 	if err != nil || tso <= bigTCPMin {
 		t.Skipf("loopback cannot carry BIG TCP here (tso_max_size %d, %v)", tso, err)
 	}
-	topo := &datapath.Topology{Devs: []datapath.Dev{{Name: "lo", Stage: datapath.StageNIC}, {Name: "lo", Stage: datapath.StageVXLAN}, {Name: "x", Stage: "other"}}}
+	topo := &datapath.Topology{Devs: []datapath.Dev{{Name: "lo", Stage: datapath.StageVXLAN}, {Name: "lo", Stage: datapath.StageVethHost}, {Name: "x", Stage: "other"}}}
 	ks, err := bigTCPKnobs(topo, 600000)
 	if err != nil {
 		t.Fatal(err)
@@ -49,3 +49,15 @@ func TestBigTCPKnobsLoopback(t *testing.T) {
 	}
 }
 
+func TestBigTCPKnobsUnderlayKeepsGRO(t *testing.T) {
+	if tso, err := tsoMax("", "lo"); err != nil || tso <= bigTCPMin {
+		t.Skipf("loopback cannot carry BIG TCP here (tso_max_size %d, %v)", tso, err)
+	}
+	ks, err := bigTCPKnobs(&datapath.Topology{Devs: []datapath.Dev{{Name: "lo", Stage: datapath.StageNIC}}}, 200000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ks) != 2 || !strings.Contains(ks[0].Path, "gso") || !strings.Contains(ks[1].Path, "gso") {
+		t.Errorf("underlay knobs %+v", ks)
+	}
+}
