@@ -58,6 +58,13 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
+	/* Above 64 KiB (BIG TCP): the normal path's. On egress this reorders nothing: the bridge,
+	 * forwarding and the VXLAN device run synchronously, as the fast path does, from the
+	 * same veth backlog. */
+	if (ctx->len > FP_IP_MAX + sizeof(struct ethhdr)) {
+		count(FP_DIR_TX, FP_R_BIG);
+		return TCX_NEXT;
+	}
 	struct fp_flow *f = begin_out(ctx, &p, &k);
 	if (!f)
 		return TCX_NEXT;
@@ -205,6 +212,12 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
+	/* A frame GRO built above 64 KiB (the underlay's gro_ipv4_max_size raised): the normal
+	 * path's, as on egress. */
+	if (ctx->len > FP_IP_MAX + sizeof(struct ethhdr)) {
+		count(FP_DIR_RX, FP_R_BIG);
+		return TCX_NEXT;
+	}
 	outer(ctx, cfg, &o);
 	if (o.daddr != cfg->vtep || ctx->pkt_type != 0 /* PACKET_HOST */) {
 		count(FP_DIR_RX, FP_R_OTHER);

@@ -19,6 +19,10 @@
 #define FP_ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
 #define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
 #define FP_MAX_FLOWS 65536
+/* The largest IPv4 packet whose tot_len holds its length. BIG TCP (option big_tcp) builds larger
+ * GSO packets and sets their tot_len to 0 (the kernel's iph_set_totlen): the shared parser
+ * refuses such headers, so the fast path leaves them to the normal path (FP_R_BIG). */
+#define FP_IP_MAX 65535
 #define FP_MAX_PODS 4096
 /* Overlays one attachment serves (docker swarm: ingress plus each user overlay). */
 #define FP_MAX_OVL 16
@@ -69,6 +73,7 @@ enum {
 	FP_R_LEARN,  /* learners: a direction learned from the normal path */
 	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
 	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
+	FP_R_BIG,    /* a BIG TCP packet (above 64 KiB, IPv4 tot_len 0): normal path */
 	FP_R_N,
 };
 #define FP_DIR_TX 0

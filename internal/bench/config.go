@@ -135,6 +135,9 @@ func ParseConfigs(list string) ([]Config, error) {
 func ModeConfigs(style string, modes []string) ([]Config, error) {
 	out := []Config{{Style: lab.StyleNative, Mode: ModeVanilla}}
 	for _, m := range modes {
+		if m == lab.StyleNative {
+			continue // always measured, as the baseline; accepted so "--modes native,vanilla,..." reads as meant
+		}
 		c, err := ParseConfig(style + "/" + m)
 		if err != nil {
 			return nil, err

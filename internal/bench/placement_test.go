@@ -86,3 +86,18 @@ func TestFillPlacements(t *testing.T) {
 		t.Errorf("a second fill found something to fill: %q", notes)
 	}
 }
+
+// `bench compare --modes native,vanilla,fastpath` measures native once, as the baseline.
+func TestModeConfigsNativeOnce(t *testing.T) {
+	cs, err := ModeConfigs("flannel", []string{"native", "vanilla", "fastpath"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Name())
+	}
+	if len(cs) != 3 || names[0] != "native" || names[1] != "flannel/vanilla" || names[2] != "flannel/fastpath" {
+		t.Errorf("configs %v", names)
+	}
+}

@@ -48,11 +48,11 @@ func rxQueueKnobs(d Dev, file string) ([]string, error) {
 // readKnobs fills Old for every knob; it changes nothing.
 func readKnobs(ks []Knob) error {
 	for i := range ks {
-		s, err := netnsutil.ReadFileIn(ks[i].Netns, ks[i].Path)
+		s, err := knobRead(ks[i])
 		if err != nil {
 			return fmt.Errorf("read %s: %w", ks[i], err)
 		}
-		ks[i].Old = strings.TrimSpace(s)
+		ks[i].Old = s
 	}
 	return nil
 }
@@ -73,7 +73,7 @@ func writeKnobs(ks []Knob, restore bool) []error {
 		if k.Netns != "" && !netnsutil.Exists(k.Netns) {
 			continue // the namespace is gone, and its knobs with it
 		}
-		if err := netnsutil.WriteFileIn(k.Netns, k.Path, v); err != nil {
+		if err := knobWrite(k, v); err != nil {
 			if restore && errors.Is(err, os.ErrNotExist) && deviceGone(k) {
 				continue // the device was removed (a container went away), and its knob with it
 			}
@@ -85,6 +85,9 @@ func writeKnobs(ks []Knob, restore bool) []error {
 
 // deviceGone tells whether the device a /sys/class/net knob belongs to no longer exists.
 func deviceGone(k Knob) bool {
+	if dev, _, isLink, err := parseLinkKnob(k.Path); isLink {
+		return err == nil && linkGone(k.Netns, dev)
+	}
 	rest, ok := strings.CutPrefix(k.Path, "/sys/class/net/")
 	if !ok {
 		return false
@@ -101,11 +104,11 @@ func deviceGone(k Knob) bool {
 
 // CurrentValue reads a knob's live value.
 func CurrentValue(k Knob) string {
-	s, err := netnsutil.ReadFileIn(k.Netns, k.Path)
+	s, err := knobRead(k)
 	if err != nil {
 		return "?(" + err.Error() + ")"
 	}
-	return strings.TrimSpace(s)
+	return s
 }
 
 // SameValue compares a live knob value with a set one (CPU masks compare by value).

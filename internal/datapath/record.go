@@ -22,10 +22,13 @@ var (
 // checkKnobPath refuses a knob file outside /sys/class/net/DEV[/queues/Q]/FILE and
 // /proc/sys/net/...: whatever a record says, detach writes nowhere else.
 func checkKnobPath(p string) error {
+	if _, _, isLink, err := parseLinkKnob(p); isLink {
+		return err
+	}
 	if filepath.Clean(p) == p && (sysNetKnob.MatchString(p) || procNetKnob.MatchString(p)) {
 		return nil
 	}
-	return fmt.Errorf("knob path %q is not a network knob (/sys/class/net/DEV/[queues/rx-N/]FILE or /proc/sys/net/...)", p)
+	return fmt.Errorf("knob path %q is not a network knob (/sys/class/net/DEV/[queues/rx-N/]FILE, /proc/sys/net/... or link:DEV/ATTR)", p)
 }
 
 // checkRecord refuses a record read from file whose mode name, file name, knobs or pins are not

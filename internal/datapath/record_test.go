@@ -31,6 +31,12 @@ func TestKnobPathsAreNetworkKnobsOnly(t *testing.T) {
 		"/proc/sys/net/../kernel/core_pattern":  false,
 		"sys/class/net/eth0/mtu":                false,
 		"":                                      false,
+		"link:veth1/gso_ipv4_max_size":          true,
+		"link:flannel.1/gro_max_size":           true,
+		"link:eth0/mtu":                         false, // only the GSO/GRO sizes
+		"link:eth0/../gso_max_size":             false,
+		"link:a b/gso_max_size":                 false,
+		"link:sixteen-chars-xx/gso_max_size":    false,
 	} {
 		if err := checkKnobPath(p); (err == nil) != ok {
 			t.Errorf("%q: %v, want allowed=%v", p, err, ok)

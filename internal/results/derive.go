@@ -7,7 +7,7 @@ import "slices"
 var MainMetrics = []string{
 	MetricThroughput, MetricDeliveredPPS, MetricRequests,
 	MetricLatencyP50, MetricLatencyP99, MetricLatencyP999, MetricLatencyAvg,
-	MetricLoss, MetricCPUBusy,
+	MetricLoss, MetricRetransSegs, MetricDrops, MetricCPUBusy,
 }
 
 // costMetricsCompared are the cost figures every run also states as ratios against the

@@ -21,9 +21,15 @@ const (
 	MetricLatencyP999  = "latency_p999_us"
 	MetricRequests     = "requests_rps" // memcached/nginx operations per second
 	MetricRetransmits  = "retransmits_count"
-	MetricLoss         = "loss_frac"      // UDP: 1 - delivered/sent
-	MetricCPUBusy      = "cpu_busy_cores" // receiver busy CPU, in cores (1.0 = one core saturated)
-	MetricNetRX        = "softirqs_net_rx_count"
+	// MetricRetransSegs is the sending namespace's Tcp.RetransSegs over the repetition (the
+	// kernel's count, for every TCP workload); MetricDrops the packets dropped on the path: every
+	// CPU's backlog (softnet) plus every device of the testbed's namespaces (rx and tx drops).
+	// Every benchmark reports both beside its rate (internal/bench/probes).
+	MetricRetransSegs = "retransmits_segs_count"
+	MetricDrops       = "drops_count"
+	MetricLoss        = "loss_frac"      // UDP: 1 - delivered/sent
+	MetricCPUBusy     = "cpu_busy_cores" // receiver busy CPU, in cores (1.0 = one core saturated)
+	MetricNetRX       = "softirqs_net_rx_count"
 	// MetricIRQs is every interrupt /proc/interrupts counted during the repetition, summed over
 	// CPUs and rows (device IRQs, IPIs, local timer, ...); IRQMetric names one kind of them.
 	MetricIRQs = "irqs_count"

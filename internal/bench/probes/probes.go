@@ -101,6 +101,7 @@ type Rep struct {
 	other   *otherLoad
 	before  stage.Snapshot
 	progs   map[ebpf.ProgramID]bpfstats.Sample
+	links   linkDrops
 }
 
 // Begin starts sampling a repetition on a testbed's measured pair. The receiver's counters say
@@ -116,6 +117,7 @@ func (s *Set) Begin(tb *testbed.Testbed) (*Rep, error) {
 		return nil, errors.New("probes: " + err.Error())
 	}
 	r.other = startOtherLoad()
+	r.links = readLinkDrops(tb.Namespaces())
 	if s.stage != nil {
 		r.before, _ = s.stage.Snapshot()
 	}
@@ -135,9 +137,11 @@ func (r *Rep) End(rep *results.Rep) {
 	if r.progs != nil {
 		rep.Programs = append(s.costs.programRuns(r.tb, r.progs, s.costs.sample(r.tb)), rep.Programs...)
 	}
+	links := readLinkDrops(r.tb.Namespaces())
 	if rpt, err := r.sampler.Stop(); err == nil && rpt != nil {
 		fillProbes(rep, rpt, r.tb.Receiver.Netns, r.tb.Sender.Netns)
 	}
+	fillDrops(rep, links.since(r.links), len(r.links) > 0 && len(links) > 0)
 	r.other.finish(rep)
 	if s.stage != nil {
 		d := after.Sub(r.before)

@@ -37,6 +37,7 @@ type Config struct {
 	// VXLANDev limits the fast path to the named VXLAN devices (names such as vxlan0, or
 	// netns/name where several namespaces hold one of that name, as status prints them).
 	VXLANDev []string `json:"vxlan_dev,omitempty" opt:"vxlan_dev" help:"only these VXLAN devices (name, or netns/name as status shows it; repeatable); default: every VXLAN overlay of the node, each with its own config"`
+	BigTCP   int      `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO and GRO sizes (IPv4 and legacy) of the pod veths, bridge and VXLAN device, and the underlay's GSO sizes, to this many bytes (above 65536, at most 524280; GSO capped at each device's tso_max_size); restored on detach. Packets above 64 KiB take the normal path (counted as big). 0: off"`
 }
 
 var schema = option.Declare(Name, Config{})
@@ -73,7 +74,8 @@ func (ms *modeState) overlays() []*overlay {
 	return nil
 }
 
-// Knobs: one, conntrack's TCP window check in the node's namespace. Where the node tracks
+// Knobs: with big_tcp, the GSO/GRO sizes of the overlay's devices (bigtcp.go); and
+// conntrack's TCP window check in the node's namespace. Where the node tracks
 // connections (kube-proxy's Service NAT, a stateful firewall), conntrack sees a fast-path flow
 // only on its re-learn packets, whose sequence and ack numbers are then far beyond the window
 // it last saw: strict window tracking calls them INVALID, which kube-proxy's KUBE-FORWARD (and
@@ -82,13 +84,18 @@ func (ms *modeState) overlays() []*overlay {
 // packets keep the entry alive and its state, NAT and timeouts in charge. Restored on detach.
 // Unknown options are refused here, before anything changes.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
-	if _, err := configOf(o); err != nil {
+	c, err := configOf(o)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := bigTCPKnobs(t, c.BigTCP)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := netnsutil.ReadFileIn(t.Host, conntrackLiberal); err != nil {
-		return nil, nil // no conntrack in this kernel or namespace: nothing to relax
+		return ks, nil // no conntrack in this kernel or namespace: nothing to relax
 	}
-	return []datapath.Knob{{Netns: t.Host, Path: conntrackLiberal, New: "1"}}, nil
+	return append(ks, datapath.Knob{Netns: t.Host, Path: conntrackLiberal, New: "1"}), nil
 }
 
 const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"

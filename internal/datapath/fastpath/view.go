@@ -10,7 +10,7 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
-	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat"}
+	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
