@@ -34,6 +34,8 @@ type benchFlags struct {
 	hpRT                          bool
 	injector, rates               string
 	tor, napiThread               bool
+	sameNode, viaService          bool
+	proxyMode                     string
 }
 
 func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
@@ -80,7 +82,8 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 			return o, fmt.Errorf("%s: %w", x.flag, err)
 		}
 	}
-	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT}
+	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT,
+		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode}
 	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
 	if b.rates != "" {
 		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {
@@ -199,6 +202,9 @@ func newBenchCompareCmd() *cobra.Command {
 	b.add(c, true)
 	c.Flags().StringVar(&modes, "modes", "vanilla,rps", "datapath modes to compare (vanilla = nothing attached)")
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker or flannel")
+	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload)")
+	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP (kube-proxy style rules, lab up --services; flannel style, TCP) whose one backend is the receiver, instead of the receiver's own address")
+	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service: kube-proxy's mode, iptables (default) or nftables")
 	return c
 }
 
