@@ -21,7 +21,8 @@ import (
 //     random choice spreads them), each stream byte-exact with the backend conntrack chose
 //     for it; the same-node backend's packets go pod to pod, the remote one's over the
 //     overlay's fast path, and the hairpin (MASQUERADEd by kube-proxy) stays on the normal
-//     path, counted "nat", with no hit.
+//     path, counted "nat", with no hit;
+//   - to default/one's NodePort on its own node's address: masqueraded, so "nat", no hit.
 func TestSameNodeAndServiceBackends(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
 		t.Run(mode, func(t *testing.T) {
@@ -134,6 +135,27 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 			}
 			if len(done) < 3 {
 				t.Fatalf("only %v of the backends answered in 60 connections", done)
+			}
+
+			// NodePort from a pod: the client node's own address, port ServiceNodePort, DNATs
+			// to default/one's backend on the other node and kube-proxy masquerades it to the
+			// node's address: works, stays on the normal path, counted "nat".
+			one := l.Services[0]
+			b := egress()
+			c = dialIn(t, client.Netns, fmt.Sprintf("%s:%d", l.Hosts[0].AddrOnly(), lab.ServiceNodePort))
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			r = bufio.NewReader(c)
+			if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != one.Backends[0].Node {
+				t.Fatalf("NodePort greeting %q, %v", line, err)
+			}
+			if n, err = streamEcho(c, r, 1500*time.Millisecond, 99); err != nil {
+				t.Fatalf("NodePort stream: %v", err)
+			}
+			c.Close()
+			a := egress()
+			t.Logf("%s: NodePort: %d bytes echoed; client node egress hits %d, nat %d", mode, n, a["hit"]-b["hit"], a["nat"]-b["nat"])
+			if a["nat"]-b["nat"] < 10 || a["hit"] != b["hit"] {
+				t.Fatalf("NodePort from a pod: nat %d, hits %d (want counted nat, no hit)", a["nat"]-b["nat"], a["hit"]-b["hit"])
 			}
 		})
 	}
