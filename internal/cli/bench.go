@@ -192,6 +192,11 @@ func newBenchCompareCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if b.sameNode || b.viaService {
+				// No native baseline: it has no pods on one node and no Services; the first
+				// mode (vanilla) is the baseline.
+				cfgs = cfgs[1:]
+			}
 			o, err := b.options(cfgs, args[0])
 			if err != nil {
 				return err
