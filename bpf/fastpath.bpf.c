@@ -78,6 +78,8 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_TTL);
 		return TCX_NEXT;
 	}
+	if (f->flags & FP_F_LOCAL) /* to a pod on this node: fastpath_local.h */
+		return local_tx(ctx, cfg, f, &k, &p);
 	/* Outer IPv4 length of the (largest) frame on the wire. */
 	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
 	if (wire > cfg->mtu) {
@@ -321,6 +323,7 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	} else if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl) {
 		return TCX_NEXT; /* not a flow the fast path handed over */
 	}
+	local_forget(f);
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
 	/* Translated or not, as the normal path did it this time (rules can change). */
@@ -347,10 +350,14 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_key k = {};
 	struct fp_pkt p;
 
-	if (ctx->tc_index == PRG_TC_INDEX_LEARN || ctx->tc_index == FP_TC_INDEX_OUT) /* handovers': give it back */
+	int handed = ctx->tc_index == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
+	if (ctx->tc_index == PRG_TC_INDEX_LEARN || handed) /* handovers': give it back */
 		ctx->tc_index = 0;
-	if (!fp_config() || parse(ctx, 0, &p))
+	struct fp_cfg *cfg = fp_config();
+	if (!cfg || parse(ctx, 0, &p))
 		return TCX_NEXT;
+	if (!(cfg->flags & FP_C_DOCKER))
+		local_learn(ctx, &p, handed); /* same node: fastpath_local.h */
 	key_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)

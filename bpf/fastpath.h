@@ -48,6 +48,9 @@
 #define FP_F_ALIAS 8 /* not a flow: the translated view of flow (local, nat_addr, lport, nat_port) */
 #define FP_F_NATX 16 /* the normal path translates the flow in a way the fast path does not
 		      * reproduce (source NAT, a changed protocol): it stays there */
+#define FP_F_LOCAL 32 /* same node: egress delivers to a local pod (fastpath_local.h) */
+#define FP_F_SNAT 64  /* same node: egress rewrites the source to nat_addr:nat_port (a Service
+		       * backend's reply, as conntrack reverses the DNAT) */
 
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
@@ -74,6 +77,7 @@ enum {
 	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
 	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
 	FP_R_BIG,    /* a BIG TCP packet (above 64 KiB, IPv4 tot_len 0): normal path */
+	FP_R_LOCAL,  /* egress: of the hits, those delivered to a pod on this node (also counted as hit) */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -119,6 +123,7 @@ struct fp_flow {
 	__u32 nat_addr;         /* FP_F_DNAT: the backend; FP_F_ALIAS: the Service address */
 	__u16 nat_port;         /* network order, as nat_addr */
 	__u16 pad;
+	__u32 loc_ifindex;      /* FP_F_LOCAL: the receiving pod's host-side veth */
 };
 
 /* Which overlay this copy of the programs serves: its config (prg_fastpath_cfg[fp_ovl]), its
@@ -425,5 +430,7 @@ static __always_inline __u16 ip_csum(const struct iphdr *ip)
 	c = (c & 0xffff) + (c >> 16);
 	return ~c;
 }
+
+#include "fastpath_local.h"
 
 #endif /* PRG_FASTPATH_H */

@@ -46,8 +46,8 @@ func (s *Scenario) validateBackground() error {
 
 // containers per host: a second pair carries the background.
 func (s *Scenario) containers() int {
-	if s.Background != "" {
-		return 2
+	if s.Background != "" || s.SameNode || s.ViaService {
+		return 2 // a second pod per host (lab Services need 3 pods in all)
 	}
 	return 1
 }

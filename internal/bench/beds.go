@@ -25,7 +25,11 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 	}
 	for i, c := range o.Configs {
 		spec := testbed.Spec{Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
-			ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != ""}
+			ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
+			SameNode: o.Scenario.SameNode}
+		if o.Scenario.ViaService {
+			spec.ProxyMode = o.Scenario.ProxyMode
+		}
 		var stack []string
 		for _, m := range c.Stack {
 			spec.Stack = append(spec.Stack, testbed.Attach{Mode: m.Mode, Extra: mergeExtra(o.modeExtra(m.Mode), m.Extra)})
@@ -51,7 +55,8 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 // bedOf pairs a testbed with the run's CPU arrangement.
 func (o *Options) bedOf(tb *testbed.Testbed) bed {
 	return bed{Testbed: tb, pair: pair{lab: tb.Lab, sender: tb.Sender, receiver: tb.Receiver, senderHost: tb.SenderHost,
-		appCPUs: o.AppCPUs, senderCPUs: o.SenderCPUs, bgSender: tb.BGSender, bgReceiver: tb.BGReceiver}}
+		appCPUs: o.AppCPUs, senderCPUs: o.SenderCPUs, bgSender: tb.BGSender, bgReceiver: tb.BGReceiver,
+		connect: tb.Connect, serverPort: tb.ServerPort}}
 }
 
 // mergeExtra lays a config's own mode options over the run-wide ones.

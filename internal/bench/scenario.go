@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -50,6 +52,12 @@ type Scenario struct {
 	// Rates sweeps udp-inject's offered load (packets/s, 0 = as fast as the sender goes): each
 	// is a point with x "rate". Empty: one point at Rate.
 	Rates []int
+	// SameNode measures between two pods of one node (the sender's host), not across the
+	// overlay; ViaService has the client connect to a ClusterIP (a flannel lab with kube-proxy
+	// style Services, mode ProxyMode) whose one backend is the receiver. tcp/udp/pingpong/
+	// underload only (the tools that take a connect address), not both at once.
+	SameNode, ViaService bool
+	ProxyMode            string // with ViaService: iptables (default) or nftables
 }
 
 // scenarioDef is the fixed part of each named scenario.
@@ -130,6 +138,9 @@ func (s *Scenario) Validate() error {
 	if s.Proto != "tcp" && s.Proto != "udp" {
 		return fmt.Errorf("protocol %q: use tcp or udp", s.Proto)
 	}
+	if err := s.validatePair(); err != nil {
+		return err
+	}
 	for _, sz := range s.Sizes {
 		// nginx's size is the file served (EZPath's nginx runs use 1 KB and 1 MB files); the
 		// others' is a message.
@@ -208,4 +219,35 @@ func (s Scenario) EstimatedDuration(configs int) time.Duration {
 	_ = s.Validate()
 	n := len(s.points()) * (s.Reps + s.Warmup) * configs
 	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
+}
+
+// validatePair checks the pair options (SameNode, ViaService) against the scenario.
+func (s *Scenario) validatePair() error {
+	if s.ProxyMode != "" && !s.ViaService {
+		return fmt.Errorf("proxy mode %q needs --via-service", s.ProxyMode)
+	}
+	if !s.SameNode && !s.ViaService {
+		return nil
+	}
+	switch {
+	case s.SameNode && s.ViaService:
+		return errors.New("--same-node and --via-service together are not supported: the lab's one-backend Service has its backend on the other node")
+	case s.Background != "" && s.Background != "none":
+		return errors.New("--same-node/--via-service: no background pair (the lab's second pods are taken)")
+	}
+	switch s.Name {
+	case "tcp", "udp", "pingpong", "underload":
+	default:
+		return fmt.Errorf("--same-node/--via-service: scenario %s is not supported (tcp, udp, pingpong, underload)", s.Name)
+	}
+	if s.ViaService {
+		s.ProxyMode = cmp.Or(s.ProxyMode, "iptables")
+		if s.ProxyMode != "iptables" && s.ProxyMode != "nftables" {
+			return fmt.Errorf("proxy mode %q: iptables or nftables", s.ProxyMode)
+		}
+		if s.Name == "udp" || (s.Name != "tcp" && s.Proto != "tcp") {
+			return errors.New("--via-service: TCP only (the lab's Services are TCP)")
+		}
+	}
+	return nil
 }

@@ -26,6 +26,10 @@ type pair struct {
 	senderCPUs []int
 	// bgSender, bgReceiver carry the background (LP) traffic when the scenario has one.
 	bgSender, bgReceiver lab.Node
+	// connect, set, is the ClusterIP:port the client connects to, translated to the
+	// receiver's serverPort.
+	connect    string
+	serverPort int
 }
 
 // sinkPort is where the udp-inject sink listens in the receiver.
@@ -60,6 +64,7 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 	case "tcp", "udp":
 		var r workload.Iperf3Result
 		r, err = workload.Iperf3Config{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
+			Port: p.serverPort, Connect: p.connect,
 			Duration: d, UDP: s.Name == "udp", Streams: flows, Length: size, ServerCPUs: srv, ClientCPUs: cli}.Run(ctx)
 		raw = r
 		m[results.MetricThroughput] = r.ReceivedBps
@@ -86,6 +91,7 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		}
 		var r workload.SockperfResult
 		r, err = workload.SockperfConfig{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
+			Port: p.serverPort, Connect: p.connect,
 			Mode: mode, TCP: s.Proto == "tcp", MsgSize: size, Duration: d, MPS: s.Rate, ServerCPUs: srv, ClientCPUs: cli,
 			RTPriority: s.hpRTPriority()}.Run(ctx)
 		raw = r

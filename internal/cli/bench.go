@@ -34,6 +34,8 @@ type benchFlags struct {
 	hpRT                          bool
 	injector, rates               string
 	tor, napiThread               bool
+	sameNode, viaService          bool
+	proxyMode                     string
 }
 
 func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
@@ -80,7 +82,8 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 			return o, fmt.Errorf("%s: %w", x.flag, err)
 		}
 	}
-	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT}
+	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT,
+		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode}
 	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
 	if b.rates != "" {
 		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {
@@ -176,7 +179,9 @@ func newBenchCompareCmd() *cobra.Command {
 		Use:   "compare SCENARIO",
 		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path",
 		Example: `  peregrine bench compare tcp --modes vanilla,rps
-  peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024`,
+  peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024
+  peregrine bench compare tcp --modes vanilla,fastpath --style flannel --via-service --proxy-mode nftables
+  peregrine bench compare tcp --modes vanilla,fastpath --style flannel --same-node`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ms []string
@@ -189,6 +194,11 @@ func newBenchCompareCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if b.sameNode || b.viaService {
+				// No native baseline: it has no pods on one node and no Services; the first
+				// mode (vanilla) is the baseline.
+				cfgs = cfgs[1:]
+			}
 			o, err := b.options(cfgs, args[0])
 			if err != nil {
 				return err
@@ -199,6 +209,9 @@ func newBenchCompareCmd() *cobra.Command {
 	b.add(c, true)
 	c.Flags().StringVar(&modes, "modes", "vanilla,rps", "datapath modes to compare (vanilla = nothing attached)")
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker or flannel")
+	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
+	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP (kube-proxy style rules, lab up --services; flannel style, TCP) whose one backend is the receiver, instead of the receiver's own address (no native baseline: the first mode is the baseline)")
+	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service: kube-proxy's mode, iptables (default) or nftables")
 	return c
 }
 

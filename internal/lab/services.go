@@ -6,7 +6,8 @@ package lab
 // Two Services, TCP, port ServicePort, both targeting VerifyPort on their backend pods (where
 // Verify's echo listeners are, so the greeting names the backend a connection landed on):
 //
-//	default/one    ServiceAddr(1)  one backend:    the first container of the last host
+//	default/one    ServiceAddr(1)  one backend:    the first container of the last host;
+//	                               also NodePort ServiceNodePort on every node's addresses
 //	default/three  ServiceAddr(3)  three backends: spread over the hosts (see serviceBackends)
 //
 // ClusterIPs come from ServiceCIDR (198.18.255.0/24: RFC 2544, outside the underlay's /24 and
@@ -49,6 +50,11 @@ const ServiceCIDR = "198.18.255.0/24"
 // ServicePort is the port every lab Service listens on (its target port is VerifyPort).
 const ServicePort = 80
 
+// ServiceNodePort is default/one's NodePort (kube-proxy's range is 30000-32767): any local
+// address of a node, port ServiceNodePort, reaches the Service; kube-proxy masquerades such
+// traffic (externalTrafficPolicy Cluster), so replies come back through the node.
+const ServiceNodePort = 30080
+
 // masqMark is kube-proxy's default masquerade mark bit (--iptables-masquerade-bit 14).
 const masqMark = "0x4000"
 
@@ -58,6 +64,7 @@ type Service struct {
 	ClusterIP string    `json:"cluster_ip"`
 	Port      int       `json:"port"`
 	Protocol  string    `json:"protocol"`
+	NodePort  int       `json:"node_port,omitempty"`
 	Backends  []Backend `json:"backends"`
 }
 
@@ -86,7 +93,9 @@ func (s *Spec) LabServices() []Service {
 	mk := func(name string, n int, bs []Backend) Service {
 		return Service{Name: "default/" + name, ClusterIP: ServiceAddr(n).String(), Port: ServicePort, Protocol: "tcp", Backends: bs}
 	}
-	return []Service{mk("one", 1, backends[:1]), mk("three", 3, backends[1:4])}
+	one := mk("one", 1, backends[:1])
+	one.NodePort = ServiceNodePort
+	return []Service{one, mk("three", 3, backends[1:4])}
 }
 
 // serviceBackends picks the pods: [0] is "one"'s backend (h<last>-c1), [1:4] are "three"'s,
@@ -194,6 +203,9 @@ func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 	}
 	for _, sv := range svcs {
 		p(":%s - [0:0]", svcChain(sv))
+		if sv.NodePort != 0 {
+			p(":%s - [0:0]", extChain(sv))
+		}
 		for _, be := range sv.Backends {
 			p(":%s - [0:0]", sepChain(sv, be))
 		}
@@ -219,6 +231,12 @@ func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 			}
 			p(`-A %s -m comment --comment "%s -> %s"%s -j %s`, svcChain(sv), sv.portName(), be.Target(), stat, sepChain(sv, be))
 		}
+		if sv.NodePort != 0 {
+			c := fmt.Sprintf(`-m comment --comment "%s"`, sv.portName())
+			p(`-A KUBE-NODEPORTS %s -m %s -p %s --dport %d -j %s`, c, sv.Protocol, sv.Protocol, sv.NodePort, extChain(sv))
+			p(`-A %s -m comment --comment "masquerade traffic for %s external destinations" -j KUBE-MARK-MASQ`, extChain(sv), sv.portName())
+			p(`-A %s -j %s`, extChain(sv), svcChain(sv))
+		}
 		for _, be := range sv.Backends {
 			c := fmt.Sprintf(`-m comment --comment "%s"`, sv.portName())
 			// Hairpin: a pod reaching itself is masqueraded, or it would answer itself directly.
@@ -235,10 +253,11 @@ func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 	p(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark %s/%s -j ACCEPT`, masqMark, masqMark)
 	p(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
 	p("COMMIT")
-	return w.String() // KUBE-NODEPORTS stays empty: the lab has no NodePort Services
+	return w.String()
 }
 
 func svcChain(sv Service) string { return "KUBE-SVC-" + kubeHash(sv.portName(), sv.Protocol) }
+func extChain(sv Service) string { return "KUBE-EXT-" + kubeHash(sv.portName(), sv.Protocol) }
 func sepChain(sv Service, be Backend) string {
 	return "KUBE-SEP-" + kubeHash(sv.portName(), sv.Protocol, be.Target())
 }
@@ -269,11 +288,19 @@ func nftRuleset(svcs []Service, clusterCIDR string) string {
 	p("  chain filter-forward { type filter hook forward priority -110; policy accept; ct state invalid drop; }")
 	p("  set cluster-ips { type ipv4_addr; comment \"Active ClusterIPs\"; }")
 	p("  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"; }")
-	p("  chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }")
+	p("  map service-nodeports { type inet_proto . inet_service : verdict; comment \"NodePort traffic\"; }")
+	// NodePorts last, on the node's own addresses (not loopback), as kube-proxy matches them.
+	p("  chain services {")
+	p("    ip daddr . meta l4proto . th dport vmap @service-ips")
+	p("    fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports")
+	p("  }")
 	for _, sv := range svcs {
 		var arms []string
 		for k, be := range sv.Backends {
 			arms = append(arms, fmt.Sprintf("%d : goto %s", k, nftEndpointChain(sv, be)))
+		}
+		if sv.NodePort != 0 {
+			p("  chain %s { jump mark-for-masquerade; goto %s; }", nftExternalChain(sv), nftServiceChain(sv))
 		}
 		p("  chain %s {", nftServiceChain(sv))
 		p("    ip daddr %s %s dport %d ip saddr != %s jump mark-for-masquerade", sv.ClusterIP, sv.Protocol, sv.Port, clusterCIDR)
@@ -290,6 +317,9 @@ func nftRuleset(svcs []Service, clusterCIDR string) string {
 	for _, sv := range svcs {
 		p("add element ip %s cluster-ips { %s }", NFTTable, sv.ClusterIP)
 		p("add element ip %s service-ips { %s . %s . %d : goto %s }", NFTTable, sv.ClusterIP, sv.Protocol, sv.Port, nftServiceChain(sv))
+		if sv.NodePort != 0 {
+			p("add element ip %s service-nodeports { %s . %d : goto %s }", NFTTable, sv.Protocol, sv.NodePort, nftExternalChain(sv))
+		}
 	}
 	return w.String()
 }
@@ -297,6 +327,11 @@ func nftRuleset(svcs []Service, clusterCIDR string) string {
 // nftServiceChain is "service-<8 hash chars>-<namespace>/<name>/<protocol>/<port name>".
 func nftServiceChain(sv Service) string {
 	return fmt.Sprintf(`service-%s-%s/%s/http`, kubeHash(sv.portName(), sv.Protocol)[:8], sv.Name, sv.Protocol)
+}
+
+// nftExternalChain is the service chain's name with "external-" (NodePort traffic: masqueraded).
+func nftExternalChain(sv Service) string {
+	return fmt.Sprintf(`external-%s-%s/%s/http`, kubeHash(sv.portName(), sv.Protocol)[:8], sv.Name, sv.Protocol)
 }
 
 // nftEndpointChain is the service chain's name with "endpoint-" and "__<ip>/<port>".

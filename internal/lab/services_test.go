@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -75,6 +76,9 @@ func TestIPTablesRulesetLayout(t *testing.T) {
 		"-j DNAT --to-destination " + three.Backends[2].Target(),
 		"-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
 		"! -s 198.19.0.0/16 -j KUBE-MARK-MASQ",
+		"-A KUBE-NODEPORTS -m comment --comment \"default/one:http\" -m tcp -p tcp --dport 30080 -j " + extChain(svcs[0]),
+		"-A " + extChain(svcs[0]) + " -m comment --comment \"masquerade traffic for default/one:http external destinations\" -j KUBE-MARK-MASQ",
+		"-A " + extChain(svcs[0]) + " -j " + svcChain(svcs[0]),
 	} {
 		if !strings.Contains(rules, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rules)
@@ -100,6 +104,9 @@ func TestNFTRulesetLayout(t *testing.T) {
 		"198.18.255.3 . tcp . 80 : goto service-",
 		"masquerade fully-random",
 		"meta l4proto tcp dnat to " + svcs[1].Backends[1].Target(),
+		"fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports",
+		"service-nodeports { tcp . 30080 : goto " + nftExternalChain(svcs[0]) + " }",
+		"chain " + nftExternalChain(svcs[0]) + " { jump mark-for-masquerade; goto " + nftServiceChain(svcs[0]) + "; }",
 	} {
 		if !strings.Contains(rules, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rules)
@@ -143,6 +150,14 @@ func TestServicesBothProxyModes(t *testing.T) {
 					}
 					if len(hits) > 0 {
 						t.Errorf("%s -> %s answered by non-backends %v", client, sv.Name, hits)
+					}
+				}
+				// default/one's NodePort on every node's address (its own node's included).
+				for _, h := range l.Hosts {
+					target := fmt.Sprintf("%s:%d", h.AddrOnly(), ServiceNodePort)
+					name, err := ServiceEcho(ctx, n.Netns, target)
+					if err != nil || name != l.Services[0].Backends[0].Node {
+						t.Errorf("%s -> NodePort %s: answered by %q, %v", client, target, name, err)
 					}
 				}
 			}

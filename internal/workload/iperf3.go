@@ -13,13 +13,16 @@ import (
 // Iperf3Config describes one iperf3 run: server in ServerNS listening on ServerAddr:Port,
 // client in ClientNS sending to it for Duration.
 type Iperf3Config struct {
-	ServerNS   string        `json:"server_ns"`
-	ServerAddr string        `json:"server_addr"`
-	ClientNS   string        `json:"client_ns"`
-	Port       int           `json:"port"`        // default 5201
-	Duration   time.Duration `json:"duration_ns"` // whole seconds (iperf3 -t takes integers); default 10 s
-	UDP        bool          `json:"udp"`
-	Streams    int           `json:"streams"` // -P; default 1
+	ServerNS   string `json:"server_ns"`
+	ServerAddr string `json:"server_addr"`
+	ClientNS   string `json:"client_ns"`
+	Port       int    `json:"port"` // default 5201
+	// Connect is the ip:port the client connects to when it is not the server's own: a
+	// Service's ClusterIP:port that the normal path translates to ServerAddr:Port.
+	Connect  string        `json:"connect,omitempty"`
+	Duration time.Duration `json:"duration_ns"` // whole seconds (iperf3 -t takes integers); default 10 s
+	UDP      bool          `json:"udp"`
+	Streams  int           `json:"streams"` // -P; default 1
 	// Length is iperf3's -l: the write size for TCP, the datagram payload for UDP.
 	// 0 leaves iperf3's default (128 KB TCP, path-MTU-sized UDP). Range 16..65536 (UDP ..65507).
 	Length int `json:"length"`
@@ -90,6 +93,9 @@ func (c *Iperf3Config) defaults() error {
 	if c.ServerAddr == "" {
 		return errors.New("iperf3: server address is required")
 	}
+	if _, _, err := connectTo(c.Connect, c.ServerAddr, c.Port); err != nil {
+		return fmt.Errorf("iperf3: %w", err)
+	}
 	maxLen := 65536
 	if c.UDP {
 		maxLen = 65507 // largest IPv4 UDP payload
@@ -118,7 +124,8 @@ func (c Iperf3Config) Run(ctx context.Context) (Iperf3Result, error) {
 	defer srv.stop()
 
 	secs := secondsCeil(c.Duration)
-	argv := []string{"iperf3", "-c", c.ServerAddr, "-p", port, "-t", strconv.Itoa(secs), "-J",
+	host, cport, _ := connectTo(c.Connect, c.ServerAddr, c.Port)
+	argv := []string{"iperf3", "-c", host, "-p", cport, "-t", strconv.Itoa(secs), "-J",
 		"-P", strconv.Itoa(c.Streams), "--connect-timeout", "3000", "--get-server-output"}
 	if c.UDP {
 		argv = append(argv, "-u", "-b", strconv.FormatUint(c.Bitrate, 10))

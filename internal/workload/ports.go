@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -87,4 +88,17 @@ func hexPort(field string) (int, bool) {
 		return 0, false
 	}
 	return int(v), true
+}
+
+// connectTo is where a client connects: connect ("ip:port", a Service's ClusterIP:port that
+// translates to the server) if set, else the server's own address and port.
+func connectTo(connect, serverAddr string, port int) (host, portStr string, err error) {
+	if connect == "" {
+		return serverAddr, strconv.Itoa(port), nil
+	}
+	ap, err := netip.ParseAddrPort(connect)
+	if err != nil || !ap.Addr().Is4() || ap.Port() == 0 {
+		return "", "", fmt.Errorf("connect address %q: want IPv4 ip:port", connect)
+	}
+	return ap.Addr().String(), strconv.Itoa(int(ap.Port())), nil
 }

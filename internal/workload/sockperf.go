@@ -20,14 +20,17 @@ const (
 
 // SockperfConfig describes one sockperf latency run.
 type SockperfConfig struct {
-	ServerNS   string        `json:"server_ns"`
-	ServerAddr string        `json:"server_addr"`
-	ClientNS   string        `json:"client_ns"`
-	Port       int           `json:"port"`        // default 11111
-	Mode       string        `json:"mode"`        // SockperfPingPong (default) or SockperfUnderLoad
-	TCP        bool          `json:"tcp"`         // default UDP, sockperf's default
-	MsgSize    int           `json:"msg_size"`    // -m, 14..65507; default 64
-	Duration   time.Duration `json:"duration_ns"` // whole seconds; includes sockperf's 400 ms warm-up
+	ServerNS   string `json:"server_ns"`
+	ServerAddr string `json:"server_addr"`
+	ClientNS   string `json:"client_ns"`
+	Port       int    `json:"port"` // default 11111
+	// Connect is the ip:port the client connects to when it is not the server's own (a
+	// Service's ClusterIP:port translated to ServerAddr:Port).
+	Connect  string        `json:"connect,omitempty"`
+	Mode     string        `json:"mode"`        // SockperfPingPong (default) or SockperfUnderLoad
+	TCP      bool          `json:"tcp"`         // default UDP, sockperf's default
+	MsgSize  int           `json:"msg_size"`    // -m, 14..65507; default 64
+	Duration time.Duration `json:"duration_ns"` // whole seconds; includes sockperf's 400 ms warm-up
 	// MPS is the message rate (--mps). Required for under-load (sockperf's default there is
 	// 10000); 0 in ping-pong means as fast as replies come back.
 	MPS int `json:"mps,omitempty"`
@@ -85,6 +88,9 @@ func (c *SockperfConfig) defaults() error {
 	if c.ServerAddr == "" {
 		return errors.New("sockperf: server address is required")
 	}
+	if _, _, err := connectTo(c.Connect, c.ServerAddr, c.Port); err != nil {
+		return fmt.Errorf("sockperf: %w", err)
+	}
 	if c.RTPriority < 0 || c.RTPriority > 99 {
 		return fmt.Errorf("sockperf: real-time priority %d outside 1..99 (0 = normal scheduling)", c.RTPriority)
 	}
@@ -115,7 +121,11 @@ func (c SockperfConfig) Run(ctx context.Context) (SockperfResult, error) {
 	defer srv.stop()
 
 	secs := secondsCeil(c.Duration)
-	argv := append(append(rt, "sockperf", c.Mode), common...)
+	host, cport, _ := connectTo(c.Connect, c.ServerAddr, c.Port)
+	argv := append(append(rt, "sockperf", c.Mode), "-i", host, "-p", cport)
+	if c.TCP {
+		argv = append(argv, "--tcp")
+	}
 	argv = append(argv, "-t", strconv.Itoa(secs), "-m", strconv.Itoa(c.MsgSize))
 	if c.MPS > 0 {
 		argv = append(argv, "--mps", strconv.Itoa(c.MPS))

@@ -34,6 +34,11 @@ type Spec struct {
 	NAPIThread bool  // the underlay's NAPI in a kernel thread on RxCPUs
 	// Background picks a second container pair (BGSender, BGReceiver) for background traffic.
 	Background bool
+	// SameNode measures between two pods of the sender's host (no overlay crossed).
+	SameNode bool
+	// ProxyMode, set, builds the lab with kube-proxy style Services in that mode and has the
+	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver.
+	ProxyMode string
 }
 
 // Testbed is the lab of one config, with its modes attached: the measured pair, and what the
@@ -46,6 +51,10 @@ type Testbed struct {
 	// sender's host (an injector sends on its underlay).
 	Sender, Receiver lab.Node
 	SenderHost       string
+	// Connect is the ClusterIP:port the client connects to (Spec.ProxyMode); "" for the
+	// receiver's own address.
+	Connect    string
+	ServerPort int // with Connect: the port the receiver listens on (the Service's target port)
 	// BGSender, BGReceiver carry the background traffic (Spec.Background).
 	BGSender, BGReceiver lab.Node
 	Stages               map[string]string // "netns/device" -> stage, receiving host's namespaces only
@@ -60,7 +69,8 @@ func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i)
 // Up builds the lab of s and attaches its modes on every host, in order. On failure nothing
 // is left behind.
 func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
-	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread}
+	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,
+		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode}
 	log("building lab %s for %s", spec.Name, s.Config)
 	l, err := lab.Up(ctx, spec, nil)
 	if err != nil {
@@ -86,6 +96,10 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 	}
 	eps := l.Endpoints()
 	tb.Sender, tb.Receiver = eps[0], eps[len(eps)-1]
+	if err := tb.pickPair(s); err != nil {
+		tb.Teardown()
+		return nil, err
+	}
 	tb.SenderHost = tb.Sender.Netns
 	recvHost := tb.Receiver.Name
 	if tb.Sender.Host != "" {
@@ -218,5 +232,38 @@ func (tb *Testbed) pickBackground() error {
 		}
 	}
 	tb.BGSender, tb.BGReceiver = *snd, *rcv
+	return nil
+}
+
+// pickPair applies Spec.SameNode (the receiver is the sender host's last pod) and
+// Spec.ProxyMode (the receiver is Service default/one's backend, reached via its ClusterIP).
+func (tb *Testbed) pickPair(s Spec) error {
+	eps := tb.Lab.Endpoints()
+	if s.SameNode {
+		var mates []lab.Node
+		for _, e := range eps {
+			if e.Host != "" && e.Host == tb.Sender.Host && e.Name != tb.Sender.Name {
+				mates = append(mates, e)
+			}
+		}
+		if len(mates) == 0 {
+			return fmt.Errorf("%s: same node: style %s has no second pod on %s's host", s.Config, s.Style, tb.Sender.Name)
+		}
+		tb.Receiver = mates[len(mates)-1]
+	}
+	if s.ProxyMode != "" {
+		svcs := tb.Lab.Services
+		if len(svcs) == 0 || len(svcs[0].Backends) != 1 {
+			return fmt.Errorf("%s: the lab has no one-backend Service to connect through", s.Config)
+		}
+		be, err := tb.Lab.Node(svcs[0].Backends[0].Node)
+		if err != nil {
+			return err
+		}
+		if be.Host == tb.Sender.Host {
+			return fmt.Errorf("%s: Service %s's backend %s is on the sender's host", s.Config, svcs[0].Name, be.Name)
+		}
+		tb.Receiver, tb.Connect, tb.ServerPort = *be, svcs[0].Target(), svcs[0].Backends[0].Port
+	}
 	return nil
 }

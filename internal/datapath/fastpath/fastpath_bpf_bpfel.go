@@ -55,6 +55,8 @@ type fpFpFlow struct {
 	NatAddr    uint32
 	NatPort    uint16
 	Pad        uint16
+	LocIfindex uint32
+	_          [4]byte
 }
 
 type fpFpHo struct {

@@ -7,4 +7,8 @@ const (
 	fDNAT  = 4  // egress replays the DNAT to NatAddr:NatPort, ingress reverses it
 	fAlias = 8  // not a flow: the translated view of (Local, NatAddr, Lport, NatPort)
 	fNATX  = 16 // translated in a way the fast path does not reproduce (source NAT): normal path
+	// Same-node flows (bpf/fastpath_local.h): delivered to a pod on this node with
+	// bpf_redirect_peer, the MACs in Tmpl[:12], the receiver's veth in LocIfindex.
+	fLocal = 32
+	fSNAT  = 64 // same node: the source becomes NatAddr:NatPort (a Service backend's reply)
 )

@@ -101,7 +101,7 @@ func streamEcho(c net.Conn, r *bufio.Reader, d time.Duration, seed uint64) (int6
 func fastShare(before, after Direction) (float64, uint64) {
 	var all uint64
 	for r, v := range after {
-		if r != "learned" && r != "other" {
+		if r != "learned" && r != "other" && r != "local" {
 			all += v - before[r]
 		}
 	}

@@ -10,7 +10,7 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
-	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big"}
+	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -186,7 +186,7 @@ func (d Direction) Fallbacks() uint64 {
 	var n uint64
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other", "dropped":
+		case "hit", "miss", "learned", "other", "dropped", "local":
 		default:
 			n += d[r]
 		}
@@ -198,7 +198,7 @@ func (d Direction) reasons() string {
 	var parts []string
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other":
+		case "hit", "miss", "learned", "other", "local":
 			continue
 		}
 		if d[r] > 0 {
@@ -226,7 +226,11 @@ func (v *View) Format() string {
 		name string
 		c    Direction
 	}{{"egress ", v.Egress}, {"ingress", v.Ingress}} {
-		fmt.Fprintf(&b, "  fastpath %s: hits %d, misses %d, learned %d, fallbacks %d (%s)\n", d.name, d.c["hit"], d.c["miss"], d.c["learned"], d.c.Fallbacks(), d.c.reasons())
+		local := ""
+		if d.c["local"] > 0 {
+			local = fmt.Sprintf(" (%d to pods on this node)", d.c["local"])
+		}
+		fmt.Fprintf(&b, "  fastpath %s: hits %d%s, misses %d, learned %d, fallbacks %d (%s)\n", d.name, d.c["hit"], local, d.c["miss"], d.c["learned"], d.c.Fallbacks(), d.c.reasons())
 	}
 	for _, o := range v.Overlays {
 		state := ""

@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * fastpath_local.h: same-node pods (flannel layout; included by fastpath.h after
+ * fastpath_nat.h). Two pods on one node talk over cni0: the normal path takes a packet through
+ * the sender's veth backlog, the bridge (and, for a Service, IP forwarding and the DNAT) to the
+ * receiver's veth. Learned as the overlay's flows are, at the far end of that path: the
+ * receive learner (prg_fastpath_lrn_rx, tcx egress of the receiver's host-side veth) sees a
+ * frame a local pod's veth handed over and records how the normal path delivered it (MACs,
+ * TTL change, which veth, the translation). Later packets go from the sender's host-side veth
+ * (tcx ingress) straight into the receiver's namespace with bpf_redirect_peer: no bridge, no
+ * second veth backlog, no netfilter.
+ *
+ * Flow fields of a same-node flow (FP_F_LOCAL): tmpl[0..12] the destination and source MAC
+ * the normal path delivered it with (what "comes before the IP header" here), loc_ifindex the
+ * receiver's host-side veth, vtep 0.
+ *
+ * Services between two pods of one node: the client's flow is learned with its DNAT
+ * (FP_F_DNAT, as fastpath_nat.h does for the overlay, via learn_dnat) and the backend's replies,
+ * which conntrack reverses on the bridge (br_netfilter), are learned as a source translation
+ * (FP_F_SNAT: source back to the Service address and port) of the backend's own flow, only
+ * where the alias of the client's translated flow confirms it. Anything else (a hairpin's
+ * MASQUERADE: the source is the node's) is FP_F_NATX, counted "nat", on the normal path.
+ */
+#ifndef PRG_FASTPATH_LOCAL_H
+#define PRG_FASTPATH_LOCAL_H
+
+/* local_forget: the flow left this node (the overlay's learner relearned it), so its template
+ * is an overlay template again. */
+static __always_inline void local_forget(struct fp_flow *f)
+{
+	if (f->flags & (FP_F_LOCAL | FP_F_SNAT))
+		__sync_fetch_and_and(&f->flags, ~(FP_F_LOCAL | FP_F_SNAT));
+}
+
+/* local_reverse: is the delivered frame (key k) the backend's reply of a Service connection
+ * whose client's DNAT the fast path learned, as the sender's veth handed it over (ok)? The
+ * alias under the client's translated key names the Service address and port the source must
+ * become. */
+static __always_inline int local_reverse(const struct fp_key *ok, const struct fp_key *k)
+{
+	if (ok->remote != k->remote || ok->rport != k->rport || ok->proto != k->proto ||
+	    (ok->local == k->local && ok->lport == k->lport))
+		return 0;
+	struct fp_key ak = {.local = ok->remote, .remote = ok->local, .lport = ok->rport, .rport = ok->lport, .proto = ok->proto};
+	struct fp_flow *a = bpf_map_lookup_elem(&prg_fastpath_flow, &ak);
+	return a && (a->flags & FP_F_ALIAS) && a->nat_addr == k->local && a->nat_port == k->lport;
+}
+
+/* local_learn is the receive learner's half for frames a local pod sent (handed: the sender's
+ * veth marked it, so prg_fastpath_ho holds the key it had there). */
+static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_pkt *p, int handed)
+{
+	struct fp_key k = {}, ki = {};
+	__u32 nat_addr = 0, fl = 0;
+	__u16 nat_port = 0;
+
+	key_out(&k, p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
+	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
+		__u32 zero = 0;
+		struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+		if (!ho)
+			return;
+		struct fp_key ok = ho->k;
+		if (local_reverse(&ok, &k)) {
+			f = bpf_map_lookup_elem(&prg_fastpath_flow, &ok);
+			if (!f || !f->out_ttl_seen || f->out_ttl_seen < p->ttl)
+				return;
+			fl = FP_F_SNAT;
+			nat_addr = k.local;
+			nat_port = k.lport;
+		} else {
+			f = learn_dnat(&k, p, 0);
+			if (!f)
+				return;
+			fl = FP_F_DNAT;
+			nat_addr = k.remote;
+			nat_port = k.rport;
+		}
+	} else if (!f || !f->out_ttl_seen || f->out_ttl_seen < p->ttl) {
+		return; /* not a flow a local pod's veth handed over */
+	}
+	__builtin_memcpy(f->tmpl, p->eth.h_dest, 6);
+	__builtin_memcpy(f->tmpl + 6, p->eth.h_source, 6);
+	f->loc_ifindex = ctx->ifindex;
+	f->vtep = 0;
+	f->nat_addr = nat_addr;
+	f->nat_port = nat_port;
+	__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_SNAT | FP_F_NATX));
+	__sync_fetch_and_or(&f->flags, FP_F_LOCAL | fl);
+	f->out_ttl_dec = f->out_ttl_seen - p->ttl;
+	f->out_ttl_seen = 0;
+	f->out_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory"); /* the delivery before the flag */
+	f->flags |= FP_F_OUT;
+	count(FP_DIR_TX, FP_R_LEARN);
+
+	/* The receiving pod's flow (its key as it sees the frame) was delivered by the normal path:
+	 * its ingress direction is learned, so its replies may take the fast path once their own
+	 * egress is learned. */
+	key_in(&ki, p);
+	struct fp_flow *r = bpf_map_lookup_elem(&prg_fastpath_flow, &ki);
+	if (!r) {
+		struct fp_flow nf = {};
+		bpf_map_update_elem(&prg_fastpath_flow, &ki, &nf, BPF_NOEXIST);
+		r = bpf_map_lookup_elem(&prg_fastpath_flow, &ki);
+		if (!r)
+			return;
+	}
+	if (r->flags & FP_F_ALIAS)
+		return;
+	__builtin_memcpy(r->in_mac, p->eth.h_dest, 6);
+	__builtin_memcpy(r->in_mac + 6, p->eth.h_source, 6);
+	r->in_ifindex = ctx->ifindex;
+	r->in_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory");
+	r->flags |= FP_F_IN;
+}
+
+/* local_tx delivers a learned same-node flow's packet (at the sender's host-side veth, tcx
+ * ingress) to the receiving pod: the translation and TTL change of the normal path, the MACs
+ * it delivered with, bpf_redirect_peer into the pod. The receiver is checked in the endpoint
+ * table (a vanished or replaced pod sends the packet back to the normal path, to be relearned). */
+static __always_inline int local_tx(struct __sk_buff *ctx, const struct fp_cfg *cfg, struct fp_flow *f,
+				    struct fp_key *k, const struct fp_pkt *p)
+{
+	__u32 dst = (f->flags & FP_F_DNAT) ? f->nat_addr : p->daddr;
+	struct prg_pod *pod = NULL;
+	int pr = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, dst, &pod);
+	if (pr != PRG_POD_OK || !pod || pod->ifindex != f->loc_ifindex || !mac_eq(pod->ctr_mac, f->tmpl))
+		return handover_out(f, k, p, ctx, FP_R_STALE);
+	if (f->out_ttl_dec) {
+		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+		if (data + sizeof(struct ethhdr) + sizeof(struct iphdr) > end) {
+			if (bpf_skb_pull_data(ctx, sizeof(struct ethhdr) + sizeof(struct iphdr))) {
+				count(FP_DIR_TX, FP_R_ERR);
+				return TCX_NEXT;
+			}
+			data = (void *)(long)ctx->data;
+			end = (void *)(long)ctx->data_end;
+			if (data + sizeof(struct ethhdr) + sizeof(struct iphdr) > end) {
+				count(FP_DIR_TX, FP_R_ERR);
+				return TCX_NEXT;
+			}
+		}
+		ttl_sub_ip(data + sizeof(struct ethhdr), f->out_ttl_dec);
+	}
+	int nr = 0;
+	if (f->flags & FP_F_DNAT)
+		nr = nat_rewrite(ctx, sizeof(struct ethhdr), 16, 2, p->proto, p->daddr, f->nat_addr, p->dport, f->nat_port);
+	else if (f->flags & FP_F_SNAT)
+		nr = nat_rewrite(ctx, sizeof(struct ethhdr), 12, 0, p->proto, p->saddr, f->nat_addr, p->sport, f->nat_port);
+	if (nr)
+		goto drop; /* the TTL already changed */
+	long v = prg_pod_deliver(ctx, f->tmpl, f->tmpl + 6, pod->ifindex);
+	if (v < 0)
+		goto drop;
+	count(FP_DIR_TX, FP_R_HIT);
+	count(FP_DIR_TX, FP_R_LOCAL);
+	return v;
+drop:
+	count(FP_DIR_TX, FP_R_DROP);
+	return TC_ACT_SHOT;
+}
+
+#endif

@@ -1,0 +1,175 @@
+package fastpath
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+)
+
+// TestSameNodeAndServiceBackends, in both kube-proxy modes, from pod h1-c1 with the fast path
+// on both hosts:
+//   - to h1-c2's own address (same node): byte-exact, and after learning >= 99 % of the node's
+//     packets of the flow are delivered pod to pod ("local" hits);
+//   - to Service default/three, whose backends are h1-c2 (same node), h2-c2 (the other node)
+//     and h1-c1 itself (hairpin): connections until each backend had one (kube-proxy's
+//     random choice spreads them), each stream byte-exact with the backend conntrack chose
+//     for it; the same-node backend's packets go pod to pod, the remote one's over the
+//     overlay's fast path, and the hairpin (MASQUERADEd by kube-proxy) stays on the normal
+//     path, counted "nat", with no hit;
+//   - to default/one's NodePort on its own node's address: masqueraded, so "nat", no hit.
+func TestSameNodeAndServiceBackends(t *testing.T) {
+	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
+		t.Run(mode, func(t *testing.T) {
+			spec := lab.Spec{Name: "fpsn" + mode[:2], Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: mode}
+			l := labForTest(t, spec)
+			for _, ep := range l.Endpoints() {
+				serveNamedEcho(t, ep)
+			}
+			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			attachAll(t, hosts)
+			defer func() {
+				for _, h := range hosts {
+					if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+						t.Errorf("detach %s: %v", h, err)
+					}
+				}
+			}()
+			client, err := l.Node("h1-c1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer, err := l.Node("h1-c2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			egress := func() Direction {
+				v, err := Inspect(hosts[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v.Egress
+			}
+
+			// Pod to pod on one node.
+			c := dialIn(t, client.Netns, fmt.Sprintf("%s:%d", peer.AddrOnly(), lab.VerifyPort))
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			r := bufio.NewReader(c)
+			if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != peer.Name {
+				t.Fatalf("greeting %q, %v", line, err)
+			}
+			snap := make(chan Direction, 1)
+			go func() { time.Sleep(time.Second); snap <- egress() }()
+			n, err := streamEcho(c, r, 3*time.Second, 21)
+			c.Close()
+			if err != nil {
+				t.Fatalf("same-node stream: %v", err)
+			}
+			before, after := <-snap, egress()
+			share, all := fastShare(before, after)
+			t.Logf("%s: %d bytes echoed pod to pod on one node; after learning %.2f%% of %d packets fast (%v)", mode, n, 100*share, all, after)
+			if share < 0.99 || after["local"]-before["local"] < all*99/100 {
+				t.Fatalf("same-node packets on the fast path after learning: %.2f%% of %d, local hits %d", 100*share, all, after["local"]-before["local"])
+			}
+
+			// Service default/three: a same-node backend, a remote one and the client itself.
+			svc := l.Services[1]
+			kind := map[string]string{}
+			for _, be := range svc.Backends {
+				switch {
+				case be.Node == client.Name:
+					kind[be.Node] = "hairpin"
+				case strings.HasPrefix(be.Node, "h1-"):
+					kind[be.Node] = "local"
+				default:
+					kind[be.Node] = "remote"
+				}
+			}
+			if len(kind) != 3 || !containsAll(kind, "hairpin", "local", "remote") {
+				t.Fatalf("Service %s's backends %v: the test needs a same-node one, a remote one and the client", svc.Name, svc.Backends)
+			}
+			done := map[string]bool{}
+			for try := 0; try < 60 && len(done) < 3; try++ {
+				b := egress()
+				c := dialIn(t, client.Netns, svc.Target())
+				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+				r := bufio.NewReader(c)
+				line, err := r.ReadString('\n')
+				name := strings.TrimSpace(line)
+				k, ok := kind[name]
+				if err != nil || !ok {
+					t.Fatalf("answered by %q (%v), not a backend of %s", name, err, svc.Name)
+				}
+				if done[k] {
+					c.Close()
+					continue
+				}
+				n, err := streamEcho(c, r, 1500*time.Millisecond, uint64(try))
+				c.Close()
+				if err != nil {
+					t.Fatalf("%s backend %s via %s: %v", k, name, svc.Target(), err)
+				}
+				a := egress()
+				hit, local, nat := a["hit"]-b["hit"], a["local"]-b["local"], a["nat"]-b["nat"]
+				t.Logf("%s: %s backend %s: %d bytes echoed; client node egress hits %d (local %d), nat %d", mode, k, name, n, hit, local, nat)
+				switch k {
+				case "local":
+					if share, all := fastShare(b, a); local < 100 || share < 0.95 {
+						t.Fatalf("same-node backend: local hits %d, %.2f%% of %d packets fast", local, 100*share, all)
+					}
+				case "remote":
+					if hit < 100 || local != 0 {
+						t.Fatalf("remote backend: hits %d, local %d", hit, local)
+					}
+				case "hairpin":
+					if nat < 10 || hit != 0 {
+						t.Fatalf("hairpin: nat %d (want its packets counted), hits %d (want 0)", nat, hit)
+					}
+				}
+				done[k] = true
+			}
+			if len(done) < 3 {
+				t.Fatalf("only %v of the backends answered in 60 connections", done)
+			}
+
+			// NodePort from a pod: the client node's own address, port ServiceNodePort, DNATs
+			// to default/one's backend on the other node and kube-proxy masquerades it to the
+			// node's address: works, stays on the normal path, counted "nat".
+			one := l.Services[0]
+			b := egress()
+			c = dialIn(t, client.Netns, fmt.Sprintf("%s:%d", l.Hosts[0].AddrOnly(), lab.ServiceNodePort))
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			r = bufio.NewReader(c)
+			if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != one.Backends[0].Node {
+				t.Fatalf("NodePort greeting %q, %v", line, err)
+			}
+			if n, err = streamEcho(c, r, 1500*time.Millisecond, 99); err != nil {
+				t.Fatalf("NodePort stream: %v", err)
+			}
+			c.Close()
+			a := egress()
+			t.Logf("%s: NodePort: %d bytes echoed; client node egress hits %d, nat %d", mode, n, a["hit"]-b["hit"], a["nat"]-b["nat"])
+			if a["nat"]-b["nat"] < 10 || a["hit"] != b["hit"] {
+				t.Fatalf("NodePort from a pod: nat %d, hits %d (want counted nat, no hit)", a["nat"]-b["nat"], a["hit"]-b["hit"])
+			}
+		})
+	}
+}
+
+func containsAll(m map[string]string, vs ...string) bool {
+	have := map[string]bool{}
+	for _, v := range m {
+		have[v] = true
+	}
+	for _, v := range vs {
+		if !have[v] {
+			return false
+		}
+	}
+	return true
+}
