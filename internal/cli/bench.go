@@ -176,7 +176,8 @@ func newBenchCompareCmd() *cobra.Command {
 		Use:   "compare SCENARIO",
 		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path",
 		Example: `  peregrine bench compare tcp --modes vanilla,rps
-  peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024`,
+  peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024
+  peregrine bench compare tcp --modes vanilla,fastpath --style real-flannel`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ms []string
@@ -198,7 +199,7 @@ func newBenchCompareCmd() *cobra.Command {
 	}
 	b.add(c, true)
 	c.Flags().StringVar(&modes, "modes", "vanilla,rps", "datapath modes to compare (vanilla = nothing attached)")
-	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker or flannel")
+	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, or real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them)")
 	return c
 }
 
