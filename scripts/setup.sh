@@ -21,12 +21,15 @@ declare -A need=(
   [nginx]=nginx-light [wrk]=wrk [tcpdump]=tcpdump [taskset]=util-linux [nstat]=iproute2
   [make]=make [git]=git [ping]=iputils-ping [cc]=gcc
   [iptables]=iptables [nft]=nftables [conntrack]=conntrack
+  [etcd]=etcd-server
 )
 missing=()
 for bin in "${!need[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || missing+=("${need[$bin]}")
 done
 [[ -f /usr/include/bpf/bpf_helpers.h ]] || missing+=(libbpf-dev)
+# The real flannel lab's pods: CNI ADD/DEL through bridge and host-local.
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || missing+=(containernetworking-plugins)
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')
 
 if ((${#missing[@]})); then
@@ -40,6 +43,11 @@ if ((${#missing[@]})); then
   fi
 else
   say "all packages present"
+fi
+# etcd-server's package starts a system etcd on 127.0.0.1:2379; the real flannel lab runs its
+# own inside a namespace, so one we just installed is stopped again.
+if [[ " ${missing[*]} " == *" etcd-server "* ]] && ! $check_only && command -v systemctl >/dev/null 2>&1; then
+  systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 # nginx-light's package starts a system nginx on port 80; the lab runs its own, so stop it.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
@@ -74,4 +82,58 @@ if ! mountpoint -q /sys/kernel/tracing; then
   $check_only && say "tracefs not mounted" || mount -t tracefs tracefs /sys/kernel/tracing
 fi
 [[ -r /sys/kernel/btf/vmlinux ]] || say "warning: no BTF at /sys/kernel/btf/vmlinux: eBPF programs (CO-RE) will not load on this kernel"
+
+# The real flannel lab (scripts/real-flannel.sh, internal/lab/realflannel): flanneld, the flannel
+# CNI plugin and cnitool at pinned versions, built once from the Go module proxy and cached by
+# version under /var/cache/peregrine; skipped when present. The versions and paths are also in
+# internal/lab/realflannel/binaries.go (a unit test keeps the two in step).
+cache=/var/cache/peregrine
+flannel_v=v0.28.10 cniplugins_v=v0.9.1 cnitool_v=v1.3.1
+flanneld_bin=$cache/flanneld-$flannel_v/flanneld
+flannelcni_bin=$cache/cni-plugins-$cniplugins_v/flannel
+cnitool_bin=$cache/cnitool-$cnitool_v/cnitool
+# gobuild OUT MODULE@VERSION [EDIT [LDFLAGS]]: builds the main package of MODULE@VERSION into OUT in a
+# temporary copy of the module (EDIT, a sed script, is applied to its main.go first), so a
+# half-built binary never lands in the cache.
+gobuild() {
+  local out=$1 mod=$2 edit=${3:-} tmp dir
+  tmp=$(mktemp -d /tmp/prg-setup.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" RETURN
+  dir=$(cd "$tmp" && GOFLAGS=-modcacherw go mod download -json "$mod" | awk -F'"' '/"Dir"/{print $4}')
+  [[ -d "$dir" ]] || die "could not fetch $mod from the module proxy"
+  cp -r "$dir" "$tmp/src" && chmod -R u+w "$tmp/src"
+  [[ -z "$edit" ]] || sed -i "$edit" "$tmp/src/main.go"
+  (cd "$tmp/src" && GOFLAGS=-modcacherw go build -trimpath -ldflags "-s -w ${4:-}" -o "$tmp/bin" .) >"$tmp/log" 2>&1 ||
+    { cat "$tmp/log" >&2; die "building $mod failed"; }
+  install -D -m 0755 "$tmp/bin" "$out.part" && mv "$out.part" "$out"
+}
+want_bins=()
+[[ -x $flanneld_bin ]] || want_bins+=("flanneld $flannel_v")
+[[ -x $flannelcni_bin ]] || want_bins+=("flannel CNI $cniplugins_v")
+[[ -x $cnitool_bin ]] || want_bins+=("cnitool $cnitool_v")
+if ((${#want_bins[@]})); then
+  if $check_only; then
+    say "real flannel lab binaries missing: $(IFS=,; echo "${want_bins[*]}")"
+  else
+    say "building the real flannel lab's binaries into $cache (first time only, a few minutes)"
+    t0=$(date +%s)
+    # flanneld: the tencentvpc backend's SDK is refused by the module proxy; the lab uses VXLAN,
+    # so that backend's import is dropped from main.go.
+    [[ -x $flanneld_bin ]] || gobuild "$flanneld_bin" "github.com/flannel-io/flannel@$flannel_v" \
+      '\#"github.com/flannel-io/flannel/pkg/backend/tencentvpc"#d' "-X github.com/flannel-io/flannel/pkg/version.Version=$flannel_v"
+    # The plugins' flannel meta plugin and cnitool are packages inside their modules.
+    for pair in "$flannelcni_bin plugins/meta/flannel github.com/containernetworking/plugins@$cniplugins_v" \
+      "$cnitool_bin cnitool github.com/containernetworking/cni@$cnitool_v"; do
+      read -r out pkg mod <<<"$pair"
+      [[ -x $out ]] && continue
+      tmp=$(mktemp -d /tmp/prg-setup.XXXXXX)
+      (cd "$tmp" && GOFLAGS=-modcacherw GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "${mod%@*}/$pkg@${mod#*@}") >"$tmp/log" 2>&1 ||
+        { cat "$tmp/log" >&2; rm -rf "$tmp"; die "building ${mod%@*}/$pkg failed"; }
+      install -D -m 0755 "$tmp/$(basename "$pkg")" "$out.part" && mv "$out.part" "$out"
+      rm -rf "$tmp"
+    done
+    say "built in $(( $(date +%s) - t0 )) s"
+  fi
+fi
 $check_only || say "ready"

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode, for ParseConfig
 	"github.com/peregrine-net/peregrine/internal/lab"
@@ -54,9 +55,9 @@ func ParseConfig(s string) (Config, error) {
 	parts := strings.Split(s, "/")
 	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux:
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel:
 	default:
-		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, linux or native)", s, style)
+		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, linux or native)", s, style, testbed.StyleRealFlannel)
 	}
 	c := Config{Style: style, Mode: ModeVanilla}
 	var names []string

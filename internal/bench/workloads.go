@@ -133,6 +133,9 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 // injectUDP runs the remote-sender emulation: a sink in the receiver, frames injected on the
 // sending host's underlay (VXLAN-encapsulated for overlay styles, plain UDP for native).
 func (s *Scenario) injectUDP(ctx context.Context, p pair, size, flows, rate int, m map[string]float64) (any, error) {
+	if p.lab == nil {
+		return nil, fmt.Errorf("udp-inject needs a lab peregrine built (it computes the frames from its spec); not on given namespaces or the real flannel style")
+	}
 	spec := p.lab.Spec
 	rcvAddr := netip.MustParseAddr(p.receiver.AddrOnly())
 	sink, err := udpsink.Listen(udpsink.Config{Netns: p.receiver.Netns, Addr: rcvAddr, Port: sinkPort,

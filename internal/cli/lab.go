@@ -46,7 +46,7 @@ overlay addresses as the other tenants'. "lab up" checks every pair within each 
 no tenant reaches another.
 Addresses come from the RFC 2544 benchmarking range: underlay 198.18.0.0/24, overlay 198.19.0.0/16.`,
 	}
-	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd())
+	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd(), newLabRealFlannelCmd())
 	return c
 }
 

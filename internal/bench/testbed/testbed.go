@@ -13,6 +13,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/lab/realflannel"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -61,6 +62,7 @@ type Testbed struct {
 	Offloads             map[string]map[string]bool
 	Knobs                map[string]string // "netns:path" -> value the modes set
 	given                bool
+	real                 *realflannel.Lab // the real-flannel style's lab (Lab is nil)
 }
 
 // labName gives each config of this process its own lab: "b<pid>x<i>" fits the 12-char limit.
@@ -69,6 +71,9 @@ func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i)
 // Up builds the lab of s and attaches its modes on every host, in order. On failure nothing
 // is left behind.
 func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
+	if s.Style == StyleRealFlannel {
+		return upRealFlannel(ctx, s, log)
+	}
 	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,
 		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode}
 	log("building lab %s for %s", spec.Name, s.Config)
@@ -176,7 +181,11 @@ func (tb *Testbed) Teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := lab.Down(tb.Lab.Spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
+	if tb.real != nil {
+		if err := realflannel.Down(tb.real.Spec.Name); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := lab.Down(tb.Lab.Spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -187,6 +196,10 @@ func (tb *Testbed) Namespaces() []string {
 	if tb.given {
 		return []string{tb.Sender.Netns, tb.Receiver.Netns}
 	}
+	if tb.real != nil {
+		nss, _ := netnsutil.List(realflannel.Prefix(tb.real.Spec.Name))
+		return nss
+	}
 	nss, _ := netnsutil.List(lab.NsPrefix(tb.Lab.Spec.Name))
 	return nss
 }
@@ -194,6 +207,9 @@ func (tb *Testbed) Namespaces() []string {
 // ReceiveHostNetns is the namespace of the receiving host, whose underlay eth0 takes the
 // emulated NIC's receive; "" for given namespaces (no lab of ours to attach to).
 func (tb *Testbed) ReceiveHostNetns() string {
+	if tb.real != nil {
+		return tb.real.Nodes[1].Netns // its underlay is eth0 too
+	}
 	if tb.given || tb.Lab == nil {
 		return ""
 	}

@@ -1,0 +1,114 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/lab/realflannel"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// StyleRealFlannel measures on flannel itself (internal/lab/realflannel: etcd, flanneld's
+// VXLAN backend, pods made by CNI ADD) rather than on peregrine's imitation of its layout, so a
+// ratio measured on it is a real CNI's.
+const StyleRealFlannel = "real-flannel"
+
+// upRealFlannel brings up 2 nodes of the real flannel lab with s.Containers pods each, attaches
+// the stack on both nodes, and measures from node 1's first pod to node 2's first pod.
+func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
+	if len(s.RxCPUs) > 0 || s.ToR || s.NAPIThread {
+		return nil, fmt.Errorf("%s: the %s style takes no --rx-cpus, --tor or --napi-thread (its underlay is flannel's, as flanneld finds it)", s.Config, StyleRealFlannel)
+	}
+	if s.SameNode || s.ProxyMode != "" {
+		return nil, fmt.Errorf("%s: the %s style has no Services and measures across nodes: leave out --same-node and --via-service (the flannel style has both)", s.Config, StyleRealFlannel)
+	}
+	pods := max(s.Containers, 1)
+	if s.Background {
+		pods = max(pods, 2)
+	}
+	spec := realflannel.Spec{Name: labName(s.Index), Nodes: 2, Pods: pods}
+	log("bringing up real flannel lab %s for %s", spec.Name, s.Config)
+	rf, err := realflannel.Up(ctx, spec, log)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.Config, err)
+	}
+	tb := &Testbed{Config: s.Config, real: rf, Knobs: map[string]string{}}
+	for _, a := range s.Stack {
+		for _, n := range rf.Nodes {
+			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{Extra: maps.Clone(a.Extra)})
+			if err != nil {
+				tb.Teardown()
+				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)
+			}
+			if !slices.Contains(tb.Attached, n.Netns) {
+				tb.Attached = append(tb.Attached, n.Netns)
+			}
+			for _, k := range st.Knobs {
+				tb.Knobs[k.Netns+":"+k.Path] = k.New
+			}
+		}
+	}
+	node := func(p realflannel.Pod) lab.Node {
+		return lab.Node{Name: fmt.Sprintf("n%d-%s", p.Node, p.Name), Netns: p.Netns, Role: "container",
+			Addr: p.Addr.String() + "/24"}
+	}
+	onNode := func(i int) []realflannel.Pod {
+		return slices.DeleteFunc(slices.Clone(rf.Pods), func(p realflannel.Pod) bool { return p.Node != i })
+	}
+	p1, p2 := onNode(1), onNode(2)
+	tb.Sender, tb.Receiver = node(p1[0]), node(p2[0])
+	tb.SenderHost = rf.Nodes[0].Netns
+	if s.Background {
+		tb.BGSender, tb.BGReceiver = node(p1[1]), node(p2[1])
+	}
+	recv := []lab.Node{{Name: "n2", Netns: rf.Nodes[1].Netns, Role: "host"}, tb.Receiver}
+	tb.Stages = map[string]string{}
+	for i := range recv {
+		recv[i].Devices = devicesOf(recv[i].Netns, recv[i].Role == "container")
+		for _, d := range recv[i].Devices {
+			if d.Stage != "" {
+				tb.Stages[recv[i].Netns+"/"+d.Name] = d.Stage
+			}
+		}
+	}
+	tb.Offloads = readOffloads(ctx, recv)
+	return tb, nil
+}
+
+// devicesOf lists a namespace's devices with their stage on the receive path, named as the
+// lab names them: eth0 of a node is the NIC, flannel.1 the VXLAN device, cni0 the bridge, a
+// veth on the bridge the pod's host side, eth0 of a pod the pod's end.
+func devicesOf(ns string, pod bool) []lab.Device {
+	var out []lab.Device
+	_ = netnsutil.Do(ns, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			a := l.Attrs()
+			d := lab.Device{Name: a.Name, Kind: l.Type(), MTU: a.MTU}
+			switch {
+			case d.Kind == "vxlan":
+				d.Stage = "vxlan"
+			case d.Kind == "bridge":
+				d.Stage = "bridge"
+			case d.Kind == "veth" && a.MasterIndex != 0:
+				d.Stage = "veth-host"
+			case d.Kind == "veth" && a.Name == "eth0" && pod:
+				d.Stage = "veth"
+			case d.Kind == "veth" && a.Name == realflannel.UnderlayDev:
+				d.Stage = "nic"
+			}
+			out = append(out, d)
+		}
+		return nil
+	})
+	return out
+}

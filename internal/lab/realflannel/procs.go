@@ -1,0 +1,286 @@
+package realflannel
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// The processes the lab starts run in their own session (they outlive `lab real-flannel up`),
+// each with a pid file <dir>/<tag>.pid and a log <dir>/<tag>.log. Down kills by pid file after
+// checking the pid is still that program, then whatever else runs in the lab's namespaces.
+
+func (l *Lab) flanneldLog(i int) string { return filepath.Join(l.nodeDir(i), "flanneld.log") }
+func (l *Lab) subnetFile(i int) string  { return filepath.Join(l.nodeDir(i), "subnet.env") }
+
+// etcdPrefix is the lab's own key prefix: two labs never share a subnet store.
+func (l *Lab) etcdPrefix() string { return "/prg/" + l.Spec.Name + "/network" }
+
+func etcdURL() string { return "http://" + netip.AddrPortFrom(etcdAddr, 2379).String() }
+
+func etcdVersion(ctx context.Context, bin string) string {
+	out, _ := exec.CommandContext(ctx, bin, "--version").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "etcd Version: "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "(version unknown)"
+}
+
+// start runs argv in namespace ns in the background, with its pid file and log in dir.
+func start(ns, dir, tag string, argv ...string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, tag+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// `ip netns exec` enters the namespace and execs argv: the pid is the program's.
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s in %s: %w", argv[0], ns, err)
+	}
+	go func() { _ = cmd.Wait() }() // reaped when it ends (down, a restart, a crash)
+	return os.WriteFile(filepath.Join(dir, tag+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+}
+
+func (l *Lab) startEtcd(ctx context.Context) error {
+	peer := "http://127.0.0.1:2380" // the underlay namespace's own loopback
+	name := NetName(l.Spec.Name)
+	if err := start(l.ulNetns(), l.Dir, "etcd", l.Bin.Etcd,
+		"--name", name, "--data-dir", filepath.Join(l.Dir, "etcd-data"),
+		"--listen-client-urls", etcdURL(), "--advertise-client-urls", etcdURL(),
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", name+"="+peer, "--initial-cluster-state", "new"); err != nil {
+		return err
+	}
+	c := l.etcdClient()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := c.Get(etcdURL() + "/health")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && bytes.Contains(b, []byte(`"true"`)) {
+				break
+			}
+			err = fmt.Errorf("%s: %s", resp.Status, b)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("etcd not healthy after 15 s: %v (log: %s)", err, filepath.Join(l.Dir, "etcd.log"))
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	// flannel's network config, through etcd's v3 JSON gateway.
+	cfg := fmt.Sprintf(`{"Network":%q,"SubnetLen":24,"Backend":{"Type":"vxlan"}}`, FlannelNetwork)
+	body, _ := json.Marshal(map[string]string{
+		"key":   base64.StdEncoding.EncodeToString([]byte(l.etcdPrefix() + "/config")),
+		"value": base64.StdEncoding.EncodeToString([]byte(cfg)),
+	})
+	resp, err := c.Post(etcdURL()+"/v3/kv/put", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("write flannel's network config to etcd: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("write flannel's network config to etcd: %s: %s", resp.Status, b)
+	}
+	return nil
+}
+
+// etcdClient talks to etcd from inside the underlay namespace (its only listener is there).
+func (l *Lab) etcdClient() *http.Client {
+	ul := l.ulNetns()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := netnsutil.Do(ul, func() error {
+			var err error
+			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+}
+
+func (l *Lab) startFlanneld(_ context.Context, i int) error {
+	return start(nodeNetns(l.Spec.Name, i), l.nodeDir(i), "flanneld", l.Bin.Flanneld,
+		"-etcd-endpoints", etcdURL(), "-etcd-prefix", l.etcdPrefix(),
+		"-iface", UnderlayDev, "-subnet-file", l.subnetFile(i), "-ip-masq=false")
+}
+
+// waitLease waits until node i's flanneld has written its subnet file (after since, for a
+// restart) and flannel.1 is up, and records the node's subnet.
+func (l *Lab) waitLease(ctx context.Context, i int, since time.Time) error {
+	n, err := l.Node(i)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, serr := os.Stat(l.subnetFile(i))
+		if serr == nil && st.ModTime().After(since) {
+			if p, err := readSubnetFile(l.subnetFile(i)); err == nil {
+				if out, _ := netnsutil.Run(ctx, n.Netns, "ip", "-br", "link", "show", "flannel.1"); strings.Contains(out, "UP") || strings.Contains(out, "UNKNOWN") {
+					n.Subnet = p
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("flanneld on %s: no lease after 20 s (log: %s)", n.Netns, l.flanneldLog(i))
+		}
+		if !alive(l.pidFile(i)) {
+			b, _ := os.ReadFile(l.flanneldLog(i))
+			return fmt.Errorf("flanneld on %s exited:\n%s", n.Netns, tail(string(b), 2000))
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *Lab) pidFile(i int) string { return filepath.Join(l.nodeDir(i), "flanneld.pid") }
+
+// RestartFlanneld stops node i's flanneld and starts it again, as an upgrade or a crash loop
+// would: it keeps its lease (the subnet file) and programs flannel.1's neighbour and FDB entries
+// and routes anew. It returns once the new flanneld has rewritten the subnet file.
+func (l *Lab) RestartFlanneld(ctx context.Context, i int) error {
+	if _, err := l.Node(i); err != nil {
+		return err
+	}
+	if err := killPidFile(l.pidFile(i), "flanneld"); err != nil {
+		return err
+	}
+	since := time.Now()
+	if err := l.startFlanneld(ctx, i); err != nil {
+		return err
+	}
+	return l.waitLease(ctx, i, since)
+}
+
+// killAll kills every process the lab's pid files name: flanneld first, then etcd.
+func (l *Lab) killAll() []error {
+	var errs []error
+	pids, _ := filepath.Glob(filepath.Join(l.Dir, "n*", "flanneld.pid"))
+	for _, p := range pids {
+		if err := killPidFile(p, "flanneld"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := killPidFile(filepath.Join(l.Dir, "etcd.pid"), "etcd"); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// pidOf reads a pid file and says whether that pid still runs the named program (a reused
+// pid is someone else's).
+func pidOf(pidFile, prog string) (int, bool) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return pid, false
+	}
+	argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+	return pid, filepath.Base(string(argv0)) == prog && !zombie(pid)
+}
+
+// alive says whether the pid file's process still runs (just started, it may still be the
+// `ip netns exec` that becomes the program).
+func alive(pidFile string) bool {
+	pid, ok := pidOf(pidFile, "flanneld")
+	if ok {
+		return true
+	}
+	if pid == 0 {
+		return false
+	}
+	_, ok = pidOf(pidFile, "ip")
+	return ok
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := bytes.Cut(b, []byte(") "))
+	return len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
+}
+
+// killPidFile stops the program a pid file names (TERM, then KILL after 3 s) and removes the
+// file. A file naming nothing running is removed quietly.
+func killPidFile(pidFile, prog string) error {
+	pid, ok := pidOf(pidFile, prog)
+	if ok {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		deadline := time.Now().Add(3 * time.Second)
+		for !zombie(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !zombie(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			for i := 0; i < 100 && !zombie(pid); i++ {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !zombie(pid) {
+				return fmt.Errorf("%s (pid %d) does not die", prog, pid)
+			}
+		}
+	}
+	if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// killPIDs kills processes that live in one of the lab's namespaces (what a test left
+// running there, a flanneld whose pid file was lost).
+func killPIDs(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, pid := range pids {
+		for i := 0; i < 100 && !zombie(pid); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
