@@ -68,8 +68,15 @@ stop_node() {
 		done
 		rm -rf "$r"
 	fi
-	# cgroupfs: containers ran under /<node>/<id> in each v1 hierarchy (and in the v2 one).
-	find /sys/fs/cgroup -depth -type d -path "*/$P-n$i*" -exec rmdir {} + 2>/dev/null || true
+	# cgroupfs: containers ran under /<node>/<id> in each hierarchy. A container whose shim was
+	# killed outlives it (it is pid 1 of its own pid namespace): kill what is left in its cgroups.
+	local cg
+	for cg in /sys/fs/cgroup/*/"$P-n$i" /sys/fs/cgroup/"$P-n$i"; do
+		[[ -d $cg ]] || continue
+		pids=$(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null)
+		[[ -z $pids ]] || { kill -KILL $pids 2>/dev/null; sleep 0.2; }
+		find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	done
 }
 
 down() {
