@@ -20,6 +20,8 @@
 #define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
 #define FP_MAX_FLOWS 65536
 #define FP_MAX_PODS 4096
+/* Overlays one attachment serves (docker swarm: ingress plus each user overlay). */
+#define FP_MAX_OVL 16
 /* Each direction of a flow takes the normal path once per this long (re-learned there). */
 #define FP_REVALIDATE_NS (5ULL * 1000000000ULL)
 /* skb->mark of frames prg_fastpath_tx/dtx redirected, so the learner behind them skips them and
@@ -47,7 +49,7 @@
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
 #define FP_TC_INDEX_OUT 0xfa58
 
-/* Counters: prg_fastpath_stat[dir * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
+/* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
 enum {
 	FP_R_HIT,    /* took the fast path */
@@ -92,7 +94,8 @@ struct fp_key {
 	__u16 lport;  /* network order; ICMP echo: the identifier in both */
 	__u16 rport;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 ovl;     /* fp_ovl of the programs that made it: overlays may reuse addresses */
+	__u8 pad[2];
 };
 
 struct fp_flow {
@@ -113,9 +116,16 @@ struct fp_flow {
 	__u16 pad;
 };
 
+/* Which overlay this copy of the programs serves: its config (prg_fastpath_cfg[fp_ovl]), its
+ * counters and its flows' keys. Userspace loads one copy of the programs per overlay, sharing the
+ * maps, and sets this at load time; the verifier sees a constant, so the hit path looks up its
+ * config as before (an inlined array access) and a node can fast-path several overlays, each
+ * device and pod veth running the copy of its own overlay. */
+volatile const __u32 fp_ovl = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, FP_MAX_OVL);
 	__type(key, __u32);
 	__type(value, struct fp_cfg);
 } prg_fastpath_cfg SEC(".maps");
@@ -129,7 +139,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2 * FP_R_N);
+	__uint(max_entries, FP_MAX_OVL * 2 * FP_R_N);
 	__type(key, __u32);
 	__type(value, __u64);
 } prg_fastpath_stat SEC(".maps");
@@ -138,7 +148,7 @@ PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
 
 static __always_inline void count(__u32 dir, __u32 r)
 {
-	__u32 i = dir * FP_R_N + r;
+	__u32 i = (fp_ovl * 2 + dir) * FP_R_N + r;
 	__u64 *c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
 	if (c)
 		*c += 1;
@@ -146,8 +156,8 @@ static __always_inline void count(__u32 dir, __u32 r)
 
 static __always_inline struct fp_cfg *fp_config(void)
 {
-	__u32 zero = 0;
-	struct fp_cfg *c = bpf_map_lookup_elem(&prg_fastpath_cfg, &zero);
+	__u32 ovl = fp_ovl;
+	struct fp_cfg *c = bpf_map_lookup_elem(&prg_fastpath_cfg, &ovl);
 	return c && (c->flags & FP_C_ON) ? c : NULL;
 }
 
@@ -234,6 +244,7 @@ static __always_inline void key_out(struct fp_key *k, const struct fp_pkt *p)
 	k->lport = p->sport;
 	k->rport = p->dport;
 	k->proto = p->proto;
+	k->ovl = fp_ovl;
 }
 
 static __always_inline void key_in(struct fp_key *k, const struct fp_pkt *p)
@@ -243,6 +254,7 @@ static __always_inline void key_in(struct fp_key *k, const struct fp_pkt *p)
 	k->lport = p->dport;
 	k->rport = p->sport;
 	k->proto = p->proto;
+	k->ovl = fp_ovl;
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)

@@ -6,12 +6,16 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/flow"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -92,23 +96,78 @@ func (t *Topology) ByStage(stage string) []Dev {
 // ErrNoOverlay says the namespace has no VXLAN overlay to work on.
 var ErrNoOverlay = errors.New("no overlay found")
 
-// candidateNamespaces are the named namespaces an overlay's parts may live in: iproute2's and
-// Docker's (the overlay driver keeps its namespaces under /var/run/docker/netns).
+// candidateNamespaces are the named namespaces an overlay's parts may live in: iproute2's,
+// Docker's (the overlay driver keeps its namespaces as files under <exec-root>/netns, by default
+// /var/run/docker/netns) and any other namespace file bind-mounted somewhere (a dockerd run with
+// its own --exec-root per node, a CNI's /var/run/netns/cni-*), found in the mount table.
 func candidateNamespaces(exclude string) []string {
 	var out []string
-	if names, err := netnsutil.List(""); err == nil {
-		for _, n := range names {
-			if n != exclude {
-				out = append(out, n)
-			}
+	seen := map[string]bool{exclude: true, netnsutil.Path(exclude): true}
+	addNS := func(n string) {
+		if !seen[n] && !seen[netnsutil.Path(n)] {
+			seen[n], seen[netnsutil.Path(n)] = true, true
+			out = append(out, n)
 		}
 	}
-	if entries, err := os.ReadDir("/var/run/docker/netns"); err == nil {
+	if names, err := netnsutil.List(""); err == nil {
+		for _, n := range names {
+			addNS(n)
+		}
+	}
+	if entries, err := os.ReadDir(DockerNetnsDir); err == nil {
 		for _, e := range entries {
-			out = append(out, filepath.Join("/var/run/docker/netns", e.Name()))
+			addNS(filepath.Join(DockerNetnsDir, e.Name()))
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, p := range NsfsMounts(string(b)) {
+			addNS(p)
 		}
 	}
 	return out
+}
+
+// DockerNetnsDir is where a default dockerd keeps its overlay namespaces.
+const DockerNetnsDir = "/var/run/docker/netns"
+
+// NsfsMounts lists the mount points of namespace files in a mountinfo text (proc(5)): field 5 is
+// the mount point, the filesystem type follows the " - " separator. Which kind of namespace each
+// is shows only when opened; openView skips what is not a network namespace. Mount points under
+// /proc are processes' own namespace links, not names.
+func NsfsMounts(mountinfo string) []string {
+	var out []string
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || g[0] != "nsfs" {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if !strings.HasPrefix(mp, "/") || strings.HasPrefix(mp, "/proc/") || filepath.Dir(mp) == netnsutil.RunDir {
+			continue // iproute2's names are listed by name
+		}
+		out = append(out, mp)
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 type nsView struct {
@@ -215,7 +274,7 @@ func Discover(host, underlayOverride string) (*Topology, error) {
 			add(v, l, StageVXLAN)
 			t.addVXLANPort(vx)
 			if underlayOverride == "" {
-				if u := underlayOf(hv, vx); u != nil {
+				if u := underlayOf(hv, v, vx); u != nil {
 					add(hv, u, StageNIC)
 				} else {
 					t.Notes = append(t.Notes, fmt.Sprintf("could not tell the underlay behind %s: pass --underlay", Dev{Netns: v.name, Name: vx.Name}))
@@ -293,8 +352,9 @@ func vethPeer(views []*nsView, v *nsView, l netlink.Link) (netlink.Link, *nsView
 }
 
 // underlayOf finds the device a VXLAN device sends on: its configured dev, else the device
-// that owns its local address.
-func underlayOf(hv *nsView, vx *netlink.Vxlan) netlink.Link {
+// that owns its local address, else (Docker's vxlan0 has neither) the device of the route to
+// its remote VTEPs, else the default route's.
+func underlayOf(hv, v *nsView, vx *netlink.Vxlan) netlink.Link {
 	if vx.VtepDevIndex > 0 {
 		return hv.byIndex(vx.VtepDevIndex)
 	}
@@ -308,6 +368,9 @@ func underlayOf(hv *nsView, vx *netlink.Vxlan) netlink.Link {
 			}
 		}
 	}
+	if idx, _, ok := RemoteVTEPRoute(hv.h, v.h, vx.Index); ok {
+		return hv.byIndex(idx)
+	}
 	routes, _ := hv.h.RouteList(nil, netlink.FAMILY_V4)
 	for _, r := range routes {
 		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
@@ -315,6 +378,40 @@ func underlayOf(hv *nsView, vx *netlink.Vxlan) netlink.Link {
 		}
 	}
 	return nil
+}
+
+// RemoteVTEPs lists the remote VTEP addresses a VXLAN device's FDB sends to (its "dst" entries:
+// Docker's and flannel's per-peer entries), IPv4, each once, in FDB order.
+func RemoteVTEPs(vxh *netlink.Handle, vxIndex int) []net.IP {
+	fdb, err := vxh.NeighList(vxIndex, unix.AF_BRIDGE)
+	if err != nil {
+		return nil
+	}
+	var out []net.IP
+	for _, n := range fdb {
+		ip := n.IP.To4()
+		if ip == nil || ip.IsUnspecified() || ip.IsMulticast() || slices.ContainsFunc(out, ip.Equal) {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
+}
+
+// RemoteVTEPRoute finds the underlay of a VXLAN device that names neither a device nor a local
+// address: the route the host namespace (hh; the device's link-netns) takes to the device's
+// remote VTEPs (its FDB, in vxh's namespace). The first remote VTEP with a route decides; src is
+// that route's preferred source (the kernel's choice of outer source address when the device
+// has no local address), nil if the route has none.
+func RemoteVTEPRoute(hh, vxh *netlink.Handle, vxIndex int) (ifindex int, src net.IP, ok bool) {
+	for _, dst := range RemoteVTEPs(vxh, vxIndex) {
+		rs, err := hh.RouteGet(dst)
+		if err != nil || len(rs) == 0 || rs[0].LinkIndex <= 0 {
+			continue
+		}
+		return rs[0].LinkIndex, rs[0].Src.To4(), true
+	}
+	return 0, nil, false
 }
 
 // nsLabel is netnsutil.Label, short for this package's many messages.

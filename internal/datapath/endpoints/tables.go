@@ -158,6 +158,7 @@ func Holds(tb Tables, slot, ifindex uint32) bool {
 
 // View is one endpoint entry as status shows it.
 type View struct {
+	Domain  uint32 `json:"domain"` // netns inode of the bridge-side veth (Endpoint.Domain)
 	Addr    string `json:"addr"`
 	Ifindex uint32 `json:"ifindex"`
 	MAC     string `json:"mac"`
@@ -172,7 +173,7 @@ func List(tb Tables) ([]View, error) {
 	var v Entry
 	it := tb.EP.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, View{Addr: WordsAddr(k.Family, k.Addr).String(), Ifindex: v.Ifindex, MAC: net.HardwareAddr(v.CtrMAC[:]).String(),
+		out = append(out, View{Domain: k.Netns, Addr: WordsAddr(k.Family, k.Addr).String(), Ifindex: v.Ifindex, MAC: net.HardwareAddr(v.CtrMAC[:]).String(),
 			Gone: v.Flags&FlagGone != 0, Held: v.Flags&FlagGone == 0 && Holds(tb, v.Slot, v.Ifindex)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })

@@ -3,8 +3,13 @@ package fastpath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,20 +51,33 @@ func (mode) RunAgent(ctx context.Context, target string) error {
 func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	target := st.Target
 	ms, err := datapath.LoadModeState[modeState](st)
-	if err != nil || ms.Overlay == nil {
+	ovs := ms.overlays()
+	if err != nil || len(ovs) == 0 {
 		return errors.Join(errors.New("fastpath: record has no overlay"), err)
 	}
-	p, err := openPinned(target, true)
+	var c Config
+	if err := datapath.RecordedConfig(st, &c); err != nil {
+		c.OneWay = ovs[0].OneWay // a record of an older peregrine: as the overlay says
+	}
+	p, err := openPinned(target, indices(ovs)...)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	a := &agent{target: target, p: p, lg: lg, flush: make(chan string, 1), neigh: map[string]string{}}
-	a.ov.Store(ms.Overlay)
+	a := &agent{target: target, p: p, lg: lg, flush: make(chan string, 1), neigh: map[string]string{},
+		only: c.VXLANDev, oneWay: c.OneWay, noted: map[string]bool{}}
+	a.ovs.Store(&ovs)
 	w := datapath.Watch{Neighs: true, Routes: true, Event: a.event, NeighsSubscribed: a.learnNeighs,
 		Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Sync: a.syncAll, Log: lg}
-	lg.Printf("started (%s layout)", ms.Overlay.Layout)
-	nss := []string{target, ms.Overlay.VX.Dev.Netns}
+	for _, ov := range ovs {
+		lg.Printf("started: %s (%s layout, overlay %d)", ov.VX.Dev, ov.Layout, ov.Index)
+	}
+	nss := []string{target}
+	for _, ov := range ovs {
+		if !slices.Contains(nss, ov.VX.Dev.Netns) {
+			nss = append(nss, ov.VX.Dev.Netns)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the netfilter subscriptions end with the loop
 	// A rule change forgets every flow at once, not at the next round of the loop (up to
@@ -99,11 +117,14 @@ type agent struct {
 	target  string
 	p       *pinned
 	lg      *log.Logger
-	ov      atomic.Pointer[overlay] // read by the netlink watchers, replaced by sync
-	flush   chan string             // why every flow must go (a watched device or neighbour changed)
-	expired time.Time               // when idle flows were last forgotten
-	mu      sync.Mutex              // guards neigh (one watcher per namespace)
-	neigh   map[string]string       // neighbour/FDB key -> address, to tell a real change from a state change
+	ovs     atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
+	only    []string                   // option vxlan_dev
+	oneWay  bool                       // option one_way
+	noted   map[string]bool            // overlays the agent logged it cannot serve
+	flush   chan string                // why every flow must go (a watched device or neighbour changed)
+	expired time.Time                  // when idle flows were last forgotten
+	mu      sync.Mutex                 // guards neigh (one watcher per namespace)
+	neigh   map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
 }
 
 func monoNs() uint64 {
@@ -119,31 +140,75 @@ func (a *agent) flushFor(why string) {
 	}
 }
 
-// sync re-reads the overlay and the pods: a changed overlay rewrites the config and forgets
-// every flow; changed pods get new endpoints (their flows forgotten) and new veths the programs.
+// sync re-reads the overlays and the pods: a changed overlay rewrites its config and forgets its
+// flows; an overlay that appeared (docker creates an overlay's namespace when the node's first
+// container joins it) gets its copy of the programs, one that went away its config off;
+// changed pods get new endpoints (their flows forgotten) and new veths the programs. The record
+// follows the overlays, so status lists the live ones.
 func (a *agent) sync(st *datapath.State) {
 	t, err := datapath.Discover(st.Target, st.Options.Underlay)
 	if err != nil {
 		a.lg.Printf("discover: %v", err)
 		return
 	}
-	ov, _, err := readOverlay(t)
+	live, _, err := readOverlays(t, st.Options.Underlay, a.only)
 	if err != nil {
-		a.lg.Printf("overlay: %v", err)
+		a.lg.Printf("overlays: %v", err)
 		return
 	}
-	ov.OneWay = a.ov.Load().OneWay // an option, not a device setting
-	if ov.cfg() != a.ov.Load().cfg() {
-		if err := a.p.PrgFastpathCfg.Put(uint32(0), ov.cfg()); err != nil {
-			a.lg.Printf("write config: %v", err)
-			return
+	old := *a.ovs.Load()
+	byDev := map[string]*overlay{}
+	used := map[int]bool{}
+	for _, ov := range old {
+		byDev[ov.VX.Dev.String()] = ov
+		used[ov.Index] = true
+	}
+	var next []*overlay
+	changedSet := false
+	for _, ov := range live {
+		ov.OneWay = a.oneWay // an option, not a device setting
+		prev := byDev[ov.VX.Dev.String()]
+		if prev == nil {
+			if a.add(ov, used) {
+				next = append(next, ov)
+				changedSet = true
+			}
+			continue
 		}
-		n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
+		delete(byDev, ov.VX.Dev.String())
+		ov.Index = prev.Index
+		next = append(next, ov)
+		if ov.cfg() == prev.cfg() {
+			continue
+		}
+		if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+			a.lg.Printf("write config: %v", err)
+			continue
+		}
+		changedSet = true
+		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == ov.Index })
 		a.lg.Printf("overlay changed (%s mtu %d vtep %s port %d vni %d): config rewritten, forgot %d flows",
 			ov.VX.Dev, ov.MTU, ov.VTEP, ov.Port, ov.VNI, n)
-		a.ov.Store(ov)
 	}
-	eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+	for _, gone := range byDev {
+		// Its device is gone (the kernel removed its links with it): off, flows forgotten.
+		_ = a.p.PrgFastpathCfg.Put(uint32(gone.Index), fpFpCfg{})
+		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == gone.Index })
+		a.lg.Printf("overlay %s is gone: config off, forgot %d flows", gone.VX.Dev, n)
+		changedSet = true
+	}
+	slices.SortFunc(next, func(x, y *overlay) int { return x.Index - y.Index })
+	a.ovs.Store(&next)
+	a.record(st, t, next, changedSet)
+	var eps []endpoints.Endpoint
+	perOv := map[int][]endpoints.Endpoint{}
+	nsByInode := map[uint32]string{}
+	for _, ov := range next {
+		e, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+		perOv[ov.Index] = e
+		eps = append(eps, e...)
+		nsByInode[ov.VX.Inode] = ov.VX.Dev.Netns
+	}
 	rep, err := endpoints.Sync(a.p.tables(), eps, time.Now())
 	if err != nil {
 		a.lg.Printf("endpoints: %v", err)
@@ -158,12 +223,99 @@ func (a *agent) sync(st *datapath.State) {
 		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return changed[k.Local] })
 		a.lg.Printf("endpoints: %d live, %d added, %d updated, %d gone: forgot %d flows", rep.Live, rep.Added, rep.Updated, rep.Gone, n)
 	}
-	if n, err := attachPods(a.p, a.target, ov, eps); err != nil {
-		a.lg.Printf("attach: %v", err)
-	} else if n > 0 {
-		a.lg.Printf("programs attached to %d new pod veths", n)
+	for _, ov := range next {
+		if n, err := attachPods(a.p, a.target, ov, perOv[ov.Index]); err != nil {
+			a.lg.Printf("attach: %v", err)
+		} else if n > 0 {
+			a.lg.Printf("programs attached to %d new pod veths of %s", n, ov.VX.Dev)
+		}
 	}
-	pruneLinks(a.target, map[uint32]string{ov.VX.Inode: ov.VX.Dev.Netns})
+	if ino, err := netnsutil.Inode(netnsutil.Path(a.target)); err == nil {
+		nsByInode[uint32(ino)] = a.target
+	}
+	pruneLinks(a.target, nsByInode)
+}
+
+// add gives an overlay that appeared after attach a free index and its copy of the programs,
+// writes its config and attaches it; false (logged once) when it cannot.
+func (a *agent) add(ov *overlay, used map[int]bool) bool {
+	fail := func(why string, err error) bool {
+		if !a.noted[ov.VX.Dev.String()] {
+			a.noted[ov.VX.Dev.String()] = true
+			a.lg.Printf("new overlay %s: %s: %v; its traffic takes the normal path", ov.VX.Dev, why, err)
+		}
+		return false
+	}
+	ov.Index = -1
+	for i := range maxOverlays {
+		if !used[i] {
+			ov.Index = i
+			break
+		}
+	}
+	if ov.Index < 0 {
+		return fail("no free slot", fmt.Errorf("%d overlays served", maxOverlays))
+	}
+	if ov.Index != 0 && a.p.more[ov.Index] == nil {
+		pp, err := loadOverlayPrograms(&a.p.fpMaps, ov.Index)
+		if err != nil {
+			return fail("load programs", err)
+		}
+		dir := datapath.ModePinDir(a.target, Name)
+		for name := range progsOf(pp) {
+			_ = os.Remove(filepath.Join(dir, progPin(name, ov.Index))) // a gone overlay's
+		}
+		if err := pinPrograms(pp, dir, ov.Index); err != nil {
+			pp.Close()
+			return fail("pin programs", err)
+		}
+		a.p.more[ov.Index] = pp
+	}
+	if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+		return fail("write config", err)
+	}
+	if err := attachOverlay(a.p, a.target, ov); err != nil {
+		_ = a.p.PrgFastpathCfg.Put(uint32(ov.Index), fpFpCfg{})
+		return fail("attach", err)
+	}
+	used[ov.Index] = true
+	delete(a.noted, ov.VX.Dev.String())
+	a.lg.Printf("new overlay %s (%s layout, vni %d): overlay %d", ov.VX.Dev, ov.Layout, ov.VNI, ov.Index)
+	return true
+}
+
+// record writes the live overlays (when they changed) and devices (when pods came or went)
+// into the attachment's record: status lists what is there now, not what was at attach.
+func (a *agent) record(st *datapath.State, t *datapath.Topology, ovs []*overlay, ovsChanged bool) {
+	devsChanged := st.Topology == nil || devSet(st.Topology) != devSet(t)
+	if (!ovsChanged && !devsChanged) || len(ovs) == 0 {
+		return
+	}
+	ms, err := datapath.LoadModeState[modeState](st)
+	if err != nil {
+		return
+	}
+	ms.Overlays, ms.Overlay = ovs, ovs[0]
+	if devsChanged {
+		nt := *t
+		if st.Topology != nil {
+			nt.Notes = st.Topology.Notes // attach's notes stay
+		}
+		st.Topology = &nt
+	}
+	if err := datapath.SaveModeState(st, ms); err != nil {
+		a.lg.Printf("record: %v", err)
+	}
+}
+
+// devSet is a topology's devices as one comparable string.
+func devSet(t *datapath.Topology) string {
+	var ds []string
+	for _, d := range t.Devs {
+		ds = append(ds, d.Stage+" "+d.String()+" "+itoa(d.Ifindex))
+	}
+	slices.Sort(ds)
+	return strings.Join(ds, "\n")
 }
 
 // forget deletes the flows drop selects and returns how many.
@@ -234,8 +386,12 @@ func (a *agent) neighChanged(ns string, u netlink.NeighUpdate) bool {
 }
 
 func (a *agent) watched(ns string, ifindex int) bool {
-	ov := a.ov.Load()
-	return ns == a.target && ifindex == ov.Underlay.Ifindex || ns == ov.VX.Dev.Netns && ifindex == ov.VX.Dev.Ifindex
+	for _, ov := range *a.ovs.Load() {
+		if ns == a.target && ifindex == ov.Underlay.Ifindex || ns == ov.VX.Dev.Netns && ifindex == ov.VX.Dev.Ifindex {
+			return true
+		}
+	}
+	return false
 }
 
 func neighKey(ns string, n netlink.Neigh) (key, val string) {

@@ -69,7 +69,8 @@ type fpFpKey struct {
 	Lport  uint16
 	Rport  uint16
 	Proto  uint8
-	Pad    [3]uint8
+	Ovl    uint8
+	Pad    [2]uint8
 }
 
 type fpPrgPod struct {
@@ -106,6 +107,7 @@ const (
 	fpProgPrgFastpathLrnTx  = "prg_fastpath_lrn_tx"
 	fpProgPrgFastpathRx     = "prg_fastpath_rx"
 	fpProgPrgFastpathTx     = "prg_fastpath_tx"
+	fpVarFpOvl              = "fp_ovl"
 )
 
 // loadFp returns the embedded CollectionSpec for fp.
@@ -175,6 +177,7 @@ type fpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpVariableSpecs struct {
+	FpOvl *ebpf.VariableSpec `ebpf:"fp_ovl"`
 }
 
 // fpObjects contains all objects after they have been loaded into the kernel.
@@ -220,6 +223,7 @@ func (m *fpMaps) Close() error {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpVariables struct {
+	FpOvl *ebpf.Variable `ebpf:"fp_ovl"`
 }
 
 // fpPrograms contains all programs after they have been loaded into the kernel.

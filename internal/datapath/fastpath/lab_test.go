@@ -161,7 +161,7 @@ func TestLabFastPath(t *testing.T) {
 
 			// Detach leaves no program, map or pin.
 			var ids []ebpf.MapID
-			p, err := openPinned(hosts[0], false)
+			p, err := openPinned(hosts[0])
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -49,9 +49,13 @@ func attachTCX(prog *ebpf.Program, ns string, ifindex int, at ebpf.AttachType, p
 // attachOverlay attaches the receive program and the transmit learner: on the underlay
 // (routed layout) or on the VXLAN device (bridged layout).
 func attachOverlay(p *pinned, target string, ov *overlay) error {
-	rx, lrn, dev, inode := p.PrgFastpathRx, p.PrgFastpathLrnTx, ov.Underlay, ov.VX.Inode
+	pp := p.progs(ov.Index)
+	if pp == nil {
+		return fmt.Errorf("fastpath: the programs of overlay %d (%s) are not open", ov.Index, ov.VX.Dev)
+	}
+	rx, lrn, dev, inode := pp.PrgFastpathRx, pp.PrgFastpathLrnTx, ov.Underlay, ov.VX.Inode
 	if ov.Layout == LayoutBridged {
-		rx, lrn, dev = p.PrgFastpathDrx, p.PrgFastpathDlrnTx, ov.VX.Dev
+		rx, lrn, dev = pp.PrgFastpathDrx, pp.PrgFastpathDlrnTx, ov.VX.Dev
 	} else {
 		ino, err := netnsutil.Inode(netnsutil.Path(target))
 		if err != nil {
@@ -68,12 +72,17 @@ func attachOverlay(p *pinned, target string, ov *overlay) error {
 	return nil
 }
 
-// attachPods attaches the pods' side to every bridge-side veth of eps that lacks it: the
-// transmit program at ingress (what the pod sends), the receive learner at egress.
+// attachPods attaches the pods' side of overlay ov (its copy of the programs) to every
+// bridge-side veth of eps that lacks it: the transmit program at ingress (what the pod sends),
+// the receive learner at egress.
 func attachPods(p *pinned, target string, ov *overlay, eps []endpoints.Endpoint) (int, error) {
-	tx := p.PrgFastpathTx
+	pp := p.progs(ov.Index)
+	if pp == nil {
+		return 0, fmt.Errorf("fastpath: the programs of overlay %d (%s) are not open", ov.Index, ov.VX.Dev)
+	}
+	tx := pp.PrgFastpathTx
 	if ov.Layout == LayoutBridged {
-		tx = p.PrgFastpathDtx
+		tx = pp.PrgFastpathDtx
 	}
 	n := 0
 	seen := map[int]bool{}
@@ -86,7 +95,7 @@ func attachPods(p *pinned, target string, ov *overlay, eps []endpoints.Endpoint)
 		added, err := attachTCX(tx, e.Netns, e.Ifindex, ebpf.AttachTCXIngress, linkPin(target, e.Domain, e.Ifindex, e.Veth, "in"))
 		if err == nil {
 			var a2 bool
-			a2, err = attachTCX(p.PrgFastpathLrnRx, e.Netns, e.Ifindex, ebpf.AttachTCXEgress, linkPin(target, e.Domain, e.Ifindex, e.Veth, "eg"))
+			a2, err = attachTCX(pp.PrgFastpathLrnRx, e.Netns, e.Ifindex, ebpf.AttachTCXEgress, linkPin(target, e.Domain, e.Ifindex, e.Veth, "eg"))
 			added = added || a2
 		}
 		if err != nil {

@@ -25,14 +25,18 @@ const Name = "fastpath"
 
 // Option keys (declared on Config).
 const (
-	OptAgent  = "agent"
-	OptOneWay = "one_way"
+	OptAgent    = "agent"
+	OptOneWay   = "one_way"
+	OptVXLANDev = "vxlan_dev"
 )
 
 // Config is fastpath's typed configuration, saved in the record.
 type Config struct {
 	Agent  bool `json:"agent" opt:"agent" default:"true" help:"run the node agent (false: pods and devices are frozen at attach; flows still re-learn every few seconds)"`
 	OneWay bool `json:"one_way" opt:"one_way" help:"a flow the normal path delivered to a pod takes the ingress fast path without waiting for the pod's reply (one-way streams such as UDP telemetry); default: only flows carried both ways"`
+	// VXLANDev limits the fast path to the named VXLAN devices (names such as vxlan0, or
+	// netns/name where several namespaces hold one of that name, as status prints them).
+	VXLANDev []string `json:"vxlan_dev,omitempty" opt:"vxlan_dev" help:"only these VXLAN devices (name, or netns/name as status shows it; repeatable); default: every VXLAN overlay of the node, each with its own config"`
 }
 
 var schema = option.Declare(Name, Config{})
@@ -53,8 +57,20 @@ func (mode) Summary() string {
 
 // modeState is fastpath's part of the attachment record.
 type modeState struct {
-	Overlay *overlay `json:"overlay"`
-	Notes   []string `json:"notes,omitempty"`
+	Overlay  *overlay   `json:"overlay"`            // the first of Overlays (records before there were several)
+	Overlays []*overlay `json:"overlays,omitempty"` // every overlay served, Index = position
+	Notes    []string   `json:"notes,omitempty"`
+}
+
+// overlays are the overlays of a record (one for a record written before there were several).
+func (ms *modeState) overlays() []*overlay {
+	if len(ms.Overlays) > 0 {
+		return ms.Overlays
+	}
+	if ms.Overlay != nil {
+		return []*overlay{ms.Overlay}
+	}
+	return nil
 }
 
 // Knobs: one, conntrack's TCP window check in the node's namespace. Where the node tracks
@@ -82,11 +98,29 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	if err != nil {
 		return err
 	}
-	ov, notes, err := readOverlay(t)
+	ovs, notes, err := readOverlays(t, o.Underlay, c.VXLANDev)
 	if err != nil {
 		return err
 	}
-	ov.OneWay = c.OneWay
+	// Pods first: a layout whose pods the fast path cannot serve is refused before anything
+	// changes.
+	var eps []endpoints.Endpoint
+	perOv := make([][]endpoints.Endpoint, len(ovs))
+	for _, ov := range ovs {
+		ov.OneWay = c.OneWay
+		e, epNotes := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+		notes = append(notes, epNotes...)
+		if len(e) == 0 {
+			w, err := noPods(ov)
+			if err != nil {
+				return err
+			}
+			notes = append(notes, w)
+			st.Topology.Notes = append(st.Topology.Notes, "fastpath: "+w)
+		}
+		perOv[ov.Index] = e
+		eps = append(eps, e...)
+	}
 	if _, err := os.Stat(datapath.ModePinDir(st.Target, Name)); err == nil {
 		return fmt.Errorf("fastpath: %s already exists (a crashed attach?): run `peregrine detach` on %s first", datapath.ModePinDir(st.Target, Name), netnsutil.Label(st.Target))
 	}
@@ -100,33 +134,51 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	if err := pinObjects(objs, dir); err != nil {
 		return err
 	}
-	ms := modeState{Overlay: ov, Notes: notes}
-	for _, u := range ov.Unsup {
-		ms.Notes = append(ms.Notes, fmt.Sprintf("%s: %s is not reproduced: every packet takes the normal path", ov.VX.Dev, u))
+	p := &pinned{fpMaps: objs.fpMaps, fpPrograms: objs.fpPrograms, more: map[int]*fpPrograms{}}
+	defer func() {
+		for _, m := range p.more {
+			m.Close()
+		}
+	}()
+	for _, ov := range ovs[1:] {
+		pp, err := loadOverlayPrograms(&objs.fpMaps, ov.Index)
+		if err != nil {
+			return err
+		}
+		p.more[ov.Index] = pp
+		if err := pinPrograms(pp, dir, ov.Index); err != nil {
+			return err
+		}
 	}
-	if ov.UDPCsum {
-		ms.Notes = append(ms.Notes, fmt.Sprintf("%s computes outer UDP checksums; fast-path frames carry 0 (RFC 7348 allows it over IPv4; eBPF cannot mark GSO packets for per-segment outer checksums)", ov.VX.Dev))
+	ms := modeState{Overlay: ovs[0], Overlays: ovs, Notes: notes}
+	for _, ov := range ovs {
+		for _, u := range ov.Unsup {
+			ms.Notes = append(ms.Notes, fmt.Sprintf("%s: %s is not reproduced: every packet takes the normal path", ov.VX.Dev, u))
+		}
+		if ov.UDPCsum {
+			ms.Notes = append(ms.Notes, fmt.Sprintf("%s computes outer UDP checksums; fast-path frames carry 0 (RFC 7348 allows it over IPv4; eBPF cannot mark GSO packets for per-segment outer checksums)", ov.VX.Dev))
+		}
 	}
 	if err := datapath.SaveModeState(st, ms); err != nil {
 		return err
 	}
-	p := &pinned{fpMaps: objs.fpMaps, fpPrograms: objs.fpPrograms}
 	// Endpoints first, then the receive side, then the pods' side: a flow learns only once
 	// every piece it needs is in place.
-	eps, epNotes := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
-	ms.Notes = append(ms.Notes, epNotes...)
 	if _, err := endpoints.Sync(p.tables(), eps, time.Now()); err != nil {
 		return fmt.Errorf("fastpath: %w", err)
 	}
-	cfg := ov.cfg()
-	if err := p.PrgFastpathCfg.Put(uint32(0), cfg); err != nil {
-		return fmt.Errorf("fastpath: write config: %w", err)
+	for _, ov := range ovs {
+		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+			return fmt.Errorf("fastpath: write config: %w", err)
+		}
+		if err := attachOverlay(p, st.Target, ov); err != nil {
+			return err
+		}
 	}
-	if err := attachOverlay(p, st.Target, ov); err != nil {
-		return err
-	}
-	if _, err := attachPods(p, st.Target, ov, eps); err != nil {
-		return err
+	for _, ov := range ovs {
+		if _, err := attachPods(p, st.Target, ov, perOv[ov.Index]); err != nil {
+			return err
+		}
 	}
 	datapath.SetModeState(st, ms)
 	if c.Agent {
@@ -139,8 +191,10 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 // the normal path) and removes the tcx links; the framework removes the pin directory after.
 func (mode) Unload(_ context.Context, st *datapath.State) error {
 	errs := []error{agentKit.Stop(st)}
-	if p, err := openPinned(st.Target, false); err == nil {
-		_ = p.PrgFastpathCfg.Put(uint32(0), fpFpCfg{})
+	if p, err := openPinned(st.Target); err == nil {
+		for i := range maxOverlays {
+			_ = p.PrgFastpathCfg.Put(uint32(i), fpFpCfg{})
+		}
 		p.Close()
 	}
 	if err := os.RemoveAll(filepath.Join(datapath.ModePinDir(st.Target, Name), linksSub)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -152,6 +206,7 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 // Example shows the mode in `attach --help`.
 func (mode) Example() string {
 	return `  sudo peregrine attach fastpath --lab          # every lab host (start here)
-  sudo peregrine attach fastpath                # this node's overlay (flannel.1/cni0 or docker's vxlan0/br0)
+  sudo peregrine attach fastpath                # this node's overlays (flannel.1/cni0, docker's vxlan0/br0 per overlay)
+  sudo peregrine attach fastpath --vxlan-dev /var/run/docker/netns/1-abc/vxlan0   # one docker overlay only
   sudo peregrine attach fastpath --one-way      # one-way streams take the ingress fast path too`
 }

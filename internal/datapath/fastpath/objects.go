@@ -50,13 +50,48 @@ func loadObjects() (*fpObjects, error) {
 
 func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{"prg_fastpath_cfg": &m.PrgFastpathCfg, "prg_fastpath_flow": &m.PrgFastpathFlow,
-		"prg_fastpath_stat": &m.PrgFastpathStat, "prg_fastpath_ep": &m.PrgFastpathEp, "prg_fastpath_port": &m.PrgFastpathPort}
+		"prg_fastpath_stat": &m.PrgFastpathStat, "prg_fastpath_ep": &m.PrgFastpathEp, "prg_fastpath_port": &m.PrgFastpathPort,
+		"prg_fastpath_ho": &m.PrgFastpathHo}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
 	return map[string]*ebpf.Program{"prg_fastpath_tx": p.PrgFastpathTx, "prg_fastpath_rx": p.PrgFastpathRx,
 		"prg_fastpath_lrn_tx": p.PrgFastpathLrnTx, "prg_fastpath_lrn_rx": p.PrgFastpathLrnRx,
 		"prg_fastpath_dtx": p.PrgFastpathDtx, "prg_fastpath_drx": p.PrgFastpathDrx, "prg_fastpath_dlrn_tx": p.PrgFastpathDlrnTx}
+}
+
+// loadOverlayPrograms loads the copy of the programs that serves overlay ovl (fp_ovl, see
+// bpf/fastpath.h) over the maps m: every copy shares the flow, pod, config, counter and handover
+// maps.
+func loadOverlayPrograms(m *fpMaps, ovl int) (*fpPrograms, error) {
+	spec, err := loadFp()
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: %w", err)
+	}
+	v, ok := spec.Variables["fp_ovl"]
+	if !ok {
+		return nil, errors.New("fastpath: the programs have no fp_ovl")
+	}
+	if err := v.Set(uint32(ovl)); err != nil {
+		return nil, fmt.Errorf("fastpath: set fp_ovl: %w", err)
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, mp := range mapsOf(m) {
+		repl[name] = *mp
+	}
+	var progs fpPrograms
+	if err := spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		return nil, fmt.Errorf("fastpath: load the programs of overlay %d: %w", ovl, err)
+	}
+	return &progs, nil
+}
+
+// progPin is the pin name of a program of overlay ovl (overlay 0's keep their kernel names).
+func progPin(name string, ovl int) string {
+	if ovl == 0 {
+		return name
+	}
+	return fmt.Sprintf("%s_o%d", name, ovl)
 }
 
 func pinObjects(o *fpObjects, dir string) error {
@@ -68,29 +103,50 @@ func pinObjects(o *fpObjects, dir string) error {
 			return fmt.Errorf("fastpath: pin %s: %w", name, err)
 		}
 	}
-	for name, p := range progsOf(&o.fpPrograms) {
-		if err := p.Pin(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("fastpath: pin %s: %w", name, err)
+	return pinPrograms(&o.fpPrograms, dir, 0)
+}
+
+func pinPrograms(p *fpPrograms, dir string, ovl int) error {
+	for name, p := range progsOf(p) {
+		if err := p.Pin(filepath.Join(dir, progPin(name, ovl))); err != nil {
+			return fmt.Errorf("fastpath: pin %s: %w", progPin(name, ovl), err)
 		}
 	}
 	return nil
 }
 
-// pinned are an attachment's maps and programs re-opened from their pins.
+// pinned are an attachment's maps and programs re-opened from their pins: overlay 0's programs
+// embedded, the other overlays' in more.
 type pinned struct {
 	fpMaps
 	fpPrograms
+	more map[int]*fpPrograms
 }
 
-func (p *pinned) Close() { p.fpMaps.Close(); p.fpPrograms.Close() }
+func (p *pinned) Close() {
+	p.fpMaps.Close()
+	p.fpPrograms.Close()
+	for _, m := range p.more {
+		m.Close()
+	}
+}
+
+// progs are the programs of overlay ovl (nil if not opened).
+func (p *pinned) progs(ovl int) *fpPrograms {
+	if ovl == 0 {
+		return &p.fpPrograms
+	}
+	return p.more[ovl]
+}
 
 func (p *pinned) tables() endpoints.Tables {
 	return endpoints.Tables{EP: p.PrgFastpathEp, Port: p.PrgFastpathPort}
 }
 
-func openPinned(target string, progs bool) (*pinned, error) {
+// openPinned opens the maps and the programs of the overlays ovls.
+func openPinned(target string, ovls ...int) (*pinned, error) {
 	dir := datapath.ModePinDir(target, Name)
-	p := &pinned{}
+	p := &pinned{more: map[int]*fpPrograms{}}
 	for name, m := range mapsOf(&p.fpMaps) {
 		var err error
 		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err != nil {
@@ -98,14 +154,19 @@ func openPinned(target string, progs bool) (*pinned, error) {
 			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, netnsutil.Label(target), err)
 		}
 	}
-	if progs {
-		for name, dst := range map[string]**ebpf.Program{"prg_fastpath_tx": &p.PrgFastpathTx, "prg_fastpath_rx": &p.PrgFastpathRx,
-			"prg_fastpath_lrn_tx": &p.PrgFastpathLrnTx, "prg_fastpath_lrn_rx": &p.PrgFastpathLrnRx, "prg_fastpath_dtx": &p.PrgFastpathDtx,
-			"prg_fastpath_drx": &p.PrgFastpathDrx, "prg_fastpath_dlrn_tx": &p.PrgFastpathDlrnTx} {
+	for _, ovl := range ovls {
+		fp := &p.fpPrograms
+		if ovl != 0 {
+			fp = &fpPrograms{}
+			p.more[ovl] = fp
+		}
+		for name, dst := range map[string]**ebpf.Program{"prg_fastpath_tx": &fp.PrgFastpathTx, "prg_fastpath_rx": &fp.PrgFastpathRx,
+			"prg_fastpath_lrn_tx": &fp.PrgFastpathLrnTx, "prg_fastpath_lrn_rx": &fp.PrgFastpathLrnRx, "prg_fastpath_dtx": &fp.PrgFastpathDtx,
+			"prg_fastpath_drx": &fp.PrgFastpathDrx, "prg_fastpath_dlrn_tx": &fp.PrgFastpathDlrnTx} {
 			var err error
-			if *dst, err = ebpf.LoadPinnedProgram(filepath.Join(dir, name), nil); err != nil {
+			if *dst, err = ebpf.LoadPinnedProgram(filepath.Join(dir, progPin(name, ovl)), nil); err != nil {
 				p.Close()
-				return nil, fmt.Errorf("fastpath: open pinned %s: %w", name, err)
+				return nil, fmt.Errorf("fastpath: open pinned %s: %w", progPin(name, ovl), err)
 			}
 		}
 	}

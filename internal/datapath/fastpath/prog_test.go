@@ -94,7 +94,7 @@ func (e *progEnv) run(t *testing.T, p *ebpf.Program, pkt []byte, gsoSize uint32)
 func (e *progEnv) counters(t *testing.T) (Direction, Direction) {
 	t.Helper()
 	p := &pinned{fpMaps: e.o.fpMaps}
-	out, in, err := p.counters()
+	out, in, err := p.counters(0)
 	if err != nil {
 		t.Fatal(err)
 	}

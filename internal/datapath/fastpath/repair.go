@@ -18,6 +18,15 @@ import (
 
 // What the node agent asks of a live fastpath attachment (datapath.Repairer, Upgrader).
 
+// indices are the overlays' Index values.
+func indices(ovs []*overlay) []int {
+	out := make([]int, len(ovs))
+	for i, ov := range ovs {
+		out[i] = ov.Index
+	}
+	return out
+}
+
 // linkPins lists the pinned tcx links of target's attachment (file names).
 func linkPins(target string) ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(datapath.ModePinDir(target, Name), linksSub))
@@ -38,7 +47,8 @@ func linkPins(target string) ([]string, error) {
 // cached flows are untouched. It returns the links it put back.
 func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 	ms, err := datapath.LoadModeState[modeState](st)
-	if err != nil || ms.Overlay == nil {
+	ovs := ms.overlays()
+	if err != nil || len(ovs) == 0 {
 		return nil, errors.Join(errors.New("fastpath: record has no overlay"), err)
 	}
 	dir := filepath.Join(datapath.ModePinDir(st.Target, Name), linksSub)
@@ -54,16 +64,21 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 		}
 		have[n] = true
 	}
-	p, err := openPinned(st.Target, true)
+	p, err := openPinned(st.Target, indices(ovs)...)
 	if err != nil {
 		return nil, err
 	}
 	defer p.Close()
-	errs := []error{attachOverlay(p, st.Target, ms.Overlay)}
+	var errs []error
+	for _, ov := range ovs {
+		errs = append(errs, attachOverlay(p, st.Target, ov))
+	}
 	if t, err := datapath.Discover(st.Target, st.Options.Underlay); err == nil {
-		eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ms.Overlay.VX})
-		_, err = attachPods(p, st.Target, ms.Overlay, eps)
-		errs = append(errs, err)
+		for _, ov := range ovs {
+			eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+			_, err = attachPods(p, st.Target, ov, eps)
+			errs = append(errs, err)
+		}
 	} else {
 		errs = append(errs, err)
 	}
@@ -86,9 +101,15 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 // layout changed cannot be shared: it fails, and the node agent detaches and attaches fastpath.
 func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 	dir := datapath.ModePinDir(st.Target, Name)
-	old, err := openPinned(st.Target, true)
+	if ms, err := datapath.LoadModeState[modeState](st); err == nil && len(ms.overlays()) > 1 {
+		// Each overlay runs its own copy of the programs: replacing them link by link is
+		// not done here; a detach and attach renews them all.
+		return nil, fmt.Errorf("fastpath: %d overlays: %w", len(ms.overlays()), datapath.ErrNeedsReattach)
+	}
+	old, err := openPinned(st.Target, 0)
 	if err != nil {
-		return nil, err
+		// An attachment of an older layout (a map this binary pins that it lacks).
+		return nil, fmt.Errorf("%w: %w", err, datapath.ErrNeedsReattach)
 	}
 	defer old.Close()
 	spec, err := loadFp()

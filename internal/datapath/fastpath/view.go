@@ -15,6 +15,30 @@ var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
 
+// OverlayView is one overlay of a View.
+type OverlayView struct {
+	Index    int       `json:"index"`
+	Layout   string    `json:"layout"`
+	VXLAN    string    `json:"vxlan"`
+	Underlay string    `json:"underlay"`
+	VNI      int       `json:"vni"`
+	Port     int       `json:"port"`
+	VTEP     string    `json:"vtep"`
+	Egress   Direction `json:"egress"`
+	Ingress  Direction `json:"ingress"`
+	Pods     []PodView `json:"pods"` // live endpoints of the overlay, by address
+	On       bool      `json:"on"`   // its config is written (false: gone since, or detaching)
+	Flows    int       `json:"flows"`
+	Both     int       `json:"flows_learned"`
+}
+
+// PodView is one live pod of an overlay: its address and bridge-side veth.
+type PodView struct {
+	Addr string `json:"addr"`
+	Veth string `json:"veth"`
+	MAC  string `json:"mac"`
+}
+
 // View is what `status` shows of the fast path on a node.
 type View struct {
 	Target    string           `json:"target"`
@@ -28,6 +52,7 @@ type View struct {
 	Flows     int              `json:"flows"`         // cached flows
 	Both      int              `json:"flows_learned"` // of which learned both ways
 	Endpoints []endpoints.View `json:"endpoints"`
+	Overlays  []OverlayView    `json:"overlays"` // each overlay served; Egress/Ingress/Flows above are their sums
 	Agent     string           `json:"agent"`
 	Notes     []string         `json:"notes,omitempty"`
 }
@@ -38,21 +63,43 @@ func Inspect(target string) (*View, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := openPinned(target, false)
+	p, err := openPinned(target)
 	if err != nil {
 		return nil, err
 	}
 	defer p.Close()
 	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st)}
-	if ov := ms.Overlay; ov != nil {
+	ovs := ms.overlays()
+	if len(ovs) > 0 {
+		ov := ovs[0]
 		v.Layout, v.VXLAN, v.Underlay = ov.Layout, ov.VX.Dev.String(), ov.Underlay.String()
 		v.SkipsOut, v.SkipsIn = Skipped(ov.Layout)
 		if ov.OneWay {
 			v.Notes = append(v.Notes, "one_way: ingress flows take the fast path once delivered, without waiting for a reply")
 		}
 	}
-	if v.Egress, v.Ingress, err = p.counters(); err != nil {
+	if v.Endpoints, err = endpoints.List(p.tables()); err != nil {
 		return nil, err
+	}
+	v.Egress, v.Ingress = Direction{}, Direction{}
+	byIndex := map[int]int{}
+	for _, ov := range ovs {
+		ow := OverlayView{Index: ov.Index, Layout: ov.Layout, VXLAN: ov.VX.Dev.String(), Underlay: ov.Underlay.String(),
+			VNI: ov.VNI, Port: ov.Port, VTEP: ov.VTEP.String()}
+		if ow.Egress, ow.Ingress, err = p.counters(ov.Index); err != nil {
+			return nil, err
+		}
+		var c fpFpCfg
+		ow.On = p.PrgFastpathCfg.Lookup(uint32(ov.Index), &c) == nil && c.Flags&cOn != 0
+		ow.Pods = livePods(ov, v.Endpoints)
+		for r, n := range ow.Egress {
+			v.Egress[r] += n
+		}
+		for r, n := range ow.Ingress {
+			v.Ingress[r] += n
+		}
+		byIndex[ov.Index] = len(v.Overlays)
+		v.Overlays = append(v.Overlays, ow)
 	}
 	var k fpFpKey
 	var f fpFpFlow
@@ -61,26 +108,59 @@ func Inspect(target string) (*View, error) {
 		if f.Flags&fAlias != 0 {
 			continue // a Service flow's translated view, not a flow of its own
 		}
+		both := f.Flags&(fOut|fIn) == fOut|fIn
 		v.Flows++
-		if f.Flags&(fOut|fIn) == fOut|fIn {
+		if both {
 			v.Both++
+		}
+		if i, ok := byIndex[int(k.Ovl)]; ok {
+			v.Overlays[i].Flows++
+			if both {
+				v.Overlays[i].Both++
+			}
 		}
 	}
 	if err := it.Err(); err != nil {
 		return nil, err
 	}
-	if v.Endpoints, err = endpoints.List(p.tables()); err != nil {
-		return nil, err
-	}
 	return v, nil
 }
 
-func (p *pinned) counters() (out, in Direction, err error) {
+// livePods are the held endpoints of an overlay's domain, with their veths' names as the
+// overlay's namespace has them now.
+func livePods(ov *overlay, eps []endpoints.View) []PodView {
+	var out []PodView
+	names := map[uint32]string{}
+	if h, done, err := nlHandle(ov.VX.Dev.Netns); err == nil {
+		for _, e := range eps {
+			if e.Domain == ov.VX.Inode && e.Held {
+				if l, err := h.LinkByIndex(int(e.Ifindex)); err == nil {
+					names[e.Ifindex] = l.Attrs().Name
+				}
+			}
+		}
+		done()
+	}
+	for _, e := range eps {
+		if e.Domain != ov.VX.Inode || !e.Held {
+			continue
+		}
+		veth := names[e.Ifindex]
+		if veth == "" {
+			veth = "ifindex " + itoa(int(e.Ifindex))
+		}
+		out = append(out, PodView{Addr: e.Addr, Veth: veth, MAC: e.MAC})
+	}
+	return out
+}
+
+// counters are overlay ovl's counters (prg_fastpath_stat[(ovl*2 + dir)*FP_R_N + reason]).
+func (p *pinned) counters(ovl int) (out, in Direction, err error) {
 	out, in = Direction{}, Direction{}
 	for d, dst := range []Direction{out, in} {
 		for r, name := range Reasons {
 			var per []uint64
-			if err := p.PrgFastpathStat.Lookup(uint32(d*len(Reasons)+r), &per); err != nil {
+			if err := p.PrgFastpathStat.Lookup(uint32((ovl*2+d)*len(Reasons)+r), &per); err != nil {
 				return nil, nil, fmt.Errorf("fastpath: read counters: %w", err)
 			}
 			for _, c := range per {
@@ -131,7 +211,7 @@ func (d Direction) reasons() string {
 	return strings.Join(parts, ", ")
 }
 
-// Format renders the view as status lines.
+// Format renders the view as status lines: the sums, then each overlay with its live pods.
 func (v *View) Format() string {
 	var b strings.Builder
 	live := 0
@@ -140,14 +220,33 @@ func (v *View) Format() string {
 			live++
 		}
 	}
-	fmt.Fprintf(&b, "  fastpath: %s layout (%s over %s); %d flows cached, %d learned both ways; %d pods; agent %s\n",
-		v.Layout, v.VXLAN, v.Underlay, v.Flows, v.Both, live, v.Agent)
+	fmt.Fprintf(&b, "  fastpath: %d overlay(s); %d flows cached, %d learned both ways; %d pods; agent %s\n",
+		len(v.Overlays), v.Flows, v.Both, live, v.Agent)
 	for _, d := range []struct {
-		name, skips string
-		c           Direction
-	}{{"egress ", v.SkipsOut, v.Egress}, {"ingress", v.SkipsIn, v.Ingress}} {
+		name string
+		c    Direction
+	}{{"egress ", v.Egress}, {"ingress", v.Ingress}} {
 		fmt.Fprintf(&b, "  fastpath %s: hits %d, misses %d, learned %d, fallbacks %d (%s)\n", d.name, d.c["hit"], d.c["miss"], d.c["learned"], d.c.Fallbacks(), d.c.reasons())
-		fmt.Fprintf(&b, "    skips: %s\n", d.skips)
+	}
+	for _, o := range v.Overlays {
+		state := ""
+		if !o.On {
+			state = " (off: its device is gone)"
+		}
+		fmt.Fprintf(&b, "  overlay %d: %s layout, %s over %s (vni %d, port %d, vtep %s)%s: %d flows, %d learned both ways\n",
+			o.Index, o.Layout, o.VXLAN, o.Underlay, o.VNI, o.Port, o.VTEP, state, o.Flows, o.Both)
+		fmt.Fprintf(&b, "    egress hits %d, misses %d, fallbacks %d; ingress hits %d, misses %d, fallbacks %d\n",
+			o.Egress["hit"], o.Egress["miss"], o.Egress.Fallbacks(), o.Ingress["hit"], o.Ingress["miss"], o.Ingress.Fallbacks())
+		var pods []string
+		for _, p := range o.Pods {
+			pods = append(pods, p.Addr+" ("+p.Veth+")")
+		}
+		if len(pods) == 0 {
+			pods = []string{"none"}
+		}
+		fmt.Fprintf(&b, "    pods (live): %s\n", strings.Join(pods, ", "))
+		out, in := Skipped(o.Layout)
+		fmt.Fprintf(&b, "    egress skips: %s\n    ingress skips: %s\n", out, in)
 	}
 	for _, n := range v.Notes {
 		fmt.Fprintf(&b, "    note: %s\n", n)
