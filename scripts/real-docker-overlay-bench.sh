@@ -1,10 +1,11 @@
 #!/bin/bash
 # One TCP flow between busybox containers on the two nodes of the real docker swarm lab
 # (scripts/real-docker-overlay.sh), over the user overlay (VNI 4097): vanilla vs fastpath,
-# interleaved reps, medians. busybox has no iperf3: the host's runs in each container's network
-# namespace (nsenter --net=<docker inspect's SandboxKey>). Each rep reports the rate, the sender's
-# retransmits, the receiver's out-of-order queueings (TcpExtTCPOFOQueue) and the receiving node's
-# underlay drops; fastpath reps also the fast path's counters as `peregrine status` shows them.
+# interleaved reps after a discarded warm-up, medians. busybox has no iperf3: the host's runs in
+# each container's network namespace (nsenter --net=<docker inspect's SandboxKey>). Each rep
+# reports the rate, the sender's retransmits, the receiver's out-of-order queueings
+# (TcpExtTCPOFOQueue) and the receiving node's underlay drops; fastpath reps also the fast path's
+# counters as `peregrine status` shows them (per overlay: VNI, hits, misses).
 # Brings the lab up and takes it down (also on failure). Run under the integration lock:
 #   flock /tmp/prg-integration.lock scripts/real-docker-overlay-bench.sh [REPS] [SECS]
 # PEREGRINE: the binary (default: go build into a temporary directory).
@@ -36,14 +37,17 @@ inc1() { nsenter --net="$c1" -- "$@"; }
 inc2() { nsenter --net="$c2" -- "$@"; }
 rxdrop() { ip -n "${nodes[1]}" -s -j link show eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["dropped"])'; }
 
+# The receiver's out-of-order queueings, absolute (nstat's history file is shared by namespaces).
+ofo() { inc2 nstat -az TcpExtTCPOFOQueue | awk '/TcpExtTCPOFOQueue/{print $2}'; }
+
 one() { # one transfer; prints "gbps retransmits ofo underlay_drops"
-	local d0 port=5311
-	inc2 nstat -n >/dev/null   # reset the receiver's nstat history
+	local d0 o0 port=5311
+	o0=$(ofo)
 	d0=$(rxdrop)
 	inc2 iperf3 -s -1 -D -p $port
 	for _ in $(seq 50); do inc2 ss -Htln | grep -q ":$port " && break; sleep 0.05; done
 	inc1 iperf3 -c "$dst" -p $port -t "$secs" -J >"$tmp/run.json"
-	python3 - "$tmp/run.json" "$(inc2 nstat -az TcpExtTCPOFOQueue | awk '/TcpExtTCPOFOQueue/{print $2}')" "$(($(rxdrop) - d0))" <<'EOF'
+	python3 - "$tmp/run.json" "$(($(ofo) - o0))" "$(($(rxdrop) - d0))" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))["end"]
 print("%.2f %d %s %s" % (r["sum_received"]["bits_per_second"] / 1e9, r["sum_sent"]["retransmits"], sys.argv[2], sys.argv[3]))
@@ -54,6 +58,7 @@ hits() { # the fast path's counters as status prints them (per overlay: VNI, hit
 	"$pg" status | grep -iE 'vni|hit|fastpath on' || true
 }
 
+one >/dev/null   # warm-up, discarded
 printf '%-9s %3s %8s %8s %8s %8s\n' mode rep Gbps retrans ofo rxdrop
 for r in $(seq "$reps"); do
 	echo "vanilla $r $(one)" >>"$tmp/results"
