@@ -91,4 +91,3 @@ func TestOverlaysApart(t *testing.T) {
 		t.Fatalf("overlay 1 ingress: %v", in1)
 	}
 }
-
