@@ -8,7 +8,9 @@
 # counters as `peregrine status` shows them (per overlay: VNI, hits, misses).
 # Brings the lab up and takes it down (also on failure). Run under the integration lock:
 #   flock /tmp/prg-integration.lock scripts/real-docker-overlay-bench.sh [REPS] [SECS]
-# PEREGRINE: the binary (default: go build into a temporary directory).
+# PEREGRINE: the binary (default: go build into a temporary directory). As the other benchmarks
+# arrange it (docs/results.md): each node's underlay receive runs on CPU0 (RPS, the emulated NIC's
+# IRQ core), both iperf3 ends on CPU1; PRG_SWB_PIN=0 leaves placement to the scheduler.
 set -euo pipefail
 reps=${1:-5}
 secs=${2:-5}
@@ -33,8 +35,15 @@ trap cleanup EXIT
 cat "$tmp/info" >&2
 get() { awk -F= -v k="$1" '$1 == k {print $2}' "$tmp/info"; }
 c1=$(get N1_C1_NETNS) c2=$(get N2_C1_NETNS) dst=$(get N2_C1_IP)
-inc1() { nsenter --net="$c1" -- "$@"; }
-inc2() { nsenter --net="$c2" -- "$@"; }
+pin=()
+if [[ ${PRG_SWB_PIN:-1} != 0 ]]; then
+	pin=(taskset -c 1)
+	for n in "${nodes[@]}"; do  # ip netns exec: its /sys is the node's
+		ip netns exec "$n" sh -c 'echo 1 >/sys/class/net/eth0/queues/rx-0/rps_cpus'
+	done
+fi
+inc1() { nsenter --net="$c1" -- "${pin[@]}" "$@"; }
+inc2() { nsenter --net="$c2" -- "${pin[@]}" "$@"; }
 rxdrop() { ip -n "${nodes[1]}" -s -j link show eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["dropped"])'; }
 
 # The receiver's out-of-order queueings, absolute (nstat's history file is shared by namespaces).
@@ -58,6 +67,7 @@ hits() { # the fast path's counters as status prints them (per overlay: VNI, hit
 	"$pg" status | grep -iE 'vni|hit|fastpath on' || true
 }
 
+echo "placement: ${pin[*]:-the scheduler}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 one >/dev/null   # warm-up, discarded
 printf '%-9s %3s %8s %8s %8s %8s\n' mode rep Gbps retrans ofo rxdrop
 for r in $(seq "$reps"); do

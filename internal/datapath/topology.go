@@ -102,12 +102,19 @@ var ErrNoOverlay = errors.New("no overlay found")
 // its own --exec-root per node, a CNI's /var/run/netns/cni-*), found in the mount table.
 func candidateNamespaces(exclude string) []string {
 	var out []string
-	seen := map[string]bool{exclude: true, netnsutil.Path(exclude): true}
+	// One path per namespace: /run/netns/x in the mount table is /var/run/netns/x by another
+	// name, and a namespace seen twice would be worked on twice.
+	seen := map[uint64]bool{}
+	if ino, err := netnsutil.Inode(netnsutil.Path(exclude)); err == nil {
+		seen[ino] = true
+	}
 	addNS := func(n string) {
-		if !seen[n] && !seen[netnsutil.Path(n)] {
-			seen[n], seen[netnsutil.Path(n)] = true, true
-			out = append(out, n)
+		ino, err := netnsutil.Inode(netnsutil.Path(n))
+		if err != nil || seen[ino] {
+			return
 		}
+		seen[ino] = true
+		out = append(out, n)
 	}
 	if names, err := netnsutil.List(""); err == nil {
 		for _, n := range names {
@@ -144,7 +151,7 @@ func NsfsMounts(mountinfo string) []string {
 		}
 		mp := unescapeMount(f[4])
 		if !strings.HasPrefix(mp, "/") || strings.HasPrefix(mp, "/proc/") || filepath.Dir(mp) == netnsutil.RunDir {
-			continue // iproute2's names are listed by name
+			continue // iproute2's names are listed by name (under /run/netns too: candidateNamespaces keeps one path per namespace)
 		}
 		out = append(out, mp)
 	}

@@ -14,10 +14,8 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
-
-// realSwarmInfo is what scripts/real-docker-overlay.sh's info prints (KEY=value lines).
-type realSwarmInfo map[string]string
 
 // nsRun runs argv in the network namespace whose file is path (a container's SandboxKey), in
 // this mount namespace: the host's iperf3 and ss serve a busybox container.
@@ -71,7 +69,8 @@ func hostRuleset(t *testing.T) string {
 // (scripts/real-docker-overlay.sh: Debian's docker.io, one dockerd per node namespace, swarm's
 // ingress overlay VNI 4096 and an attachable user overlay VNI 4097, busybox containers on it),
 // checks TCP and ICMP between containers on the two nodes take the fast path of the user
-// overlay on both nodes, detaches, and checks the teardown leaves nothing, also on failure.
+// overlay on both nodes, that a container started after attach is in status within a second and
+// on the fast path, detaches, and checks the teardown leaves nothing, also on failure.
 func TestRealDockerSwarmOverlay(t *testing.T) {
 	testutil.RequireRoot(t)
 	for _, f := range []string{"/usr/sbin/dockerd", "/usr/bin/docker", "/usr/bin/containerd", "/bin/busybox"} {
@@ -109,7 +108,7 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 		t.Fatalf("swarm lab up: %v\n%s", err, out)
 	}
 	t.Logf("swarm lab up in %.1f s", time.Since(start).Seconds())
-	lab := realSwarmInfo{}
+	lab := map[string]string{} // info's KEY=value lines
 	for _, l := range strings.Split(string(out), "\n") {
 		if k, v, ok := strings.Cut(l, "="); ok && !strings.Contains(k, " ") {
 			lab[k] = strings.TrimSpace(v)
@@ -141,23 +140,47 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var user *OverlayView
-		for i, o := range v.Overlays {
-			if o.VNI == 4097 {
-				user = &v.Overlays[i]
-			}
+		for _, o := range v.Overlays {
 			t.Logf("%s: serves VNI %d on %s over %s", h, o.VNI, o.VXLAN, o.Underlay)
 		}
-		if user == nil {
-			t.Fatalf("%s: the user overlay (VNI 4097) is not served:\n%s", h, v.Format())
-		}
 		// The transfer crossed the user overlay: both directions on the fast path on each node.
+		user := overlayOf(t, v, 4097)
 		if user.Egress["hit"] == 0 || user.Ingress["hit"] == 0 || user.Underlay != h+"/eth0" {
 			t.Fatalf("%s: user overlay %s: egress hits %d, ingress hits %d, underlay %s\n%s",
 				h, user.VXLAN, user.Egress["hit"], user.Ingress["hit"], user.Underlay, v.Format())
 		}
 		t.Logf("%s: VNI 4097 on %s: egress hit %d miss %d, ingress hit %d miss %d, %d flows",
 			h, user.VXLAN, user.Egress["hit"], user.Egress["miss"], user.Ingress["hit"], user.Ingress["miss"], user.Flows)
+	}
+
+	// A container started after attach: in status within a second of docker run returning, and
+	// its traffic on the fast path.
+	docker2 := []string{"-H", "unix://" + lab["N2_SOCK"]}
+	if out, err := exec.Command("/usr/bin/docker", append(docker2, "run", "-d", "--pull", "never",
+		"--name", "prg-fsw-n2-c9", "--network", "prg-ov", "--ip", "10.252.0.29", "prg-busybox:1", "sleep", "86400")...).CombinedOutput(); err != nil {
+		t.Fatalf("docker run on node 2: %v\n%s", err, out)
+	}
+	added := time.Now()
+	labtest.Eventually(t, time.Second, "the new container in node 2's status", func() (bool, string) {
+		v, err := Inspect(nodes[1])
+		if err != nil {
+			return false, err.Error()
+		}
+		return hasPod(overlayOf(t, v, 4097), "10.252.0.29"), v.Format()
+	})
+	t.Logf("new container in status %.0f ms after docker run returned", time.Since(added).Seconds()*1000)
+	v0, err := Inspect(nodes[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsRun(t, c1, "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.252.0.29")
+	v1, err := Inspect(nodes[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o0, o1 := overlayOf(t, v0, 4097), overlayOf(t, v1, 4097); o1.Egress["hit"] <= o0.Egress["hit"] || o1.Ingress["hit"] <= o0.Ingress["hit"] {
+		t.Fatalf("pings to the new container took no fast path on node 2: egress hits %d -> %d, ingress %d -> %d",
+			o0.Egress["hit"], o1.Egress["hit"], o0.Ingress["hit"], o1.Ingress["hit"])
 	}
 	for _, h := range nodes {
 		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
