@@ -13,6 +13,7 @@
 #   scripts/handbuilt-swarm.sh up [NAME]                     # default NAME: sw; containers 10.0.K.(10N+1)
 #   scripts/handbuilt-swarm.sh addpod NAME NODE OVERLAY ID   # container prg-NAME-nNODE-cOVERLAY-ID, 10.0.OVERLAY.(10 NODE+ID), ID 2-9
 #   scripts/handbuilt-swarm.sh delpod NAME NODE OVERLAY ID
+#   scripts/handbuilt-swarm.sh addoverlay|deloverlay NAME NODE OVERLAY   # overlay OVERLAY's namespace on NODE (and its container) comes or goes
 #   scripts/handbuilt-swarm.sh down [NAME]                   # removes every namespace and file it made
 set -euo pipefail
 cmd=${1:-}
@@ -60,6 +61,35 @@ peer() {
 	fi
 }
 
+# overlay NODE K: overlay K's namespace on NODE with its bridge, vxlan0 and one container.
+overlay() {
+	local i=$1 k=$2 h=$P-n$1 tmp=$P-tmp$1$2 f
+	# dockerd makes the sandbox, then bind-mounts it under its exec-root.
+	ip netns add "$tmp"
+	f=$(ovns "$i" "$k")
+	touch "$f"
+	mount --bind "/var/run/netns/$tmp" "$f"
+	ip netns del "$tmp"
+	ovx "$i" "$k" ip link set lo up
+	ovx "$i" "$k" ip link add br0 type bridge
+	ovx "$i" "$k" ip addr add "10.0.$k.1/24" dev br0
+	ovx "$i" "$k" ip link set br0 mtu 1450 up
+	nsx "$h" ip link add "vx-00100$k" type vxlan id $((4096 + k)) dstport 4789 nolearning proxy
+	nsx "$h" ip link set "vx-00100$k" netns "$f"
+	ovx "$i" "$k" ip link set "vx-00100$k" name vxlan0
+	ovx "$i" "$k" ip link set vxlan0 master br0 mtu 1450 up
+	container "$i" "$k" $((10 * i + 1)) "$h-c$k"
+}
+
+# deloverlay NODE K: the last container left: docker removes the overlay's namespace.
+deloverlay() {
+	local i=$1 k=$2 f
+	f=$(ovns "$i" "$k")
+	ip netns del "$P-n$i-c$k"
+	umount "$f"
+	rm -f "$f"
+}
+
 up() {
 	for i in 1 2; do
 		ip netns add "$P-n$i"
@@ -72,24 +102,7 @@ up() {
 		nsx "$h" ethtool -K eth0 tx off gro on >/dev/null 2>&1 || true
 		nsx "$h" ip link set eth0 up
 		mkdir -p "/run/$h/netns"
-		for k in 0 1; do
-			# dockerd makes the sandbox, then bind-mounts it under its exec-root.
-			tmp=$P-tmp$i$k
-			ip netns add "$tmp"
-			f=$(ovns "$i" "$k")
-			touch "$f"
-			mount --bind "/var/run/netns/$tmp" "$f"
-			ip netns del "$tmp"
-			ovx "$i" "$k" ip link set lo up
-			ovx "$i" "$k" ip link add br0 type bridge
-			ovx "$i" "$k" ip addr add "10.0.$k.1/24" dev br0
-			ovx "$i" "$k" ip link set br0 mtu 1450 up
-			nsx "$h" ip link add "vx-00100$k" type vxlan id $((4096 + k)) dstport 4789 nolearning proxy
-			nsx "$h" ip link set "vx-00100$k" netns "$f"
-			ovx "$i" "$k" ip link set "vx-00100$k" name vxlan0
-			ovx "$i" "$k" ip link set vxlan0 master br0 mtu 1450 up
-			container "$i" "$k" $((10 * i + 1)) "$h-c$k"
-		done
+		for k in 0 1; do overlay "$i" "$k"; done
 	done
 	for i in 1 2; do for k in 0 1; do peer "$i" "$k" $((10 * i + 1)); done; done
 }
@@ -107,5 +120,15 @@ delpod)
 	peer "$i" "$k" $((10 * i + id)) del
 	ip netns del "$P-n$i-c$k-$id"
 	;;
-*) echo "usage: $0 up|down [NAME] | addpod|delpod NAME NODE OVERLAY ID" >&2; exit 2 ;;
+addoverlay)
+	overlay "$3" "$4"
+	peer "$3" "$4" $((10 * $3 + 1))
+	j=$((3 - $3))
+	peer "$j" "$4" $((10 * j + 1)) # the other node's container, into the new namespace
+	;;
+deloverlay)
+	peer "$3" "$4" $((10 * $3 + 1)) del
+	deloverlay "$3" "$4"
+	;;
+*) echo "usage: $0 up|down [NAME] | addpod|delpod NAME NODE OVERLAY ID | addoverlay|deloverlay NAME NODE OVERLAY" >&2; exit 2 ;;
 esac

@@ -227,3 +227,78 @@ func TestSwarmLikeNoUnderlay(t *testing.T) {
 		}
 	}
 }
+
+// TestSwarmLikeOverlayLater: docker makes an overlay's namespace when the node's first container
+// joins it, often after attach: the agent gives it a slot and its programs within a second or
+// so, its traffic takes the fast path, and when it goes its slot is turned off.
+func TestSwarmLikeOverlayLater(t *testing.T) {
+	const name = "fsl"
+	script, hosts := swarmLab(t, name)
+	sw := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(script, append(args[:1:1], append([]string{name}, args[1:]...)...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	sw("deloverlay", "1", "1")
+	attachAll(t, hosts)
+	if v, err := Inspect(hosts[0]); err != nil || len(v.Overlays) != 1 {
+		t.Fatalf("before the overlay comes: %v %+v", err, v)
+	}
+	sw("addoverlay", "1", "1")
+	added := time.Now()
+	var o OverlayView
+	for {
+		v, err := Inspect(hosts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Overlays) == 2 {
+			o = overlayOf(t, v, 4097)
+			if o.On && len(o.Pods) == 1 {
+				t.Logf("new overlay served after %v", time.Since(added).Round(time.Millisecond))
+				break
+			}
+		}
+		if time.Since(added) > 2*time.Second {
+			t.Fatalf("the new overlay is not served 2 s after it appeared:\n%s", v.Format())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if o.Index == 0 || !strings.HasSuffix(o.VXLAN, "/1-ov1/vxlan0") {
+		t.Fatalf("new overlay: %+v", o)
+	}
+	run(t, "prg-fsl-n1-c1", "ping", "-c", "10", "-i", "0.05", "-W", "1", "10.0.1.21")
+	v, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := overlayOf(t, v, 4097); o.Egress["hit"] == 0 || o.Ingress["hit"] == 0 {
+		t.Fatalf("the new overlay's traffic did not take the fast path:\n%s", v.Format())
+	}
+	sw("deloverlay", "1", "1")
+	gone := time.Now()
+	for {
+		v, err := Inspect(hosts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Overlays) == 1 {
+			var c fpFpCfg
+			p, err := openPinned(hosts[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = p.PrgFastpathCfg.Lookup(uint32(o.Index), &c)
+			p.Close()
+			if err != nil || c.Flags != 0 {
+				t.Fatalf("the gone overlay's slot %d is still configured: %+v %v", o.Index, c, err)
+			}
+			break
+		}
+		if time.Since(gone) > 2*time.Second {
+			t.Fatalf("the gone overlay is still listed 2 s later:\n%s", v.Format())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
