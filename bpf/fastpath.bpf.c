@@ -58,13 +58,6 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	/* Above 64 KiB (BIG TCP): the normal path's. On egress this reorders nothing: the bridge,
-	 * forwarding and the VXLAN device run synchronously, as the fast path does, from the
-	 * same veth backlog. */
-	if (ctx->len > FP_IP_MAX + sizeof(struct ethhdr)) {
-		count(FP_DIR_TX, FP_R_BIG);
-		return TCX_NEXT;
-	}
 	struct fp_flow *f = begin_out(ctx, &p, &k);
 	if (!f)
 		return TCX_NEXT;
@@ -129,7 +122,9 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 	__builtin_memcpy(data, f->tmpl, FP_TMPL_LEN);
 	struct iphdr *oip = data + sizeof(struct ethhdr);
 	struct udphdr *oudp = (void *)(oip + 1);
-	oip->tot_len = bpf_htons(olen);
+	/* Above 64 KiB (BIG TCP) the outer lengths are 0, as iph_set_totlen writes them: the
+	 * segmentation (software, or a NIC's) writes each segment's own. */
+	oip->tot_len = olen > FP_IP_MAX ? 0 : bpf_htons(olen);
 	oip->id = id;
 	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner one (CE becomes ECT(0)). */
 	oip->tos = (oip->tos & ~3) | ((p.tos & 3) == 3 ? 2 : (p.tos & 3));
@@ -140,7 +135,7 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 		oudp->source = bpf_htons((__u16)((((__u64)hash) * (__u32)(cfg->port_max - cfg->port_min)) >> 32) +
 					 cfg->port_min);
 	}
-	oudp->len = bpf_htons(olen - sizeof(struct iphdr));
+	oudp->len = olen > FP_IP_MAX ? 0 : bpf_htons(olen - sizeof(struct iphdr));
 	oudp->check = 0;
 	ttl_sub_ip(data + FP_TMPL_LEN, f->out_ttl_dec);
 	ctx->mark = FP_MARK;

@@ -20,8 +20,9 @@
 #define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
 #define FP_MAX_FLOWS 65536
 /* The largest IPv4 packet whose tot_len holds its length. BIG TCP (option big_tcp) builds larger
- * GSO packets and sets their tot_len to 0 (the kernel's iph_set_totlen): the shared parser
- * refuses such headers, so the fast path leaves them to the normal path (FP_R_BIG). */
+ * GSO packets and sets their tot_len to 0 (the kernel's iph_set_totlen): egress reads them with
+ * parse_big and encapsulates them with an outer tot_len 0 too; ingress leaves such frames to the
+ * normal path (FP_R_BIG). */
 #define FP_IP_MAX 65535
 #define FP_MAX_PODS 4096
 /* Overlays one attachment serves (docker swarm: ingress plus each user overlay). */
@@ -76,7 +77,8 @@ enum {
 	FP_R_LEARN,  /* learners: a direction learned from the normal path */
 	FP_R_OTHER,  /* ingress: not VXLAN to this VTEP/VNI (not overlay traffic): untouched */
 	FP_R_NAT,    /* NAT the fast path does not reproduce (source NAT, ...): normal path */
-	FP_R_BIG,    /* a BIG TCP packet (above 64 KiB, IPv4 tot_len 0): normal path */
+	FP_R_BIG,    /* above 64 KiB and not a BIG TCP packet the fast path reads (egress), or any
+		      * frame above 64 KiB (ingress): normal path */
 	FP_R_LOCAL,  /* egress: of the hits, those delivered to a pod on this node (also counted as hit) */
 	FP_R_N,
 };
@@ -247,6 +249,38 @@ static __always_inline int parse(struct __sk_buff *ctx, __u32 off, struct fp_pkt
 	return r == PRG_SHORT ? FP_R_NOTIP : r;
 }
 
+/* parse_big reads a BIG TCP packet leaving a pod: a TCP GSO packet above 64 KiB whose IPv4
+ * tot_len is 0, as the kernel's iph_set_totlen writes it (the shared parser refuses tot_len 0, as
+ * it must for a packet that is not GSO). Ethernet, an option-less IPv4 header and TCP, all in the
+ * linear part (where the pod's TCP puts them); anything else: FP_R_BIG, the normal path's. */
+static __always_inline int parse_big(struct __sk_buff *ctx, struct fp_pkt *p)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__u8 *t = (void *)(ip + 1);
+
+	if (ctx->len <= FP_IP_MAX + sizeof(struct ethhdr) || !ctx->gso_size || (void *)(t + 14) > end)
+		return FP_R_BIG;
+	if (eth->h_proto != bpf_htons(PRG_ETH_P_IP) || ip->version != 4 || ip->ihl != 5 || ip->tot_len ||
+	    ip->protocol != PRG_IPPROTO_TCP || (ip->frag_off & bpf_htons(0x3fff)))
+		return FP_R_BIG;
+	__builtin_memcpy(&p->eth, eth, sizeof(p->eth));
+	if (p->eth.h_dest[0] & 1)
+		return FP_R_L2;
+	if (t[13] & 0x07)
+		return FP_R_PROTO;
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->proto = PRG_IPPROTO_TCP;
+	p->ttl = ip->ttl;
+	p->tos = ip->tos;
+	__builtin_memcpy(&p->sport, t, 2);
+	__builtin_memcpy(&p->dport, t + 2, 2);
+	p->hdrs = sizeof(*ip) + (t[12] >> 4) * 4;
+	return 0;
+}
+
 static __always_inline void key_out(struct fp_key *k, const struct fp_pkt *p)
 {
 	k->local = p->saddr;
@@ -348,6 +382,8 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 n
 static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct fp_pkt *p, struct fp_key *k)
 {
 	__u32 r = parse(ctx, 0, p);
+	if (r == FP_R_NOTIP && ctx->len > FP_IP_MAX + sizeof(struct ethhdr))
+		r = parse_big(ctx, p);
 	if (r) {
 		count(FP_DIR_TX, r);
 		return NULL;
