@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One TCP flow (iperf3) from a pod to a ClusterIP (Service default/one, one backend on the other
 # host) and to the backend pod's own address, vanilla and with `attach fastpath`, in one run:
-# interleaved repetitions, medians, and the ratios the issue asks for. peregrine bench has no
-# ClusterIP target (yet), hence this script. Builds its own lab (prg-svb-*), removes it on exit.
+# interleaved repetitions, medians, and the ratios the issue asks for. `peregrine bench compare
+# --via-service` measures through the ClusterIP too, one target per run; this script pairs the
+# ClusterIP and the pod within each rep. Builds its own lab (prg-svb-*), removes it on exit.
 #   sudo scripts/svc-fastpath-bench.sh [--reps N] [--secs S] [--proxy-mode iptables|nftables] [--bin PATH]
 set -euo pipefail
 reps=5 secs=5 mode=iptables bin=${PEREGRINE:-peregrine}

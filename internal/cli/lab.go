@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -131,7 +132,7 @@ func newLabUpCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
-	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend, default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
+	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend and NodePort "+strconv.Itoa(lab.ServiceNodePort)+", default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
 	f.StringVar(&spec.ProxyMode, "proxy-mode", "", "with --services: kube-proxy's mode whose rules to write, iptables (default) or nftables")
 	f.IntVar(&spec.Tenants, "tenants", 1, "docker style: tenants, each with its own overlay (VXLAN device, VNI vni+t-1, bridge) and containers h<i>-t<t>-c<j> using the same addresses as tenant 1's h<i>-c<j>")
 	return c
@@ -293,7 +294,11 @@ func printServices(l *lab.Lab) {
 		for _, be := range sv.Backends {
 			bs = append(bs, be.Node+"="+be.Target())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d/%s\t%s\n", sv.Name, sv.ClusterIP, sv.Port, sv.Protocol, strings.Join(bs, " "))
+		port := fmt.Sprintf("%d/%s", sv.Port, sv.Protocol)
+		if sv.NodePort != 0 { // as kubectl prints it: port:nodePort/protocol
+			port = fmt.Sprintf("%d:%d/%s", sv.Port, sv.NodePort, sv.Protocol)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", sv.Name, sv.ClusterIP, port, strings.Join(bs, " "))
 	}
 	tw.Flush()
 }
