@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/peregrine-net/peregrine/internal/lab/realflannel"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -46,11 +47,14 @@ func DownAll(log Logf, forget Forget) error {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
+	// Real flannel labs first: their own down also stops etcd and flanneld by pid file and
+	// removes their state directories and CNI state, which the namespace sweep would not.
+	rfErr := realflannel.DownAll(log)
 	nss, err := listOurNamespaces()
 	if err != nil {
 		return err
 	}
-	errs := []error{removeNamespaces(nss, true, log, forget)}
+	errs := []error{rfErr, removeNamespaces(nss, true, log, forget)}
 	if links, err := netlink.LinkList(); err == nil {
 		for _, lk := range links {
 			if strings.HasPrefix(lk.Attrs().Name, Prefix) {

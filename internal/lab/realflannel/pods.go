@@ -53,7 +53,7 @@ func (l *Lab) cni(ctx context.Context, op string, i int, podNS string, addr neti
 	env := slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, "CNI_") || strings.HasPrefix(e, "NETCONFPATH=") })
 	env = append(env, "CNI_PATH="+l.Bin.FlannelCNI+":"+l.Bin.PluginDir, "NETCONFPATH="+l.netconfDir(i), "CNI_IFNAME=eth0")
 	if addr.IsValid() {
-		env = append(env, "CNI_ARGS=IP="+addr.String())
+		env = append(env, "CNI_ARGS=IgnoreUnknown=1;IP="+addr.String()) // the flannel plugin refuses args it does not know; host-local reads IP
 	}
 	cmd.Env = env
 	b, err := cmd.CombinedOutput()

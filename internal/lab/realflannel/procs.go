@@ -126,10 +126,13 @@ func (l *Lab) etcdClient() *http.Client {
 	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 }
 
+// startFlanneld runs node i's flanneld as kube-flannel's manifest does (--ip-masq): flanneld
+// masquerades only traffic leaving the flannel network, and its subnet file tells the CNI plugin
+// not to (without it, the bridge plugin would masquerade pod-to-pod traffic between nodes).
 func (l *Lab) startFlanneld(_ context.Context, i int) error {
 	return start(nodeNetns(l.Spec.Name, i), l.nodeDir(i), "flanneld", l.Bin.Flanneld,
 		"-etcd-endpoints", etcdURL(), "-etcd-prefix", l.etcdPrefix(),
-		"-iface", UnderlayDev, "-subnet-file", l.subnetFile(i), "-ip-masq=false")
+		"-iface", UnderlayDev, "-subnet-file", l.subnetFile(i), "-ip-masq")
 }
 
 // waitLease waits until node i's flanneld has written its subnet file (after since, for a
@@ -216,18 +219,15 @@ func pidOf(pidFile, prog string) (int, bool) {
 	return pid, filepath.Base(string(argv0)) == prog && !zombie(pid)
 }
 
-// alive says whether the pid file's process still runs (just started, it may still be the
-// `ip netns exec` that becomes the program).
+// alive says whether the pid file's process still runs. Not by name: just started, it may
+// still be the `ip netns exec` that becomes flanneld, or be in the middle of that exec.
 func alive(pidFile string) bool {
-	pid, ok := pidOf(pidFile, "flanneld")
-	if ok {
-		return true
-	}
-	if pid == 0 {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
 		return false
 	}
-	_, ok = pidOf(pidFile, "ip")
-	return ok
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && pid > 1 && !zombie(pid)
 }
 
 func zombie(pid int) bool {

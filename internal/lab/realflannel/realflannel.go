@@ -366,6 +366,26 @@ func Down(name string) error {
 	return errors.Join(errs...)
 }
 
+// DownAll removes every real flannel lab that has a state directory.
+func DownAll(log func(string, ...any)) error {
+	entries, err := os.ReadDir(StateRoot)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() || !nameRE.MatchString(e.Name()) {
+			continue
+		}
+		log("removing real flannel lab %s", e.Name())
+		errs = append(errs, Down(e.Name()))
+	}
+	return errors.Join(errs...)
+}
+
 // parsePodNetns reads prg-<name>-n<I>-<pod>.
 func parsePodNetns(name, ns string) (node int, pod string, ok bool) {
 	rest, ok := strings.CutPrefix(ns, Prefix(name)+"n")
