@@ -377,6 +377,8 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 n
 	return f;
 }
 
+static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p);
+
 /* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
  * take the fast path. NULL: the packet goes the normal path (counted). */
 static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct fp_pkt *p, struct fp_key *k)
@@ -390,6 +392,8 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct f
 	}
 	key_out(k, p);
 	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, &r);
+	if (r == FP_R_STALE && f && (f->flags & FP_F_SNAT))
+		r = local_reply_due(f, p); /* fastpath_local.h */
 	if (r != FP_R_HIT) {
 		handover_out(f, k, p, ctx, r);
 		return NULL;

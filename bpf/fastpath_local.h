@@ -117,6 +117,22 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_p
 	r->flags |= FP_F_IN;
 }
 
+/* local_reply_due: a same-node Service backend's reply flow (FP_F_SNAT) is due for re-learning
+ * (*STALE*); it goes to the normal path only once the client's flow was re-learned after it, as
+ * begin_in does for a remote backend's replies: should conntrack's entry be gone (flushed,
+ * expired), the client's packet re-creates it with its translation, where the reply first would
+ * reach the client untranslated (and its RST would end the connection). Bounded: at most 2
+ * intervals old. The client's flow: the reply's destination, keyed by the Service address. */
+static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p)
+{
+	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
+	struct fp_flow *c = bpf_map_lookup_elem(&prg_fastpath_flow, &ck);
+	__u64 then = f->out_ns;
+	if (c && c->out_ns <= then && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS)
+		return FP_R_HIT;
+	return FP_R_STALE;
+}
+
 /* local_tx delivers a learned same-node flow's packet (at the sender's host-side veth, tcx
  * ingress) to the receiving pod: the translation and TTL change of the normal path, the MACs
  * it delivered with, bpf_redirect_peer into the pod. The receiver is checked in the endpoint
