@@ -500,3 +500,26 @@ func TestRealFlannelPrismFalcon(t *testing.T) {
 	}
 	assertDetached(t, l, knobs, ids)
 }
+
+// TestDownAll: `lab down --all` (through realflannel.DownAll) removes a real flannel lab with
+// its processes, state and CNI cache.
+func TestDownAll(t *testing.T) {
+	requireRealFlannel(t)
+	l := upForTest(t, "rfd", 1, 1)
+	pidFile := filepath.Join(realflannel.Dir("rfd"), "n1", "flanneld.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := realflannel.DownAll(t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/" + strings.TrimSpace(string(b)) + "/ns/net"); err == nil {
+		if st, _ := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/stat"); !strings.Contains(string(st), ") Z") {
+			t.Errorf("flanneld (pid %s) survived DownAll", strings.TrimSpace(string(b)))
+		}
+	}
+	if nss, _ := netnsutil.List(realflannel.Prefix(l.Spec.Name)); len(nss) > 0 {
+		t.Errorf("namespaces left: %v", nss)
+	}
+}
