@@ -22,8 +22,8 @@ const StyleRealFlannel = "real-flannel"
 // upRealFlannel brings up 2 nodes of the real flannel lab with s.Containers pods each, attaches
 // the stack on both nodes, and measures from node 1's first pod to node 2's first pod.
 func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
-	if len(s.RxCPUs) > 0 || s.ToR || s.NAPIThread {
-		return nil, fmt.Errorf("%s: the %s style takes no --rx-cpus, --tor or --napi-thread (its underlay is flannel's, as flanneld finds it)", s.Config, StyleRealFlannel)
+	if s.ToR || s.NAPIThread {
+		return nil, fmt.Errorf("%s: the %s style takes no --tor or --napi-thread (its underlay is one bridge)", s.Config, StyleRealFlannel)
 	}
 	if s.SameNode || s.ProxyMode != "" {
 		return nil, fmt.Errorf("%s: the %s style has no Services and measures across nodes: leave out --same-node and --via-service (the flannel style has both)", s.Config, StyleRealFlannel)
@@ -39,9 +39,19 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 		return nil, fmt.Errorf("%s: %w", s.Config, err)
 	}
 	tb := &Testbed{Config: s.Config, real: rf, Knobs: map[string]string{}}
+	// The run's receive arrangement, as peregrine's lab sets it on its hosts' eth0: RPS to the
+	// IRQ CPUs (a NIC's RSS), which the modes then leave alone.
+	if len(s.RxCPUs) > 0 {
+		for _, n := range rf.Nodes {
+			if err := lab.SetRPS(n.Netns, realflannel.UnderlayDev, s.RxCPUs); err != nil {
+				tb.Teardown()
+				return nil, fmt.Errorf("%s: RPS on %s: %w", s.Config, n.Netns, err)
+			}
+		}
+	}
 	for _, a := range s.Stack {
 		for _, n := range rf.Nodes {
-			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{Extra: maps.Clone(a.Extra)})
+			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, Extra: maps.Clone(a.Extra)})
 			if err != nil {
 				tb.Teardown()
 				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)

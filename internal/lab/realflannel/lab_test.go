@@ -3,12 +3,15 @@ package realflannel_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
@@ -285,10 +288,12 @@ func TestRealFlannelFastPath(t *testing.T) {
 		bg <- err
 	}()
 	time.Sleep(time.Second)
-	for i := range nodes {
+	for i, n := range nodes {
+		before := strings.TrimSpace(run(t, n, "cat", "/sys/class/net/flannel.1/ifindex"))
 		if err := l.RestartFlanneld(ctx, i+1); err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("%s: flanneld restarted; flannel.1 ifindex %s -> %s", n, before, strings.TrimSpace(run(t, n, "cat", "/sys/class/net/flannel.1/ifindex")))
 	}
 	restarted := map[string]uint64{}
 	for _, n := range nodes {
@@ -305,12 +310,13 @@ func TestRealFlannelFastPath(t *testing.T) {
 		}
 	}
 
+	ids := pinnedMaps(t, l)
 	for _, n := range nodes {
 		if _, err := datapath.Detach(ctx, n, fastpath.Name); err != nil {
 			t.Fatalf("detach %s: %v", n, err)
 		}
 	}
-	assertDetached(t, l, knobs)
+	assertDetached(t, l, knobs, ids)
 }
 
 // nthGateway is the pod's gateway: .1 of its /24 (cni0's address).
@@ -341,10 +347,55 @@ func captured(t *testing.T, pod string, addr netip.Addr, d time.Duration, mac st
 	return n
 }
 
-// assertDetached checks that no peregrine program is attached in the lab's namespaces, no pin
-// or record is left, and every knob the modes set is back to its old value.
-func assertDetached(t *testing.T, l *realflannel.Lab, knobs map[string]string) {
+// pinnedMaps are the IDs of the maps pinned for the lab's nodes (before a detach: they must
+// all be gone after it).
+func pinnedMaps(t *testing.T, l *realflannel.Lab) []ebpf.MapID {
 	t.Helper()
+	var ids []ebpf.MapID
+	for _, n := range l.NodeNetns() {
+		_ = filepath.WalkDir(datapath.PinDir(n), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return nil
+			}
+			m, err := ebpf.LoadPinnedMap(path, nil)
+			if err != nil {
+				return nil // a program or link pin
+			}
+			defer m.Close()
+			if info, err := m.Info(); err == nil {
+				if id, ok := info.ID(); ok {
+					ids = append(ids, id)
+				}
+			}
+			return nil
+		})
+	}
+	if len(ids) == 0 {
+		t.Fatal("no pinned maps found for the attached modes")
+	}
+	return ids
+}
+
+// assertDetached checks that no peregrine program is attached in the lab's namespaces, none of
+// the maps (ids) the modes had exists any more, no pin or record is left, and every knob the
+// modes set is back to its old value.
+func assertDetached(t *testing.T, l *realflannel.Lab, knobs map[string]string, ids []ebpf.MapID) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second) // maps go once the last reference does
+	for _, id := range ids {
+		for {
+			m, err := ebpf.NewMapFromID(id)
+			if err != nil {
+				break
+			}
+			m.Close()
+			if time.Now().After(deadline) {
+				t.Errorf("map %d still exists after detach", id)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	nss, _ := netnsutil.List(realflannel.Prefix(l.Spec.Name))
 	for _, ns := range nss {
 		if o, _ := netnsutil.Run(context.Background(), ns, "bpftool", "net", "show"); strings.Contains(o, "prg_") {
@@ -407,12 +458,13 @@ func TestRealFlannelPrismFalcon(t *testing.T) {
 	if p.Stats.Redirected == 0 || p.Stats.HP == 0 {
 		t.Fatalf("prism on the real flannel overlay redirected nothing of the HP flow:\n%s", p.Format())
 	}
+	ids := pinnedMaps(t, l)
 	for _, n := range nodes {
 		if _, err := datapath.Detach(ctx, n, prism.Name); err != nil {
 			t.Fatalf("detach prism %s: %v", n, err)
 		}
 	}
-	assertDetached(t, l, knobs)
+	assertDetached(t, l, knobs, ids)
 
 	for _, n := range nodes {
 		st, err := datapath.Attach(ctx, n, falcon.Name, datapath.Options{CPUs: []int{0, 1}, KeepUnderlay: true,
@@ -440,10 +492,34 @@ func TestRealFlannelPrismFalcon(t *testing.T) {
 	if steered == 0 {
 		t.Fatalf("falcon on the real flannel overlay steered no packet: %+v", lv.Stages)
 	}
+	ids = pinnedMaps(t, l)
 	for _, n := range nodes {
 		if _, err := datapath.Detach(ctx, n, falcon.Name); err != nil {
 			t.Fatalf("detach falcon %s: %v", n, err)
 		}
 	}
-	assertDetached(t, l, knobs)
+	assertDetached(t, l, knobs, ids)
+}
+
+// TestDownAll: `lab down --all` (through realflannel.DownAll) removes a real flannel lab with
+// its processes, state and CNI cache.
+func TestDownAll(t *testing.T) {
+	requireRealFlannel(t)
+	l := upForTest(t, "rfd", 1, 1)
+	pidFile := filepath.Join(realflannel.Dir("rfd"), "n1", "flanneld.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := realflannel.DownAll(t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/" + strings.TrimSpace(string(b)) + "/ns/net"); err == nil {
+		if st, _ := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/stat"); !strings.Contains(string(st), ") Z") {
+			t.Errorf("flanneld (pid %s) survived DownAll", strings.TrimSpace(string(b)))
+		}
+	}
+	if nss, _ := netnsutil.List(realflannel.Prefix(l.Spec.Name)); len(nss) > 0 {
+		t.Errorf("namespaces left: %v", nss)
+	}
 }
