@@ -136,4 +136,7 @@ if ((${#want_bins[@]})); then
     say "built in $(( $(date +%s) - t0 )) s"
   fi
 fi
+# The docker swarm lab (scripts/real-docker-overlay.sh): docker.io and busybox-static, installed
+# with their services kept from starting (see setup-docker.sh).
+if $check_only; then scripts/setup-docker.sh --check || true; else scripts/setup-docker.sh; fi
 $check_only || say "ready"
