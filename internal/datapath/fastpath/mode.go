@@ -33,7 +33,7 @@ const (
 type Config struct {
 	Agent  bool `json:"agent" opt:"agent" default:"true" help:"run the node agent (false: pods and devices are frozen at attach; flows still re-learn every few seconds)"`
 	OneWay bool `json:"one_way" opt:"one_way" help:"a flow the normal path delivered to a pod takes the ingress fast path without waiting for the pod's reply (one-way streams such as UDP telemetry); default: only flows carried both ways"`
-	BigTCP int  `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO and GRO sizes (IPv4 and legacy) of the pod veths, bridge and VXLAN device, and the underlay's GSO sizes, to this many bytes (above 65536, at most 524280; GSO capped at each device's tso_max_size); restored on detach. Packets above 64 KiB take the normal path (counted as big). 0: off"`
+	BigTCP int  `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO and GRO sizes (IPv4 and legacy) of the pod veths, bridge and VXLAN device, and the underlay's GSO sizes, to this many bytes (above 65536, at most 524280; GSO capped at each device's tso_max_size); restored on detach. The fast path carries the pods' packets above 64 KiB; frames above 64 KiB arriving from the underlay take the normal path (counted as big). 0: off"`
 }
 
 var schema = option.Declare(Name, Config{})
