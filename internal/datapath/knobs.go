@@ -74,7 +74,7 @@ func writeKnobs(ks []Knob, restore bool) []error {
 			continue // the namespace is gone, and its knobs with it
 		}
 		if err := knobWrite(k, v); err != nil {
-			if restore && errors.Is(err, os.ErrNotExist) && deviceGone(k) {
+			if restore && (errors.Is(err, os.ErrNotExist) || strings.HasPrefix(k.Path, linkKnobPrefix)) && deviceGone(k) {
 				continue // the device was removed (a container went away), and its knob with it
 			}
 			errs = append(errs, fmt.Errorf("write %q to %s: %w", v, k, err))

@@ -17,8 +17,9 @@ import (
 // them where a device cannot carry them; each device on the way must allow the size:
 //   - the pods' veths (both ends): the pod's TCP builds packets up to its device's
 //     gso_ipv4_max_size; GRO at either end may merge up to gro_ipv4_max_size;
-//   - the bridge and the VXLAN device: the normal path carries the big packets (the fast path
-//     leaves them there, FP_R_BIG) and the VXLAN device encapsulates them whole;
+//   - the bridge and the VXLAN device: a flow's first packets and its re-learn packets take the
+//     normal path, where the VXLAN device encapsulates them whole (the fast path carries the
+//     rest, bpf/fastpath.h parse_big);
 //   - the underlay: its GSO sizes let a big encapsulated packet leave whole where the NIC
 //     segments it. Its GRO sizes stay: the receive fast path leaves frames above 64 KiB to the
 //     normal path, whose gro_cells and veth backlog queue them, so the small packets of the

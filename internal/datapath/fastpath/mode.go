@@ -37,7 +37,7 @@ type Config struct {
 	// VXLANDev limits the fast path to the named VXLAN devices (names such as vxlan0, or
 	// netns/name where several namespaces hold one of that name, as status prints them).
 	VXLANDev []string `json:"vxlan_dev,omitempty" opt:"vxlan_dev" help:"only these VXLAN devices (name, or netns/name as status shows it; repeatable); default: every VXLAN overlay of the node, each with its own config"`
-	BigTCP   int      `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO and GRO sizes (IPv4 and legacy) of the pod veths, bridge and VXLAN device, and the underlay's GSO sizes, to this many bytes (above 65536, at most 524280; GSO capped at each device's tso_max_size); restored on detach. Packets above 64 KiB take the normal path (counted as big). 0: off"`
+	BigTCP   int      `json:"big_tcp,omitempty" opt:"big_tcp" default:"0" range:"0..524280" help:"BIG TCP: raise the GSO and GRO sizes (IPv4 and legacy) of the pod veths, bridge and VXLAN device, and the underlay's GSO sizes, to this many bytes (above 65536, at most 524280; GSO capped at each device's tso_max_size); restored on detach. The fast path carries the pods' packets above 64 KiB; frames above 64 KiB arriving from the underlay take the normal path (counted as big). 0: off"`
 }
 
 var schema = option.Declare(Name, Config{})
