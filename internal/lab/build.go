@@ -185,6 +185,9 @@ func (b *builder) underlay() error {
 		if err := h.up("eth0"); err != nil {
 			return err
 		}
+		if err := h.queue("eth0"); err != nil {
+			return err
+		}
 		// GRO on a veth switches it to NAPI mode: packets then arrive through a NAPI poll
 		// with GRO, as from a real NIC, instead of the per-CPU backlog.
 		if *s.GRO {

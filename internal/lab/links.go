@@ -153,6 +153,24 @@ func (n *nsLinks) up(names ...string) error {
 	return nil
 }
 
+// queue gives a device pfifo_fast as its root qdisc, a single-queue NIC's classic default. A veth
+// is created with none (noqueue): when its peer's ring is full it drops, where a NIC driver
+// stops its queue and the qdisc holds the packet (backpressure: the kernel's veth does the same
+// once it has a qdisc). Without it a bulk flow's sender loses packets at the underlay and
+// retransmits in every mode, native included, which no NIC-backed node does.
+func (n *nsLinks) queue(name string) error {
+	l, err := n.link(name)
+	if err != nil {
+		return err
+	}
+	q := &netlink.PfifoFast{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(1, 0)},
+		Bands: 3, PriorityMap: [16]uint8{1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}}
+	if err := n.h.QdiscReplace(q); err != nil {
+		return n.errf(name, "add pfifo_fast qdisc", err)
+	}
+	return nil
+}
+
 func (n *nsLinks) addr(name string, p netip.Prefix) error {
 	l, err := n.link(name)
 	if err != nil {
