@@ -291,19 +291,28 @@ func (a *agent) record(st *datapath.State, t *datapath.Topology, ovs []*overlay,
 	if (!ovsChanged && !devsChanged) || len(ovs) == 0 {
 		return
 	}
-	ms, err := datapath.LoadModeState[modeState](st)
-	if err != nil {
-		return
-	}
-	ms.Overlays, ms.Overlay = ovs, ovs[0]
-	if devsChanged {
-		nt := *t
-		if st.Topology != nil {
-			nt.Notes = st.Topology.Notes // attach's notes stay
+	// Under the attach/detach lock, on the record as saved now: a detach that removed it in
+	// the meantime is not undone.
+	err := datapath.UpdateState(a.target, Name, time.Second, func(cur *datapath.State) error {
+		if !cur.Attached.Equal(st.Attached) {
+			return datapath.ErrNotAttached // another attachment's record
 		}
-		st.Topology = &nt
-	}
-	if err := datapath.SaveModeState(st, ms); err != nil {
+		ms, err := datapath.LoadModeState[modeState](cur)
+		if err != nil {
+			return err
+		}
+		ms.Overlays, ms.Overlay = ovs, ovs[0]
+		if devsChanged {
+			nt := *t
+			if cur.Topology != nil {
+				nt.Notes = cur.Topology.Notes // attach's notes stay
+			}
+			cur.Topology = &nt
+		}
+		datapath.SetModeState(cur, ms)
+		return nil
+	})
+	if err != nil && !errors.Is(err, datapath.ErrNotAttached) {
 		a.lg.Printf("record: %v", err)
 	}
 }

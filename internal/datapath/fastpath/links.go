@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -127,6 +128,11 @@ func pruneLinks(target string, nsByInode map[uint32]string) int {
 		idx, _ := strconv.Atoi(f[1])
 		ns, ok := nsByInode[uint32(ino)]
 		if !ok {
+			// A namespace no overlay is in any more (a docker overlay that went away): its
+			// links went with their devices.
+			if !bpfobj.LinkAlive(filepath.Join(dir, e.Name())) && os.Remove(filepath.Join(dir, e.Name())) == nil {
+				n++
+			}
 			continue
 		}
 		alive := false

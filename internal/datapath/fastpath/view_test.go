@@ -23,3 +23,28 @@ func TestFormatLocalAndNAT(t *testing.T) {
 		t.Fatalf("Reasons must follow FP_R_* (FP_R_LOCAL last): %v", Reasons)
 	}
 }
+
+// Format lists every overlay with its counters and live pods, and says when one is off.
+func TestFormatOverlays(t *testing.T) {
+	v := &View{Agent: "pid 1, running", Flows: 3, Both: 2,
+		Egress: Direction{"hit": 7}, Ingress: Direction{"hit": 5},
+		Overlays: []OverlayView{
+			{Index: 0, Layout: LayoutBridged, VXLAN: "/run/d/netns/1-a/vxlan0", Underlay: "n1/eth0", VNI: 4096, Port: 4789, VTEP: "10.0.0.1", On: true,
+				Egress: Direction{"hit": 3}, Ingress: Direction{"hit": 2}, Pods: []PodView{{Addr: "10.0.0.11", Veth: "veth1"}}},
+			{Index: 1, Layout: LayoutBridged, VXLAN: "/run/d/netns/1-b/vxlan0", Underlay: "n1/eth0", VNI: 4097, Port: 4789, VTEP: "10.0.0.1",
+				Egress: Direction{"hit": 4}, Ingress: Direction{"hit": 3}},
+		}}
+	out := v.Format()
+	for _, want := range []string{
+		"fastpath: 2 overlay(s); 3 flows cached, 2 learned both ways",
+		"overlay 0: bridged layout, /run/d/netns/1-a/vxlan0 over n1/eth0 (vni 4096, port 4789, vtep 10.0.0.1):",
+		"pods (live): 10.0.0.11 (veth1)",
+		"overlay 1: bridged layout, /run/d/netns/1-b/vxlan0 over n1/eth0 (vni 4097, port 4789, vtep 10.0.0.1) (off: its device is gone)",
+		"pods (live): none",
+		"egress hits 4, misses 0, fallbacks 0; ingress hits 3",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+}
