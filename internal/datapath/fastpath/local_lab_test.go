@@ -10,7 +10,6 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // TestSameNodeAndServiceBackends, in both kube-proxy modes, from pod h1-c1 with the fast path
@@ -200,24 +199,7 @@ func TestSameNodeServiceConntrackFlush(t *testing.T) {
 	if svc.Backends[0].Node != "h2-c1" {
 		t.Fatalf("default/one's backend is %s, the test needs h2-c1", svc.Backends[0].Node)
 	}
-	c := dialIn(t, client.Netns, svc.Target())
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(c)
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
-			time.Sleep(at)
-			for _, h := range hosts {
-				_, _ = netnsutil.Run(context.Background(), h, "conntrack", "-F")
-			}
-		}
-	}()
-	n, err := streamEcho(c, r, 13*time.Second, 12)
-	if err != nil {
-		t.Fatalf("after conntrack -F: %v", err)
-	}
+	n := echoAcrossFlushes(t, client.Netns, svc.Target(), hosts, 12)
 	v, err := Inspect(hosts[1])
 	if err != nil {
 		t.Fatal(err)

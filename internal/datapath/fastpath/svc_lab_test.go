@@ -297,24 +297,7 @@ func TestServiceConntrackFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := l.Services[0] // default/one: one backend, on h2
-	c := dialIn(t, client.Netns, svc.Target())
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(c)
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
-			time.Sleep(at)
-			for _, h := range hosts {
-				_, _ = netnsutil.Run(context.Background(), h, "conntrack", "-F")
-			}
-		}
-	}()
-	n, err := streamEcho(c, r, 13*time.Second, 11)
-	if err != nil {
-		t.Fatalf("after conntrack -F: %v", err)
-	}
+	n := echoAcrossFlushes(t, client.Netns, svc.Target(), hosts, 11)
 	v, err := Inspect(hosts[0])
 	if err != nil {
 		t.Fatal(err)
@@ -338,4 +321,31 @@ func dialIn(t *testing.T, ns, target string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// echoAcrossFlushes streams an echo from namespace ns to target (a Service) for 13 s while
+// every node's conntrack table is flushed twice (after 2 s and 7 s), and returns the bytes
+// echoed back intact: a flushed entry must be re-created with its translation, never leave the
+// connection to replies the client cannot match.
+func echoAcrossFlushes(t *testing.T, ns, target string, hosts []string, seed uint64) int64 {
+	t.Helper()
+	c := dialIn(t, ns, target)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
+			time.Sleep(at)
+			for _, h := range hosts {
+				_, _ = netnsutil.Run(context.Background(), h, "conntrack", "-F")
+			}
+		}
+	}()
+	n, err := streamEcho(c, r, 13*time.Second, seed)
+	if err != nil {
+		t.Fatalf("after conntrack -F: %v", err)
+	}
+	return n
 }
