@@ -114,3 +114,11 @@ func TestNetconf(t *testing.T) {
 		t.Fatalf("netconf: %s", b)
 	}
 }
+
+func TestCPUMask(t *testing.T) {
+	for n, want := range map[int]string{0: "1", 1: "2", 31: "80000000", 32: "1,00000000", 65: "2,00000000,00000000"} {
+		if got := cpuMask(n); got != want {
+			t.Errorf("cpuMask(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
