@@ -137,6 +137,12 @@ func newStatusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(states) > 0 {
+				// Live state (maps, knobs) read where the pins are out of sight would be wrong.
+				if err := datapath.CheckPinFS(); err != nil {
+					return fmt.Errorf("status: %w", err)
+				}
+			}
 			agents, err := agent.AllStatuses()
 			if err != nil {
 				return err

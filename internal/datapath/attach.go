@@ -24,6 +24,9 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 	if os.Geteuid() != 0 {
 		return nil, errors.New("attach needs root (CAP_NET_ADMIN, CAP_BPF): run it with sudo")
 	}
+	if err := CheckPinFS(); err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
 	m, err := Lookup(modeName)
 	if err != nil {
 		return nil, err
@@ -102,6 +105,9 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 func Detach(ctx context.Context, target, mode string) ([]*State, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("detach needs root: run it with sudo")
+	}
+	if err := CheckPinFS(); err != nil {
+		return nil, fmt.Errorf("detach: %w", err)
 	}
 	release, err := lock()
 	if err != nil {
