@@ -11,7 +11,7 @@ import (
 // PinRoot must be a bpf filesystem. The usual way to get this wrong is `ip netns exec NS
 // peregrine ...`: ip mounts a fresh sysfs on /sys for the command, /sys/fs/bpf becomes a plain
 // sysfs directory, every pin is out of sight, and without this check status would call each
-// knob changed and detach would restore the knobs but leave the programs running.
+// knob changed, and attach and detach could not reach the pins they make and remove.
 func CheckPinFS() error {
 	dir := filepath.Dir(PinRoot)
 	var st unix.Statfs_t
