@@ -74,13 +74,37 @@ int pdi_gone(void)
 	return pdi_g.dead;
 }
 
-/* again: EAGAIN, or ECONNRESET once the daemon is gone (nothing will ever come). A look costs a
- * syscall: every 64th EAGAIN (a spinning caller gets there in microseconds; pd_epoll_wait polls
- * the control socket anyway). Called with the lock held. */
+/* dead: whether the daemon is gone. A look at the control socket costs a poll(2) (~0.5 us); a
+ * clock read through the vDSO costs ~20 ns, so every call reads the clock and looks at most once
+ * a millisecond: whatever the program does, a call made 1 ms or more after the daemon's end sees
+ * it. Called with the lock held. */
+int pdi_dead(void)
+{
+	if (pdi_g.dead || !pdi_g.inited)
+		return pdi_g.dead;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	if (now - pdi_g.last_look < 1000000)
+		return 0;
+	pdi_g.last_look = now;
+	return pdi_gone();
+}
+
+/* gate: what every entry point checks first (pd.h: ECONNRESET for every call once the daemon is
+ * gone, never EAGAIN or 0 forever). Called with the lock held. */
+int pdi_gate(void)
+{
+	if (!pdi_g.inited)
+		return ENOTCONN;
+	return pdi_dead() ? ECONNRESET : 0;
+}
+
+/* again: EAGAIN, or ECONNRESET once the daemon is gone (nothing will ever come). Called with the
+ * lock held. */
 int pdi_again(void)
 {
-	static unsigned n;
-	return pdi_g.dead || ((++n & 63) == 0 && pdi_gone()) ? ECONNRESET : EAGAIN;
+	return pdi_dead() ? ECONNRESET : EAGAIN;
 }
 
 static int pow2_in(uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi && !(v & (v - 1)); }
@@ -95,8 +119,9 @@ int pd_init(const char *chardev, int sqthresh, int cqthresh)
 {
 	LOCK();
 	if (pdi_g.inited) {
+		int e = pdi_dead() ? ECONNRESET : EALREADY; /* gone: pd_release, then pd_init connects afresh */
 		UNLOCK();
-		return errno = EALREADY, -1;
+		return errno = e, -1;
 	}
 	if (sqthresh < 0 || cqthresh < 0 || sqthresh > 65536 || cqthresh > 65536) {
 		UNLOCK();
@@ -286,12 +311,13 @@ static int add_sock(int sid, int rxfd, int peerfd)
 
 int pd_socket(int domain, int type, int protocol)
 {
-	if (domain != AF_INET || (type & ~SOCK_NONBLOCK & ~SOCK_CLOEXEC) != SOCK_STREAM || (protocol != 0 && protocol != IPPROTO_TCP))
-		return errno = EINVAL, -1;
 	LOCK();
-	if (!pdi_g.inited) {
+	int e = pdi_gate();
+	if (!e && (domain != AF_INET || (type & ~SOCK_NONBLOCK & ~SOCK_CLOEXEC) != SOCK_STREAM || (protocol != 0 && protocol != IPPROTO_TCP)))
+		e = EINVAL;
+	if (e) {
 		UNLOCK();
-		return errno = ENOTCONN, -1;
+		return errno = e, -1;
 	}
 	struct req r = { .op = OP_SOCKET };
 	struct rep rp;
@@ -334,10 +360,8 @@ int pd_bind(int sid, const struct sockaddr *addr, socklen_t addrlen)
 {
 	struct req r = { .op = OP_BIND, .sid = (uint32_t)sid };
 	struct rep rp;
-	if (addr_req(&r, addr, addrlen) < 0)
-		return -1;
 	LOCK();
-	int ret = pdi_get(sid) ? simple(&r, &rp) : (errno = EBADF, -1);
+	int e = pdi_gate(), ret = e ? (errno = e, -1) : addr_req(&r, addr, addrlen) < 0 ? -1 : pdi_get(sid) ? simple(&r, &rp) : (errno = EBADF, -1);
 	UNLOCK();
 	return ret;
 }
@@ -347,7 +371,7 @@ int pd_listen(int sid, int backlog)
 	struct req r = { .op = OP_LISTEN, .sid = (uint32_t)sid, .a0 = backlog > 0 ? (uint32_t)backlog : 0 };
 	struct rep rp;
 	LOCK();
-	int ret = pdi_get(sid) ? simple(&r, &rp) : (errno = EBADF, -1);
+	int e = pdi_gate(), ret = e ? (errno = e, -1) : pdi_get(sid) ? simple(&r, &rp) : (errno = EBADF, -1);
 	UNLOCK();
 	return ret;
 }
@@ -358,9 +382,10 @@ int pd_accept(int sid, struct sockaddr *addr, socklen_t *addrlen)
 	struct rep rp;
 	int fds[8], nf, ret = -1;
 	LOCK();
-	if (!pdi_get(sid)) {
+	int e = pdi_gate();
+	if (e || !pdi_get(sid)) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	if (call(pdi_g.conn, &r, &rp, fds, &nf) == 0) {
 		if (nf < 1 || nf > 2) {
@@ -387,9 +412,12 @@ int pd_connect(int sid, const struct sockaddr *addr, socklen_t addrlen)
 	struct req r = { .op = OP_CONNECT, .sid = (uint32_t)sid };
 	struct rep rp;
 	int fds[8], nf, ret = -1;
-	if (addr_req(&r, addr, addrlen) < 0)
-		return -1;
 	LOCK();
+	int e = pdi_gate();
+	if (e || addr_req(&r, addr, addrlen) < 0) {
+		UNLOCK();
+		return e ? (errno = e, -1) : -1;
+	}
 	struct psock *s = pdi_get(sid);
 	if (!s) {
 		UNLOCK();
@@ -429,16 +457,21 @@ void pdi_flush_release(int sid, struct psock *s)
 int pd_close(int sid)
 {
 	LOCK();
+	int e = pdi_gate();
 	struct psock *s = pdi_get(sid);
 	if (!s) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
-	pdi_flush_release(sid, s);
-	pdi_drain_cq();
-	struct req r = { .op = OP_CLOSE, .sid = (uint32_t)sid, .a0 = (uint32_t)s->q };
-	struct rep rp;
-	int ret = simple(&r, &rp);
+	int ret = -1;
+	if (!e) {
+		pdi_flush_release(sid, s);
+		pdi_drain_cq();
+		struct req r = { .op = OP_CLOSE, .sid = (uint32_t)sid, .a0 = (uint32_t)s->q };
+		struct rep rp;
+		ret = simple(&r, &rp);
+	} else
+		errno = e; /* the daemon is gone: the socket is released here all the same */
 	unmap_sock(s);
 	if (pdi_cur_sid == sid)
 		pdi_cur_sid = -1;

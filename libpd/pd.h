@@ -11,8 +11,12 @@
  *   ECONNREFUSED no listener            EADDRNOTAVAIL  address not in the caller's network namespace
  *   EADDRINUSE  address bound already   EPIPE  the peer closed (send)
  *   EFAULT buffer not from pd_malloc    EINVAL bad argument     ENOMEM  send ring full (pd_malloc)
- *   ECONNRESET the daemon is gone (every call from then on; pd_epoll_wait reports PD_EPOLLERR |
- *          PD_EPOLLHUP on every watched socket within 100 ms, SO_ERROR says ECONNRESET)
+ *   ECONNRESET the daemon is gone: every call made 1 ms or more after its end, and every call from
+ *          then on, fails so (never EAGAIN or 0 forever), whatever its arguments. pd_close releases
+ *          the socket all the same; pd_getsockopt(SO_ERROR) returns 0 with ECONNRESET as the value;
+ *          pd_epoll_wait reports PD_EPOLLERR | PD_EPOLLHUP on every watched socket (-1/ECONNRESET
+ *          when it watches none); pd_init says ECONNRESET until pd_release, after which it
+ *          connects afresh. pd_free and pd_release (void) still free what they are given.
  *   ETIMEDOUT  the daemon did not answer a control call within 5 s (the library is dead from then on)
  *   EMFILE / ENOBUFS  the daemon's per-process or per-namespace limits (sockets; shared memory)
  *

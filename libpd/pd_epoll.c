@@ -7,6 +7,10 @@ int pd_epoll_create(int size)
 	if (size <= 0)
 		return errno = EINVAL, -1;
 	LOCK();
+	if (pdi_g.inited && pdi_dead()) { /* before pd_init an epoll set may be made; after the daemon's end not */
+		UNLOCK();
+		return errno = ECONNRESET, -1;
+	}
 	for (int i = 0; i < MAX_EPOLL; i++)
 		if (!pdi_g.ep[i].used) {
 			pdi_g.ep[i] = (struct epoll){ .used = 1 };
@@ -20,6 +24,10 @@ int pd_epoll_create(int size)
 int pd_epoll_ctl(int epfd, int op, int sid, struct pd_epoll_event *ev)
 {
 	LOCK();
+	if (pdi_g.inited && pdi_dead()) {
+		UNLOCK();
+		return errno = ECONNRESET, -1;
+	}
 	if (epfd < 0 || epfd >= MAX_EPOLL || !pdi_g.ep[epfd].used) {
 		UNLOCK();
 		return errno = EBADF, -1;

@@ -75,6 +75,7 @@ struct epoll { int used, n, cap; struct ep_item *items; };
 struct pdi_state {
 	int inited, conn, doorbell, notify, direct, nq, depth, maxsock;
 	int dead; /* the daemon went away or broke the protocol: every call fails with ECONNRESET */
+	uint64_t last_look; /* CLOCK_MONOTONIC ns of pdi_dead's last look at the control socket */
 	uint16_t cid;
 	uint64_t ring, pool_size;
 	uint8_t *ctl, *pool, *eng;
@@ -160,6 +161,8 @@ _Static_assert(sizeof(struct req) == MSG && sizeof(struct rep) == MSG, "64-byte 
 /* Shared between the source files. */
 int pdi_gone(void);                    /* the daemon is gone or broke the protocol (ECONNRESET) */
 int pdi_again(void);                   /* EAGAIN, or ECONNRESET once the daemon is gone */
+int pdi_dead(void);                    /* the daemon is gone: looks at most once a millisecond */
+int pdi_gate(void);                    /* 0, or the errno of every call: ENOTCONN, ECONNRESET */
 struct psock *pdi_get(int sid);        /* the socket, or NULL when sid names none */
 void pdi_drain_cq(void);               /* reap completions: release send blocks */
 int pdi_sock_err(struct psock *s);     /* the socket's pending error, as errno */

@@ -67,14 +67,15 @@ static struct sbt *block(uint64_t off, uint16_t *idx)
 void *pd_malloc(size_t size)
 {
 	LOCK();
-	if (!pdi_g.inited || size == 0 || pdi_g.dead) {
+	int e = pdi_gate();
+	if (e || size == 0) {
 		UNLOCK();
-		errno = !pdi_g.inited ? ENOTCONN : pdi_g.dead ? ECONNRESET : EINVAL;
+		errno = e ? e : EINVAL;
 		return NULL;
 	}
 	struct psock *s = pdi_g.direct ? pdi_get(pdi_cur_sid) : NULL;
 	if (s && s->peer) {
-		int e = pdi_sock_err(s);
+		e = pdi_sock_err(s);
 		if (e) {
 			UNLOCK();
 			errno = e; /* the peer closed: its ring takes nothing more */
@@ -163,14 +164,10 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 {
 	LOCK();
 	struct psock *s = pdi_get(sid);
-	int e;
-	if (!s) {
+	int e = pdi_gate();
+	if (e || !s) {
 		UNLOCK();
-		return errno = EBADF, -1;
-	}
-	if (pdi_g.dead) {
-		UNLOCK();
-		return errno = ECONNRESET, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	if ((e = pdi_sock_err(s))) {
 		UNLOCK();
@@ -248,12 +245,15 @@ ssize_t pd_send(int sid, const void *buf, size_t len)
 
 int pd_buf_refresh(int sid, void **ptrs, int ptrlen)
 {
-	if (ptrlen < 0 || (ptrlen > 0 && !ptrs))
-		return errno = EINVAL, -1;
 	LOCK();
-	if (!pdi_get(sid)) {
+	/* the daemon is gone: no send will ever complete, so say so rather than 0 forever (a
+	 * sender waiting for its buffers would spin) */
+	int e = pdi_gate();
+	if (!e && (ptrlen < 0 || (ptrlen > 0 && !ptrs)))
+		e = EINVAL;
+	if (e || !pdi_get(sid)) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	pdi_drain_cq();
 	int n = 0;
@@ -273,13 +273,14 @@ int pd_buf_refresh(int sid, void **ptrs, int ptrlen)
 
 ssize_t pd_recv(int sid, size_t buflen, void **recvbuf)
 {
-	if (!recvbuf)
-		return errno = EINVAL, -1;
 	LOCK();
 	struct psock *s = pdi_get(sid);
-	if (!s) {
+	int e = pdi_gate();
+	if (!e && !recvbuf)
+		e = EINVAL;
+	if (e || !s) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	/* the tail is in shared memory: never believe more than one ring */
 	uint64_t avail = ld64(s->hdr, SH_RX_TAIL) - s->head;
@@ -287,7 +288,7 @@ ssize_t pd_recv(int sid, size_t buflen, void **recvbuf)
 		avail = pdi_g.ring;
 	if (avail == 0) {
 		uint32_t st = ld32(s->hdr, SH_STATE);
-		int e = st == ST_CONNECTED ? pdi_again() : ENOTCONN;
+		e = st == ST_CONNECTED ? pdi_again() : ENOTCONN;
 		UNLOCK();
 		if (st == ST_PEER_CLOSED)
 			return 0;
@@ -304,9 +305,10 @@ int pd_recv_done(int sid, size_t len)
 {
 	LOCK();
 	struct psock *s = pdi_get(sid);
-	if (!s) {
+	int e = pdi_gate();
+	if (e || !s) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	uint64_t tail = ld64(s->hdr, SH_RX_TAIL);
 	if (len > tail - s->head || len > pdi_g.ring) {
@@ -327,21 +329,25 @@ int pd_getsockopt(int sid, int level, int optname, void *optval, socklen_t *optl
 {
 	if (!optval || !optlen || *optlen < (socklen_t)sizeof(int))
 		return errno = EINVAL, -1;
-	if (level != SOL_SOCKET)
-		return errno = ENOPROTOOPT, -1;
 	LOCK();
 	struct psock *s = pdi_get(sid);
-	int v, ret = 0;
-	if (!s) {
+	int v, ret = 0, e = pdi_gate();
+	/* the daemon is gone: SO_ERROR says so as its value (what PD_EPOLLERR points at), every
+	 * other option fails with it */
+	if (e == ECONNRESET && s && level == SOL_SOCKET && optname == SO_ERROR)
+		e = 0;
+	if (!e && level != SOL_SOCKET)
+		e = ENOPROTOOPT;
+	if (e || !s) {
 		UNLOCK();
-		return errno = EBADF, -1;
+		return errno = e ? e : EBADF, -1;
 	}
 	switch (optname) {
 	case SO_RCVBUF: v = (int)pdi_g.ring; break;
 	case SO_SNDBUF: v = (int)pdi_g.pool_size; break;
 	case SO_TYPE: v = SOCK_STREAM; break;
 	case SO_ERROR:
-		v = (int)__atomic_exchange_n((uint32_t *)(s->hdr + SH_ERROR), 0, __ATOMIC_SEQ_CST);
+		v = pdi_g.dead ? ECONNRESET : (int)__atomic_exchange_n((uint32_t *)(s->hdr + SH_ERROR), 0, __ATOMIC_SEQ_CST);
 		break;
 	default: ret = -1; errno = ENOPROTOOPT;
 	}
@@ -357,9 +363,10 @@ int pd_setsockopt(int sid, int level, int optname, const void *optval, socklen_t
 {
 	LOCK();
 	struct psock *s = pdi_get(sid);
+	int e = pdi_gate();
 	UNLOCK();
-	if (!s)
-		return errno = EBADF, -1;
+	if (e || !s)
+		return errno = e ? e : EBADF, -1;
 	if (!optval || optlen < (socklen_t)sizeof(int))
 		return errno = EINVAL, -1;
 	if (level == SOL_SOCKET && (optname == SO_RCVBUF || optname == SO_SNDBUF)) {

@@ -16,7 +16,9 @@ import (
 
 // Client is the Go counterpart of libpd (same protocol, same shared-memory layout), for Go
 // programs such as `peregrine pd perf` and the tests. One Client per process is the norm; it is
-// safe for concurrent use (a mutex guards the library-side tables).
+// safe for concurrent use (a mutex guards the library-side tables). Once the daemon is gone every
+// call made 1 ms or more after its end fails with unix.ECONNRESET, as libpd's do (pd.h);
+// CloseSock and Free still release what they are given.
 type Client struct {
 	mu       sync.Mutex
 	conn     *net.UnixConn
@@ -30,8 +32,8 @@ type Client struct {
 	doorbell int
 	notify   int
 	connFD   int         // a dup of the control socket, polled to learn that the daemon is gone
-	dead     atomic.Bool // the daemon went away (or broke the protocol): every call fails
-	agains   atomic.Uint32
+	dead     atomic.Bool  // the daemon went away (or broke the protocol): every call fails
+	lastLook atomic.Int64 // deadNow's last look at the control socket (ns since clientEpoch)
 	sqs, cqs []*Queue
 	socks    map[int]*csock
 	Ring     uint64
@@ -185,7 +187,7 @@ func (c *Client) Close() {
 // call runs one control request with a deadline. A failed or timed-out call leaves the protocol
 // out of step, so the client is dead from then on (ECONNRESET for everything).
 func (c *Client) call(r Request) (Reply, error) {
-	if c.dead.Load() {
+	if c.deadNow() {
 		return Reply{}, unix.ECONNRESET
 	}
 	c.conn.SetDeadline(time.Now().Add(callTimeout))
@@ -241,7 +243,7 @@ func DaemonStatus(socket string) ([]byte, error) {
 		return nil, dialError(socket, err)
 	}
 	defer conn.Close()
-	c := &Client{conn: conn}
+	c := &Client{conn: conn, connFD: -1}
 	rep, err := c.call(Request{Op: OpStatus})
 	if errors.Is(err, unix.EACCES) {
 		// not root: a client (past hello) may ask; it sees its own namespace
@@ -381,16 +383,25 @@ func (c *Client) Connect(sid int, ap netip.AddrPort) error {
 func (c *Client) CloseSock(sid int) error {
 	c.mu.Lock()
 	s := c.socks[sid]
+	live := c.live()
 	if s == nil {
 		c.mu.Unlock()
+		if live != nil {
+			return live
+		}
 		return unix.EBADF
 	}
-	c.flushRelease(s)
-	c.drainCQ()
+	if live == nil {
+		c.flushRelease(s)
+		c.drainCQ()
+	}
 	delete(c.socks, sid)
 	q := s.q
 	c.mu.Unlock()
-	_, err := c.call(Request{Op: OpClose, SID: uint32(sid), A0: uint32(q)})
+	err := live // the daemon is gone: the socket is released here all the same
+	if err == nil {
+		_, err = c.call(Request{Op: OpClose, SID: uint32(sid), A0: uint32(q)})
+	}
 	unix.Munmap(s.rx)
 	if s.peerRing != nil {
 		unix.Munmap(s.peerRing)
@@ -417,12 +428,12 @@ func (c *Client) sockErr(s *csock) error {
 func (c *Client) Send(sid int, b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.live(); err != nil {
+		return -1, err
+	}
 	s := c.socks[sid]
 	if s == nil {
 		return -1, unix.EBADF
-	}
-	if c.dead.Load() {
-		return -1, unix.ECONNRESET
 	}
 	if err := c.sockErr(s); err != nil {
 		return -1, err
@@ -494,17 +505,21 @@ func (c *Client) Send(sid int, b []byte) (int, error) {
 	return int(n), nil
 }
 
-// Reusable is pd_buf_refresh for one buffer: no send of it is still in flight.
-func (c *Client) Reusable(b []byte) bool {
+// Reusable is pd_buf_refresh for one buffer: no send of it is still in flight. Once the daemon
+// is gone no send will ever complete: unix.ECONNRESET, so a sender waiting for its buffer stops.
+func (c *Client) Reusable(b []byte) (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.live(); err != nil {
+		return false, err
+	}
 	c.drainCQ()
 	off, ok := c.poolOff(b)
 	if !ok {
-		return false
+		return false, nil
 	}
 	_, e := c.block(off)
-	return e != nil && e.inflight == 0
+	return e != nil && e.inflight == 0, nil
 }
 
 // Recv is pd_recv: a view of up to max received bytes (valid until RecvDone); (nil, nil) at the
@@ -512,6 +527,9 @@ func (c *Client) Reusable(b []byte) bool {
 func (c *Client) Recv(sid int, max int) ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	s := c.socks[sid]
 	if s == nil {
 		return nil, unix.EBADF
@@ -537,6 +555,9 @@ func (c *Client) Recv(sid int, max int) ([]byte, error) {
 func (c *Client) RecvDone(sid int, n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.live(); err != nil {
+		return err
+	}
 	s := c.socks[sid]
 	if s == nil {
 		return unix.EBADF

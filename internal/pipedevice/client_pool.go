@@ -14,11 +14,11 @@ import (
 func (c *Client) Malloc(sid int, size int) ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	if size <= 0 {
 		return nil, unix.EINVAL
-	}
-	if c.dead.Load() {
-		return nil, unix.ECONNRESET
 	}
 	if c.Direct && sid >= 0 {
 		s := c.socks[sid]
@@ -113,28 +113,35 @@ func (c *Client) release(slot uint16) {
 	c.freeSlots = append(c.freeSlots, slot)
 }
 
-// Free is pd_free.
+// Free is pd_free. Once the daemon is gone it still frees, and says unix.ECONNRESET.
 func (c *Client) Free(b []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	live := c.live()
 	off, ok := c.poolOff(b)
 	if !ok {
 		// direct-mode reservation: unsent reservations are dropped
 		for _, s := range c.socks {
 			if s.peerRing != nil && inside(s.peerRing, b) {
 				s.dalloc = s.dpub
-				return nil
+				return live
 			}
+		}
+		if live != nil {
+			return live
 		}
 		return unix.EINVAL
 	}
 	slot, e := c.block(off)
 	if e == nil {
+		if live != nil {
+			return live
+		}
 		return unix.EINVAL
 	}
 	e.freed = true
 	c.release(slot)
-	return nil
+	return live
 }
 
 func inside(m, b []byte) bool {

@@ -15,12 +15,37 @@ import (
 // again is EAGAIN, or ECONNRESET once the daemon is gone (a closed control socket): nothing will
 // ever arrive then, and a program waiting for it must learn so.
 func (c *Client) again() error {
-	// a look costs a syscall: every 64th EAGAIN (a spinning caller gets there in microseconds;
-	// a sleeping one polls the socket in Wait anyway)
-	if c.dead.Load() || (c.agains.Add(1)&63 == 0 && c.gone()) {
+	if c.deadNow() {
 		return unix.ECONNRESET
 	}
 	return unix.EAGAIN
+}
+
+// clientEpoch anchors the monotonic clock deadNow reads.
+var clientEpoch = time.Now()
+
+// deadNow says whether the daemon is gone. A look at the control socket costs a poll(2); reading
+// the clock costs tens of nanoseconds, so every call reads it and looks at most once a millisecond:
+// whatever the program does, a call made 1 ms or more after the daemon's end sees it (libpd's
+// pdi_dead, the same rule).
+func (c *Client) deadNow() bool {
+	if c.dead.Load() {
+		return true
+	}
+	now := int64(time.Since(clientEpoch))
+	if last := c.lastLook.Load(); now-last < int64(time.Millisecond) || !c.lastLook.CompareAndSwap(last, now) {
+		return false
+	}
+	return c.gone()
+}
+
+// live is what every call checks first: ECONNRESET once the daemon is gone (never EAGAIN, false
+// or 0 forever).
+func (c *Client) live() error {
+	if c.deadNow() {
+		return unix.ECONNRESET
+	}
+	return nil
 }
 
 // gone looks (without waiting) whether the daemon closed the control connection.
@@ -41,10 +66,14 @@ func (c *Client) gone() bool {
 // Dead says whether the daemon is gone.
 func (c *Client) Dead() bool { return c.gone() }
 
-// Readable / Writable / Pending say what pd_epoll_wait would report.
+// Readable says what pd_epoll_wait would report for PD_EPOLLIN; true once the daemon is gone
+// (as PD_EPOLLERR wakes every waiter: the next Recv says ECONNRESET).
 func (c *Client) Readable(sid int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.deadNow() {
+		return true
+	}
 	s := c.socks[sid]
 	if s == nil {
 		return false
@@ -53,12 +82,13 @@ func (c *Client) Readable(sid int) bool {
 	return load64(s.hdr, ShRxTail) != s.head || st == SockPeerClosed || load32(s.hdr, ShPending) > 0
 }
 
-// Room is how many bytes Send could queue now.
+// Room is how many bytes Send could queue now: 0 once the daemon is gone (Wait then returns at
+// once and Send says ECONNRESET).
 func (c *Client) Room(sid int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.socks[sid]
-	if s == nil {
+	if s == nil || c.deadNow() {
 		return 0
 	}
 	return int(load64(s.hdr, ShTxLimit) - s.queued)

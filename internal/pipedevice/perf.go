@@ -376,7 +376,7 @@ func nextBuf(c *Client, sid, size int, bufs *[][]byte) []byte {
 		return b
 	}
 	for _, b := range *bufs {
-		if c.Reusable(b) {
+		if ok, _ := c.Reusable(b); ok { // an error (the daemon gone) is the caller's c.Dead()
 			return b
 		}
 	}
