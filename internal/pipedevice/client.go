@@ -31,7 +31,7 @@ type Client struct {
 	engPage  []byte
 	doorbell int
 	notify   int
-	connFD   int         // a dup of the control socket, polled to learn that the daemon is gone
+	connFD   int          // a dup of the control socket, polled to learn that the daemon is gone
 	dead     atomic.Bool  // the daemon went away (or broke the protocol): every call fails
 	lastLook atomic.Int64 // deadNow's last look at the control socket (ns since clientEpoch)
 	sqs, cqs []*Queue
