@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* layout.go */
+/* layout.go (internal/pipedevice TestLayoutMatchesLibpd compares this section and the structs below with Go) */
 #define HDR_PAGE 4096
 #define QUEUE_HDR 128
 #define ENTRY_SIZE 32

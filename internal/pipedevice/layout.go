@@ -4,7 +4,8 @@
 // keeps the connection table and the authoritative ring state (RBT), and hands each process only
 // the memory of its own sockets (memfds over SCM_RIGHTS).
 //
-// The shared-memory layout below is a contract with libpd (libpd/pd_internal.h and libpd/*.c): change both together.
+// The shared-memory layout below is a contract with libpd (libpd/pd_internal.h and libpd/*.c): change both
+// together (TestLayoutMatchesLibpd compares them).
 package pipedevice
 
 import "encoding/binary"
