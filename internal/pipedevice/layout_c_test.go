@@ -54,7 +54,7 @@ func TestLayoutMatchesLibpd(t *testing.T) {
 	s := string(src)
 	from, to := strings.Index(s, "/* layout.go"), strings.Index(s, "#define MAX_EPOLL")
 	if from < 0 || to < from {
-		t.Fatalf("%s: no "/* layout.go" ... #define MAX_EPOLL section; the test reads the shared constants from there", hdr)
+		t.Fatalf("%s: no \"/* layout.go\" ... #define MAX_EPOLL section; the test reads the shared constants from there", hdr)
 	}
 	var names []string
 	for _, m := range regexp.MustCompile(`(?m)^#define ([A-Z_0-9]+) `).FindAllStringSubmatch(s[from:to], -1) {
