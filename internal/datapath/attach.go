@@ -13,6 +13,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/safefile"
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // CheckCPUs verifies every CPU is online (cpuset.CheckOnline; kept for callers outside datapath).
@@ -238,6 +239,5 @@ func ForgetNamespaces(nss []string, all bool) error {
 	return errors.Join(errs...)
 }
 
-// labPrefix begins the names of the lab's namespaces (lab.Prefix; datapath does not import
-// the lab).
-const labPrefix = "prg-"
+// labPrefix begins the names of the lab's namespaces (lab.Prefix, the same constant).
+const labPrefix = statepath.Prefix

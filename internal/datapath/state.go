@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/safefile"
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // Paths of peregrine's datapath state. Records live on tmpfs beside the knobs they describe
@@ -19,15 +20,15 @@ import (
 // root's alone (0600 in 0700 directories, no symlink followed: internal/safefile), since detach
 // acts on what a record says.
 var (
-	StateDir = "/run/peregrine/datapath"
-	PinRoot  = "/sys/fs/bpf/peregrine"
+	StateDir = statepath.Datapath
+	PinRoot  = statepath.Pins
 	// AgentLogDir holds the logs of the modes' node agents (agentproc writes them).
-	AgentLogDir = "/run/peregrine/agents"
+	AgentLogDir = statepath.Agents
 )
 
 // NodeAgentDir holds the node agents' status files (internal/agent), one per managed target:
 // here so that a lab teardown removes those of the namespaces it removes.
-var NodeAgentDir = "/run/peregrine/agent"
+var NodeAgentDir = statepath.Agent
 
 // NodeAgentStatus is the status file of the node agent managing target.
 func NodeAgentStatus(target string) string {

@@ -28,10 +28,12 @@ package lab
 import (
 	"fmt"
 	"net/netip"
+
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // Prefix starts the name of every namespace, link and pinned object peregrine creates.
-const Prefix = "prg-"
+const Prefix = statepath.Prefix
 
 // Styles a lab can be built in.
 const (

@@ -10,11 +10,12 @@ import (
 	"strings"
 
 	"github.com/peregrine-net/peregrine/internal/safefile"
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // StateDir holds peregrine's runtime records. It is on tmpfs (/run), like the namespaces and
 // knobs it describes: a reboot clears both together.
-var StateDir = "/run/peregrine"
+var StateDir = statepath.Run
 
 func recordPath(name string) string { return filepath.Join(StateDir, "labs", name+".json") }
 

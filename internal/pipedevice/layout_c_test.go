@@ -39,7 +39,7 @@ func TestLayoutMatchesLibpd(t *testing.T) {
 		"OP_HELLO": OpHello, "OP_SOCKET": OpSocket, "OP_BIND": OpBind, "OP_LISTEN": OpListen, "OP_ACCEPT": OpAccept,
 		"OP_CONNECT": OpConnect, "OP_CLOSE": OpClose, "OP_SEAL": OpSeal, "MSG": MsgSize,
 		"CALL_TIMEOUT_S": int64(callTimeout.Seconds()),
-		"SBT_SIZE": sbtSize, // not shared memory, but entry_seq indexes it on both sides
+		"SBT_SIZE":       sbtSize, // not shared memory, but entry_seq indexes it on both sides
 	}
 	// where each field lands in the bytes the Go side writes (a marker in one field at a time)
 	for k, v := range goOffsets() {

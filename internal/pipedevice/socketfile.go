@@ -8,13 +8,15 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // DefaultSocketDir holds the daemon's socket and nothing else, so that containers can get the
 // socket by bind-mounting this directory read-only (-v /run/peregrine/pd:/run/peregrine/pd:ro):
 // a unix socket in a read-only mount still accepts connections, and the container sees none of
 // /run/peregrine's other files (datapath records, logs, the lock).
-const DefaultSocketDir = "/run/peregrine/pd"
+const DefaultSocketDir = statepath.PD
 
 // DefaultSocket is where the daemon listens unless told otherwise.
 const DefaultSocket = DefaultSocketDir + "/pd.sock"

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/statepath"
 )
 
 // RootEnv set to 1 (scripts/test.sh sets it) turns every skip for want of root into a failure:
@@ -49,16 +50,16 @@ func Leftovers(prefix string) []string {
 			}
 		}
 	}
-	for _, dir := range []string{"/sys/fs/bpf/peregrine", "/run/peregrine/labs", "/run/peregrine/datapath"} {
+	for _, dir := range []string{statepath.Pins, statepath.Labs, statepath.Datapath} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), prefix) || strings.HasPrefix(e.Name(), strings.TrimPrefix(prefix, "prg-")) {
+			if strings.HasPrefix(e.Name(), prefix) || strings.HasPrefix(e.Name(), strings.TrimPrefix(prefix, statepath.Prefix)) {
 				out = append(out, filepath.Join(dir, e.Name()))
 			}
 		}
 	}
 	// Node agents' logs: <mode>-agent-<pin dir named after the target namespace>.log.
-	if logs, _ := filepath.Glob("/run/peregrine/agents/*-agent-" + prefix + "*.log"); len(logs) > 0 {
+	if logs, _ := filepath.Glob(statepath.Agents + "/*-agent-" + prefix + "*.log"); len(logs) > 0 {
 		out = append(out, logs...)
 	}
 	return out
