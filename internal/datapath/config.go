@@ -32,13 +32,6 @@ func frameworkOf(o Options) Framework {
 	return Framework{Underlay: o.Underlay, CPUs: slices.Clone(o.CPUs), KeepUnderlay: o.KeepUnderlay}
 }
 
-// Completer is a mode config that also depends on the framework's settings (attach's --cpus)
-// or on the machine (online CPUs): Configure calls it on the parsed config, before anything is
-// discovered or changed.
-type Completer interface {
-	Complete(o Options) error
-}
-
 // Schema is a mode's option declaration (option.Declare); a mode without options has an empty one.
 func Schema(mode string) (*option.Schema, error) {
 	m, err := Lookup(mode)

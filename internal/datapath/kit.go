@@ -83,13 +83,6 @@ func NotAttached(target, mode string) error {
 	return fmt.Errorf("%s is not attached to %s (run `peregrine attach %s`): %w", mode, nsLabel(target), mode, ErrNotAttached)
 }
 
-// StageSteerer is a mode that places the later receive stages of every flow (the VXLAN device
-// and the container veth) on CPUs itself and owns those devices' RPS knobs: a mode stacked on
-// it leaves those stages alone. The method only marks the capability.
-type StageSteerer interface {
-	SteersLaterStages()
-}
-
 // StageSteererOn names a mode attached to target that steers the later stages ("" if none).
 func StageSteererOn(target string) (string, error) {
 	sts, err := LoadStates(target)

@@ -1,13 +1,10 @@
 package datapath
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
-
-	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
 
 // Options are the settings shared by all modes; modes read their own keys from Extra.
@@ -26,35 +23,6 @@ type Options struct {
 	Config any `json:"-"`
 }
 
-// Mode is one datapath mode. The framework discovers the topology, reads and records every
-// knob the mode plans, writes them, then lets the mode load its programs; detach undoes it in
-// the reverse order from the record alone.
-type Mode interface {
-	Name() string
-	Summary() string
-	// Options is the mode's option declaration (option.Declare on its config type), or nil for
-	// a mode that takes none. Everything that sets options (attach's flags, bench strings, the
-	// agent's config file) is derived from it and parsed through Configure.
-	Options() *option.Schema
-	// Knobs plans the sysfs/procfs files to change (New filled in; Old is read by the framework).
-	Knobs(t *Topology, o Options) ([]Knob, error)
-	// Load attaches the mode's programs after the knobs are set, recording pins in st.
-	Load(ctx context.Context, t *Topology, o Options, st *State) error
-	// Unload removes what Load attached, from the record alone (a new process may call it).
-	Unload(ctx context.Context, st *State) error
-}
-
-// Reporter is a mode that can describe its live state for `peregrine status`.
-type Reporter interface {
-	Report(st *State) (string, error)
-}
-
-// AgentRunner is a mode with a node agent: `peregrine agent MODE --target NS` runs it in the
-// foreground until it is told to stop (the mode's Load starts it detached).
-type AgentRunner interface {
-	RunAgent(ctx context.Context, target string) error
-}
-
 // PlanKnobs reads the current value of each knob (Old) so a mode's agent can record knobs it is
 // about to change for a device that appeared after attach.
 func PlanKnobs(ks []Knob) error { return readKnobs(ks) }
@@ -67,8 +35,15 @@ func RxQueueKnobs(d Dev, file string) ([]string, error) { return rxQueueKnobs(d,
 
 var modes = map[string]Mode{}
 
-// Register makes a mode available to attach.
-func Register(m Mode) { modes[m.Name()] = m }
+// Register makes a mode available to attach; called from the mode package's init. A second
+// mode of the same name is a programming error that would silently replace the first: it panics,
+// naming both.
+func Register(m Mode) {
+	if old, ok := modes[m.Name()]; ok {
+		panic(fmt.Sprintf("datapath.Register: mode %q registered twice (%T, then %T)", m.Name(), old, m))
+	}
+	modes[m.Name()] = m
+}
 
 // Lookup finds a mode by name with an error listing the known ones.
 func Lookup(name string) (Mode, error) {

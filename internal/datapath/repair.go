@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,26 +12,6 @@ import (
 // that drifted are written again, pieces that vanished are put back, a changed config is applied
 // live where the mode can (else the agent detaches and attaches that mode), and an attachment
 // adopted from an older binary gets the newer programs.
-
-// Repairer is a mode that checks its pieces on a live attachment and puts back one that
-// vanished (a tcx link detached or unpinned by hand), without touching the others. It returns
-// what it put back.
-type Repairer interface {
-	Repair(ctx context.Context, st *State) ([]string, error)
-}
-
-// LiveConfigurer is a mode that applies a changed config to a live attachment (prism's rules).
-// applied false means the change needs a new attach (nothing was changed).
-type LiveConfigurer interface {
-	ApplyConfig(ctx context.Context, st *State, next any) (applied bool, err error)
-}
-
-// Upgrader is a mode that replaces the programs of an attachment made by an older binary with
-// this binary's, atomically (bpf_link update: never a moment without a program), when they
-// differ. It returns what it replaced.
-type Upgrader interface {
-	Upgrade(ctx context.Context, st *State) ([]string, error)
-}
 
 // DriftedKnobs lists the knobs of st whose live value is not the one set. A knob whose device
 // or namespace is gone has not drifted: it went with the device (the mode's agent follows).

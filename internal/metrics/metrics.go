@@ -25,11 +25,9 @@ type Collector struct {
 	modePkts, modeEntries                                                       *prometheus.Desc
 }
 
-// ModeCounters is a datapath mode that exports its own counters: packets by direction and
-// result ({direction, result} -> count) and the sizes of its tables (table -> entries).
-type ModeCounters interface {
-	Counters(st *datapath.State) (packets map[[2]string]uint64, entries map[string]int, err error)
-}
+// ModeCounters is a datapath mode that exports its own counters (declared with the mode
+// contract: datapath.ModeCounters).
+type ModeCounters = datapath.ModeCounters
 
 // New returns a collector; sp may be nil.
 func New(sp *stage.Probe) *Collector {

@@ -10,7 +10,6 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
-	"github.com/peregrine-net/peregrine/internal/results"
 )
 
 // Name is the mode's name for attach/detach.
@@ -63,7 +62,7 @@ func (mode) Unload(context.Context, *datapath.State) error { return nil }
 
 // Placement: RPS hands every packet from the IRQ core to one CPU per flow (the flow hash picks
 // it), so a flow's later stages run together on a second core.
-func (mode) Placement() results.Placement { return results.PlacementSecondCore }
+func (mode) Placement() datapath.Placement { return datapath.PlacementSecondCore }
 
 // Example shows the mode in `attach --help`.
 func (mode) Example() string {

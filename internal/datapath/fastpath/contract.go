@@ -1,0 +1,17 @@
+package fastpath
+
+import "github.com/peregrine-net/peregrine/internal/datapath"
+
+// The mode contract (internal/datapath/contract.go): every capability this mode implements,
+// checked by the compiler, so a method whose signature drifts fails the build instead of
+// silently dropping the capability.
+var (
+	_ datapath.Mode         = mode{}
+	_ datapath.Reporter     = mode{}
+	_ datapath.AgentRunner  = mode{}
+	_ datapath.Exampler     = mode{}
+	_ datapath.Placer       = mode{}
+	_ datapath.Repairer     = mode{}
+	_ datapath.Upgrader     = mode{}
+	_ datapath.ModeCounters = mode{}
+)
