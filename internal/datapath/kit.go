@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -45,6 +46,22 @@ func SetModeState[T any](st *State, v T) {
 func SaveModeState[T any](st *State, v T) error {
 	SetModeState(st, v)
 	return SaveState(st)
+}
+
+// RecordThenCreate is the order every mode follows for what it creates outside the record (a pin
+// directory under bpffs): the path goes into the record's Pins and the record is written first,
+// then create makes it. A crash at any point leaves a record that names everything made, and
+// detach removes what is named (a path never made is no error); the other order would leave, after
+// a crash between the two steps, a pin nobody knows of. A failing create leaves the path recorded
+// for the same reason: it may have made part of it.
+func RecordThenCreate(st *State, pin string, create func() error) error {
+	if !slices.Contains(st.Pins, pin) {
+		st.Pins = append(st.Pins, pin)
+	}
+	if err := SaveState(st); err != nil {
+		return err
+	}
+	return create()
 }
 
 // Attached loads the record of mode on target, with an error that says how to attach when there

@@ -5,6 +5,7 @@ import (
 
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,5 +107,42 @@ func TestStageSteererOn(t *testing.T) {
 	}
 	if got, _ := StageSteererOn("prg-kit-h4"); got != "" {
 		t.Fatalf("other target: got %q", got)
+	}
+}
+
+// RecordThenCreate writes the record naming the pin before create runs; a failing create leaves
+// the pin recorded (detach removes what it made); a failing save never creates; the same pin is
+// recorded once.
+func TestRecordThenCreate(t *testing.T) {
+	tempState(t)
+	testutil.Set(t, &PinRoot, t.TempDir())
+	st := &State{Mode: "kitmode", Target: "prg-kit-h1"}
+	pin := ModePinDir(st.Target, st.Mode)
+	created := false
+	err := RecordThenCreate(st, pin, func() error {
+		back, err := LoadState("prg-kit-h1", "kitmode")
+		if err != nil || back == nil || len(back.Pins) != 1 || back.Pins[0] != pin {
+			t.Errorf("at create, the record on disk is %+v, %v: want it naming %s", back, err, pin)
+		}
+		created = true
+		return errors.New("half made")
+	})
+	if !created || err == nil || err.Error() != "half made" {
+		t.Fatalf("create ran %v, error %v: want it run and its error returned", created, err)
+	}
+	if back, _ := LoadState("prg-kit-h1", "kitmode"); back == nil || len(back.Pins) != 1 {
+		t.Fatalf("after a failed create the record is %+v: want the pin still named", back)
+	}
+	if err := RecordThenCreate(st, pin, func() error { return nil }); err != nil || len(st.Pins) != 1 {
+		t.Fatalf("the same pin again: %v, pins %v", err, st.Pins)
+	}
+	// a record that cannot be written: nothing is created
+	testutil.Set(t, &StateDir, filepath.Join(t.TempDir(), "file"))
+	if err := os.WriteFile(StateDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	if err := RecordThenCreate(st, pin+"2", func() error { called = true; return nil }); err == nil || called {
+		t.Fatalf("unwritable record: error %v, create called %v: want an error and no create", err, called)
 	}
 }

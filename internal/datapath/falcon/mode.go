@@ -97,11 +97,7 @@ func (mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, 
 		return err
 	}
 	dir := datapath.ModePinDir(st.Target, Name)
-	st.Pins = append(st.Pins, dir)
-	if err := datapath.SaveState(st); err != nil {
-		return err
-	}
-	if err := objs.pin(dir); err != nil {
+	if err := datapath.RecordThenCreate(st, dir, func() error { return objs.pin(dir) }); err != nil {
 		return err
 	}
 	pieces, notes, err := desiredPieces(t)

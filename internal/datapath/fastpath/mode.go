@@ -137,8 +137,7 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	}
 	defer objs.Close()
 	dir := datapath.ModePinDir(st.Target, Name)
-	st.Pins = append(st.Pins, dir)
-	if err := pinObjects(objs, dir); err != nil {
+	if err := datapath.RecordThenCreate(st, dir, func() error { return pinObjects(objs, dir) }); err != nil {
 		return err
 	}
 	p := &pinned{fpMaps: objs.fpMaps, fpPrograms: objs.fpPrograms, more: map[int]*fpPrograms{}}

@@ -133,10 +133,9 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	}
 	defer objs.Close()
 	dir := datapath.ModePinDir(st.Target, Name)
-	if err := objs.pin(dir); err != nil {
+	if err := datapath.RecordThenCreate(st, dir, func() error { return objs.pin(dir) }); err != nil {
 		return err
 	}
-	st.Pins = append(st.Pins, dir)
 	ms := modeState{Rules: rules}
 	if err := datapath.SaveModeState(st, ms); err != nil {
 		return err
