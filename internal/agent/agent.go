@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/doctor"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // Options are the agent's command line.
@@ -169,17 +169,19 @@ func (a *Agent) refusedHash() string {
 	return a.refused
 }
 
+// fileHash is the hash of the config file's content. A file that cannot be read for what it is
+// (a FIFO, a device, too large) hashes to its error, so that the poll reports it once (as a
+// refused config) and does not try again until it changes; a missing file is an error.
 func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
+	b, err := safefile.ReadRegular(path, maxConfigBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
 	if err != nil {
-		return "", err
+		return "unreadable: " + err.Error(), nil
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, io.LimitReader(f, maxConfigBytes+1)); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%x", h.Sum(nil)[:8]), nil
+	h := sha256.Sum256(b)
+	return fmt.Sprintf("%x", h[:8]), nil
 }
 
 // reload reads the config again and applies the difference; an invalid config is refused
