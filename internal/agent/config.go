@@ -46,8 +46,8 @@ type Config struct {
 	Listen   string
 	// ListenRemote acknowledges a listen address other than loopback (listen_remote: true).
 	ListenRemote bool
-	Interval time.Duration
-	Hash     string // of the file's bytes: a changed file is re-read only when this differs
+	Interval     time.Duration
+	Hash         string // of the file's bytes: a changed file is re-read only when this differs
 }
 
 // ModeConfig is one configured mode.
