@@ -53,7 +53,7 @@ type Agent struct {
 
 	metricsRefresh time.Duration     // 0: metrics.DefaultRefresh (tests shorten it)
 	snap           *metrics.Snapshot // /metrics' (tests count its gatherings)
-	stopped bool            // exited normally (the status file says so)
+	stopped        bool              // exited normally (the status file says so)
 }
 
 // Run runs the node agent until ctx ends or SIGTERM/SIGINT (exit 0, datapath left in place
