@@ -134,6 +134,8 @@ func Run(ctx context.Context, o Options) error {
 		return nil
 	}
 
+	sdNotify("READY=1\nSTATUS=started: reconciling\n")
+
 	agentproc.Host(context.Background())
 	defer agentproc.StopHosting(5 * time.Second)
 	srvDone := make(chan error, 1)

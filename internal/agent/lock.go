@@ -3,11 +3,11 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -39,16 +39,24 @@ func lockTarget(target, config string) (unlock func(), err error) {
 		return nil, fmt.Errorf("node agent lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := io.ReadAll(io.LimitReader(f, 512))
-		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			who := strings.TrimSpace(string(holder))
+			// The holder writes who it is just after it takes the lock: give it a moment.
+			var who string
+			for i := 0; i < 20 && who == ""; i++ {
+				b := make([]byte, 512)
+				n, _ := f.ReadAt(b, 0)
+				if who = strings.TrimSpace(string(b[:n])); who == "" {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			f.Close()
 			if who == "" {
 				who = "starting"
 			}
 			return nil, fmt.Errorf("another node agent manages %s (%s; lock %s): one agent per namespace; stop that one first",
 				netnsutil.Label(target), who, path)
 		}
+		f.Close()
 		return nil, fmt.Errorf("node agent lock %s: %w", path, err)
 	}
 	// Who holds it, for the next agent's error.
