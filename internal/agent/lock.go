@@ -64,3 +64,27 @@ func lockTarget(target, config string) (unlock func(), err error) {
 	_, _ = f.WriteAt([]byte(fmt.Sprintf("pid %d, config %s\n", os.Getpid(), config)), 0)
 	return func() { f.Close() }, nil
 }
+
+// lockedByAgent names a node agent that holds its lock on this machine ("" if none does): the
+// lock is a running agent's, whatever PID namespace it runs in.
+func lockedByAgent() string {
+	ents, _ := os.ReadDir(datapath.NodeAgentDir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "ns-") || !strings.HasSuffix(e.Name(), ".lock") {
+			continue
+		}
+		f, err := safefile.OpenLock(filepath.Join(datapath.NodeAgentDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			b := make([]byte, 512)
+			n, _ := f.ReadAt(b, 0)
+			f.Close()
+			return strings.TrimSpace(string(b[:n]))
+		}
+		f.Close()
+	}
+	return ""
+}

@@ -21,6 +21,9 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if holder := lockedByAgent(); holder != "" && !force {
+		return nil, fmt.Errorf("a node agent (%s) is running and would attach again: stop it first (systemctl stop peregrine-agent, or delete the DaemonSet), or give --force", holder)
+	}
 	for _, s := range sts {
 		if s.Running() && !force {
 			return nil, fmt.Errorf("a node agent (pid %d, config %s) is running and would attach again: stop it first (systemctl stop peregrine-agent, or delete the DaemonSet), or give --force", s.PID, s.Config)
@@ -30,14 +33,20 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One detach per namespace: records an older peregrine filed under two names of one
+	// namespace are both found by either name (datapath/nsid.go).
 	seen := map[string]bool{}
 	var done []*datapath.State
 	var errs []error
 	for _, st := range states {
-		if seen[st.Target] {
+		key := st.Target
+		if id, ok := datapath.NamespaceID(st.Target); ok {
+			key = id
+		}
+		if seen[key] {
 			continue
 		}
-		seen[st.Target] = true
+		seen[key] = true
 		d, err := datapath.Detach(ctx, st.Target, "")
 		done = append(done, d...)
 		errs = append(errs, err)
