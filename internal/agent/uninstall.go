@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Uninstall removes everything peregrine put on this machine: every attachment is detached
@@ -60,4 +61,24 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 		}
 	}
 	return done, errors.Join(errs...)
+}
+
+// Leftovers lists what peregrine still has on this machine: each attachment on record, the pin
+// root, the state directories. Empty after a complete Uninstall (`peregrine uninstall --check`:
+// the uninstall DaemonSet's readiness, so that `kubectl rollout status` says every node is clean).
+func Leftovers() ([]string, error) {
+	var out []string
+	states, err := datapath.AllStates()
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range states {
+		out = append(out, fmt.Sprintf("attachment %s on %s", st.Mode, netnsutil.Label(st.Target)))
+	}
+	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, datapath.NodeAgentDir} {
+		if _, err := os.Lstat(dir); err == nil {
+			out = append(out, dir)
+		}
+	}
+	return out, nil
 }
