@@ -98,7 +98,7 @@ func TestAgentWithDaemonSetCommandLine(t *testing.T) {
 	// fastpath on a lab takes seconds).
 	wait(c.LivenessProbe.HTTPGet.Path, time.Duration(c.LivenessProbe.InitialDelaySeconds)*time.Second)
 	wait(c.ReadinessProbe.HTTPGet.Path, time.Minute)
-	if code, body, err := get(ds.Spec.Template.Annotations["prometheus.io/path"]); err != nil || code != 200 || !strings.Contains(body, "# TYPE") {
+	if code, body, err := get("/metrics"); err != nil || code != 200 || !strings.Contains(body, "# TYPE") {
 		t.Errorf("metrics: %d %v, body starts %q", code, err, head(body))
 	}
 

@@ -11,6 +11,7 @@ import (
 
 	yaml3 "gopkg.in/yaml.v3"
 
+	"github.com/peregrine-net/peregrine/internal/agent"
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode registers itself
@@ -18,7 +19,7 @@ import (
 )
 
 // configKeys are the config file's top-level keys (the agent's contract).
-var configKeys = []string{"cpus", "listen", "modes", "netns", "reconcile_interval", "underlay"}
+var configKeys = []string{"cpus", "listen", "listen_remote", "modes", "netns", "reconcile_interval", "underlay"}
 
 func decodeConfig(t *testing.T, b []byte) map[string]any {
 	t.Helper()
@@ -117,6 +118,11 @@ func TestShippedConfig(t *testing.T) {
 	cfg := decodeConfig(t, cm)
 	if _, ok := cfg["listen"]; !ok {
 		t.Error("the config names no listen address: the probes need one they can reach")
+	}
+	// The agent's own parser takes it as it is (it refuses a listen beyond loopback unless
+	// acknowledged, and a config it refuses is fatal at start).
+	if _, err := agent.ParseConfig(cm); err != nil {
+		t.Errorf("the agent refuses the shipped config: %v", err)
 	}
 }
 

@@ -56,7 +56,7 @@ func TestSystemdUnitContract(t *testing.T) {
 	if r := strings.Fields(one(t, u, "Service.ExecReload")); len(r) != 3 || filepath.Base(r[0]) != "kill" || r[1] != "-HUP" || r[2] != "$MAINPID" {
 		t.Errorf("ExecReload %q, want kill -HUP $MAINPID (the agent re-reads its config on SIGHUP)", r)
 	}
-	for k, want := range map[string]string{"Service.Restart": "on-failure", "Service.KillSignal": "SIGTERM", "Service.RuntimeDirectory": "peregrine", "Service.RuntimeDirectoryPreserve": "yes"} {
+	for k, want := range map[string]string{"Service.Restart": "always", "Service.Type": "notify", "Service.NotifyAccess": "main", "Service.KillSignal": "SIGTERM", "Service.RuntimeDirectory": "peregrine", "Service.RuntimeDirectoryPreserve": "yes"} {
 		if got := one(t, u, k); got != want {
 			t.Errorf("%s=%s, want %s", k, got, want)
 		}

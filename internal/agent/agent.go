@@ -5,11 +5,9 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"sync"
 	"syscall"
 	"time"
@@ -17,7 +15,9 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/doctor"
+	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // Options are the agent's command line.
@@ -50,12 +50,41 @@ type Agent struct {
 	last     time.Time // the last reconcile
 
 	adopted map[string]bool // modes attached or adopted by this process (upgraded, agent hosted)
-	stopped bool            // exited normally (the status file says so)
+
+	metricsRefresh time.Duration     // 0: metrics.DefaultRefresh (tests shorten it)
+	snap           *metrics.Snapshot // /metrics' (tests count its gatherings)
+	stopped        bool              // exited normally (the status file says so)
 }
 
 // Run runs the node agent until ctx ends or SIGTERM/SIGINT (exit 0, datapath left in place
 // unless CleanupOnExit). A bad config, no root, no bpffs or a port taken are fatal at start.
 func Run(ctx context.Context, o Options) error {
+	// First of all: from here on a signal is handled, never fatal (signals.go).
+	sigs := catchSignals()
+	defer releaseSignals()
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	sigDone := make(chan struct{})
+	defer close(sigDone)
+	go func() {
+		for {
+			select {
+			case <-sigDone:
+				return
+			case s := <-sigs:
+				if s == syscall.SIGHUP {
+					select { // many SIGHUPs before the loop reads one are one reload
+					case hup <- s:
+					default:
+					}
+					continue
+				}
+				slog.Info("signal: stopping", "signal", s.String())
+				stop()
+			}
+		}
+	}()
 	if os.Geteuid() != 0 {
 		return errors.New("the agent needs root (CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)")
 	}
@@ -69,6 +98,16 @@ func Run(ctx context.Context, o Options) error {
 	if cfg.Netns != "" && !netnsutil.Exists(cfg.Netns) {
 		return fmt.Errorf("netns %q does not exist (see `ip netns list`)", cfg.Netns)
 	}
+	// One agent per namespace, whatever name each was given: the lock is taken before
+	// anything is checked, listened on or changed, and held until the process exits.
+	unlock, err := lockTarget(cfg.Netns, o.ConfigPath)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if ctx.Err() != nil {
+		return nil // stopped while starting: nothing was changed
+	}
 	a := &Agent{opts: o, target: cfg.Netns, cfg: cfg, started: time.Now(), notReady: map[string]string{},
 		adopted: map[string]bool{}}
 	checks, _ := doctor.Run(ctx, doctor.Target{Netns: cfg.Netns, Underlay: cfg.Underlay})
@@ -80,8 +119,9 @@ func Run(ctx context.Context, o Options) error {
 	if a.checks = doctor.Required(checks); a.checks != nil {
 		slog.Warn("start-up checks failed (see `peregrine doctor`); run again on every reconcile until they pass", "err", a.checks)
 	}
-	// By PID only: a status file still fresh from an agent killed a moment ago must not keep
-	// its restart from starting.
+	// An agent of another PID namespace and mount of /run/peregrine (not sharing the lock
+	// file) is still seen by its status file, by PID only: a status file still fresh from an
+	// agent killed a moment ago must not keep its restart from starting.
 	if s, _ := ReadStatus(a.target); s != nil && !s.Stopped && s.PID != os.Getpid() && agentproc.IsNodeAgent(s.PID) {
 		return fmt.Errorf("another node agent (pid %d, config %s) manages %s: stop it first", s.PID, s.Config, netnsutil.Label(a.target))
 	}
@@ -89,11 +129,12 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	if ctx.Err() != nil {
+		l.Close()
+		return nil
+	}
+
+	sdNotify("READY=1\nSTATUS=started: reconciling\n")
 
 	agentproc.Host(context.Background())
 	defer agentproc.StopHosting(5 * time.Second)
@@ -169,17 +210,19 @@ func (a *Agent) refusedHash() string {
 	return a.refused
 }
 
+// fileHash is the hash of the config file's content. A file that cannot be read for what it is
+// (a FIFO, a device, too large) hashes to its error, so that the poll reports it once (as a
+// refused config) and does not try again until it changes; a missing file is an error.
 func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
+	b, err := safefile.ReadRegular(path, maxConfigBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
 	if err != nil {
-		return "", err
+		return "unreadable: " + err.Error(), nil
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, io.LimitReader(f, maxConfigBytes+1)); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%x", h.Sum(nil)[:8]), nil
+	h := sha256.Sum256(b)
+	return fmt.Sprintf("%x", h[:8]), nil
 }
 
 // reload reads the config again and applies the difference; an invalid config is refused

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode a config may name
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // Defaults of the config file's keys.
@@ -33,7 +33,7 @@ const (
 	DefaultInterval  = 5 * time.Second
 	minInterval      = 100 * time.Millisecond
 	maxConfigBytes   = 1 << 20
-	topKeysForErrors = "modes, netns, cpus, underlay, listen, reconcile_interval"
+	topKeysForErrors = "modes, netns, cpus, underlay, listen, listen_remote, reconcile_interval"
 )
 
 // Config is the agent's config file, checked: every mode's options parsed by the mode's own
@@ -44,8 +44,10 @@ type Config struct {
 	CPUs     []int
 	Underlay string
 	Listen   string
-	Interval time.Duration
-	Hash     string // of the file's bytes: a changed file is re-read only when this differs
+	// ListenRemote acknowledges a listen address other than loopback (listen_remote: true).
+	ListenRemote bool
+	Interval     time.Duration
+	Hash         string // of the file's bytes: a changed file is re-read only when this differs
 }
 
 // ModeConfig is one configured mode.
@@ -71,19 +73,12 @@ func (c *Config) ModeNames() []string {
 	return ns
 }
 
-// ReadConfig reads and checks the config file.
+// ReadConfig reads and checks the config file: a regular file (a FIFO would block the loop)
+// of at most maxConfigBytes.
 func ReadConfig(path string) (*Config, error) {
-	f, err := os.Open(path)
+	b, err := safefile.ReadRegular(path, maxConfigBytes)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if len(b) > maxConfigBytes {
-		return nil, fmt.Errorf("config %s: larger than %d bytes", path, maxConfigBytes)
 	}
 	c, err := ParseConfig(b)
 	if err != nil {
@@ -129,11 +124,13 @@ func ParseConfig(text []byte) (*Config, error) {
 		case "underlay":
 			c.Underlay, err = str(v)
 		case "listen":
-			if c.Listen, err = str(v); err == nil {
-				if _, _, e := net.SplitHostPort(c.Listen); e != nil {
-					err = fmt.Errorf("want host:port, e.g. %s: %v", DefaultListen, e)
-				}
+			c.Listen, err = str(v) // checked below, with listen_remote
+		case "listen_remote":
+			b, ok := v.(bool)
+			if !ok {
+				err = fmt.Errorf("want true or false, not %s", kind(v))
 			}
+			c.ListenRemote = b
 		case "reconcile_interval":
 			var s string
 			if s, err = str(v); err == nil {
@@ -157,6 +154,9 @@ func ParseConfig(text []byte) (*Config, error) {
 			return nil, fmt.Errorf("cpus: %q: %w", cpus, err)
 		}
 		c.CPUs = list
+	}
+	if err := checkListen(c.Listen, c.ListenRemote); err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	if strings.ContainsAny(c.Netns, "\x00\n") {
 		return nil, fmt.Errorf("netns: %q is not a namespace name", c.Netns)
@@ -220,6 +220,31 @@ func (c *Config) modeConfig(name string, v any) (ModeConfig, error) {
 		mc.Typed, _ = json.Marshal(typed)
 	}
 	return mc, nil
+}
+
+// checkListen refuses an address other than loopback unless listen_remote acknowledges it. The
+// agent runs in the host's network namespace (hostNetwork): on 0.0.0.0 every pod on the node,
+// and anything that reaches the node, can make it work and read what it reports (the
+// attachments, the knobs, per-CPU counters).
+func checkListen(listen string, remote bool) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("want host:port, e.g. %s: %v", DefaultListen, err)
+	}
+	if remote || host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	what := fmt.Sprintf("%q is not a loopback address", host)
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		what = fmt.Sprintf("%q listens on every address of the node", listen)
+	}
+	return fmt.Errorf("%s: with the host's network (systemd, or hostNetwork in Kubernetes) every pod on the node "+
+		"could then reach the agent (its metrics tell what is attached and how it is tuned, and each request costs the node CPU); "+
+		"use %s (the kubelet's probes use 127.0.0.1 too), or, to let a remote Prometheus scrape it, "+
+		"give the node's address, add `listen_remote: true` and allow only the scraper (firewall or NetworkPolicy)", what, DefaultListen)
 }
 
 func str(v any) (string, error) {

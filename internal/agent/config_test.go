@@ -71,7 +71,7 @@ func TestConfigAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("deploy/config.yaml: %v", err)
 	}
-	if _, ok := c.Modes["fastpath"]; !ok || c.Interval != 5*time.Second || c.Listen != "0.0.0.0:9465" {
+	if _, ok := c.Modes["fastpath"]; !ok || c.Interval != 5*time.Second || c.Listen != "127.0.0.1:9465" {
 		t.Errorf("deploy/config.yaml read as %+v", c)
 	}
 	c, err = ParseConfig([]byte("modes:\n  fastpath:\n    one_way: true\n  prism:\n    rules: [\"proto=tcp dport=6379\", \"proto=udp\"]\n    agent: false\ncpus: \"0\"\nnetns: prg-x-h1\nreconcile_interval: 250ms\n"))

@@ -13,18 +13,29 @@ import (
 	"github.com/peregrine-net/peregrine/internal/metrics"
 )
 
-// serve answers /healthz, /readyz and /metrics on l until ctx ends.
+// serve answers /healthz, /readyz and /metrics on l until ctx ends. Whoever reaches the port
+// (with a listen other than loopback: any pod of the node) must not be able to make the agent
+// work: /metrics is a snapshot gathered at most once per metrics.DefaultRefresh by one
+// goroutine, at most metrics.MaxMetricsRequests are served at once and the probes' paths have
+// their own bound (a /metrics flood never fails them), with the server's timeouts and
+// connection cap (metrics.NewServer, metrics.LimitListener).
 func (a *Agent) serve(ctx context.Context, l net.Listener) error {
+	snap := metrics.NewSnapshot(metrics.Registry(metrics.New(nil)), a.metricsRefresh)
+	defer snap.Close()
+	a.mu.Lock()
+	a.snap = snap
+	a.mu.Unlock()
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics.Handler(metrics.New(nil)))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("/metrics", metrics.Limit(snap, metrics.MaxMetricsRequests))
+	probes := http.NewServeMux()
+	probes.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := a.alive(); why != "" {
 			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	probes.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		a.mu.Lock()
 		ok, why := a.readyLocked()
 		a.mu.Unlock()
@@ -34,14 +45,15 @@ func (a *Agent) serve(ctx context.Context, l net.Listener) error {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	mux.Handle("/", metrics.Limit(probes, metrics.MaxCheapRequests))
+	srv := metrics.NewServer(mux)
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(metrics.LimitListener(l)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

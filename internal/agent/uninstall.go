@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 // Uninstall removes everything peregrine put on this machine: every attachment is detached
@@ -21,6 +22,9 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if holder := lockedByAgent(); holder != "" && !force {
+		return nil, fmt.Errorf("a node agent (%s) is running and would attach again: stop it first (systemctl stop peregrine-agent, or delete the DaemonSet), or give --force", holder)
+	}
 	for _, s := range sts {
 		if s.Running() && !force {
 			return nil, fmt.Errorf("a node agent (pid %d, config %s) is running and would attach again: stop it first (systemctl stop peregrine-agent, or delete the DaemonSet), or give --force", s.PID, s.Config)
@@ -30,14 +34,20 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One detach per namespace: records an older peregrine filed under two names of one
+	// namespace are both found by either name (datapath/nsid.go).
 	seen := map[string]bool{}
 	var done []*datapath.State
 	var errs []error
 	for _, st := range states {
-		if seen[st.Target] {
+		key := st.Target
+		if id, ok := datapath.NamespaceID(st.Target); ok {
+			key = id
+		}
+		if seen[key] {
 			continue
 		}
-		seen[st.Target] = true
+		seen[key] = true
 		d, err := datapath.Detach(ctx, st.Target, "")
 		done = append(done, d...)
 		errs = append(errs, err)
@@ -51,4 +61,24 @@ func Uninstall(ctx context.Context, force bool) ([]*datapath.State, error) {
 		}
 	}
 	return done, errors.Join(errs...)
+}
+
+// Leftovers lists what peregrine still has on this machine: each attachment on record, the pin
+// root, the state directories. Empty after a complete Uninstall (`peregrine uninstall --check`:
+// the uninstall DaemonSet's readiness, so that `kubectl rollout status` says every node is clean).
+func Leftovers() ([]string, error) {
+	var out []string
+	states, err := datapath.AllStates()
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range states {
+		out = append(out, fmt.Sprintf("attachment %s on %s", st.Mode, netnsutil.Label(st.Target)))
+	}
+	for _, dir := range []string{datapath.PinRoot, datapath.StateDir, datapath.AgentLogDir, datapath.NodeAgentDir} {
+		if _, err := os.Lstat(dir); err == nil {
+			out = append(out, dir)
+		}
+	}
+	return out, nil
 }

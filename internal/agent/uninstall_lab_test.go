@@ -42,6 +42,9 @@ func TestUninstallRemovesEverything(t *testing.T) {
 		Updated: time.Now(), Interval: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
+	if left, err := Leftovers(); err != nil || len(left) < 2 {
+		t.Fatalf("before uninstall, --check finds %q, %v; want the two attachments and the directories", left, err)
+	}
 	if _, err := Uninstall(context.Background(), false); err == nil || !strings.Contains(err.Error(), "node agent") {
 		t.Fatalf("uninstall beside a running node agent: %v", err)
 	}
@@ -61,5 +64,8 @@ func TestUninstallRemovesEverything(t *testing.T) {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("%s is still there after uninstall (%v)", dir, err)
 		}
+	}
+	if left, err := Leftovers(); err != nil || len(left) != 0 {
+		t.Errorf("after uninstall, --check finds %q, %v", left, err)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -240,26 +242,59 @@ func newStatusCmd() *cobra.Command {
 }
 
 func newUninstallCmd() *cobra.Command {
-	var force bool
+	var force, stay, check bool
 	c := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove everything peregrine put on this machine: every attachment (knobs restored), pins and state",
 		Long: `Uninstall detaches every recorded attachment on this machine (programs, then every knob written
 back, pins and records), then removes the pin root (/sys/fs/bpf/peregrine) and peregrine's state
 under /run/peregrine. A running node agent would attach again: stop it first (systemctl stop
-peregrine-agent, or delete the DaemonSet), or give --force.`,
+peregrine-agent, or delete the DaemonSet), or give --force.
+
+--check changes nothing: it lists what is left and exits 1 if anything is. --stay keeps the
+process running after a successful uninstall, until SIGTERM (a DaemonSet's pod that exits is
+restarted: deploy/kubernetes/uninstall runs ` + "`uninstall --stay`" + ` on every node, with
+` + "`uninstall --check`" + ` as its readiness probe).`,
+		Example: `  sudo peregrine uninstall
+  sudo peregrine uninstall --check     # exit 0 when nothing is left
+  kubectl apply -k deploy/kubernetes/uninstall   # every node of a cluster (deploy/README.md)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cmd.SilenceUsage = true
+			if check {
+				left, err := agent.Leftovers()
+				if err != nil {
+					return err
+				}
+				for _, l := range left {
+					fmt.Println("left:", l)
+				}
+				if len(left) > 0 {
+					return fmt.Errorf("%d things left: run `peregrine uninstall`", len(left))
+				}
+				fmt.Println("nothing of peregrine is left on this machine")
+				return nil
+			}
 			done, err := agent.Uninstall(context.Background(), force)
 			for _, st := range done {
 				fmt.Printf("detached %s from %s: %d knobs restored\n", st.Mode, label(st.Target), len(st.Knobs))
 			}
-			if err == nil {
-				fmt.Println("peregrine removed: no attachment, pin or state left")
+			if err != nil {
+				return err
 			}
-			return err
+			fmt.Println("peregrine removed: no attachment, pin or state left")
+			if stay {
+				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+				defer stop()
+				<-ctx.Done()
+			}
+			return nil
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "uninstall even while a node agent runs")
+	c.Flags().BoolVar(&stay, "stay", false, "after a successful uninstall, keep running until SIGTERM (the uninstall DaemonSet)")
+	c.Flags().BoolVar(&check, "check", false, "change nothing: list what is left, exit 1 if anything is")
+	c.MarkFlagsMutuallyExclusive("check", "stay")
+	c.MarkFlagsMutuallyExclusive("check", "force")
 	return c
 }

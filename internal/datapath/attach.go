@@ -51,10 +51,19 @@ func Attach(ctx context.Context, target, modeName string, o Options) (*State, er
 		return nil, err
 	}
 	for _, st := range stacked {
-		if st.Mode == m.Name() {
-			return nil, fmt.Errorf("mode %s is already attached to %s (since %s): run `peregrine detach` first",
-				st.Mode, nsLabel(target), st.Attached.Format(time.RFC3339))
+		as := ""
+		if st.Target != target {
+			as = fmt.Sprintf(" (the same namespace, attached as %s)", nsLabel(st.Target))
 		}
+		if st.Mode == m.Name() {
+			return nil, fmt.Errorf("mode %s is already attached to %s%s (since %s): run `peregrine detach` first",
+				st.Mode, nsLabel(target), as, st.Attached.Format(time.RFC3339))
+		}
+	}
+	if len(stacked) > 0 {
+		// One namespace, one name: a mode stacked under another name of the namespace is filed
+		// (record, pins) under the name its first attachment used (nsid.go).
+		target = stacked[0].Target
 	}
 	topo, err := Discover(target, o.Underlay)
 	if err != nil {

@@ -90,9 +90,21 @@ func saveState(st *State) error {
 	return nil
 }
 
-// LoadState reads the record of one mode on a target; nil, nil if it is not attached there.
+// LoadState reads the record of one mode on a target; nil, nil if it is not attached there. A
+// record made under another name of the same namespace is found too (nsid.go).
 func LoadState(target, mode string) (*State, error) {
 	p := statePath(target, mode)
+	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+		sts, err := LoadStates(target)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range sts {
+			if st.Mode == mode {
+				p = statePath(st.Target, mode)
+			}
+		}
+	}
 	b, err := safefile.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -110,16 +122,22 @@ func LoadState(target, mode string) (*State, error) {
 	return &st, nil
 }
 
-// LoadStates returns every mode attached to a target, oldest first.
+// LoadStates returns every mode attached to a target, oldest first: the records of its
+// namespace under whatever name they were made (nsid.go).
 func LoadStates(target string) ([]*State, error) {
 	all, err := AllStates()
 	if err != nil {
 		return nil, err
 	}
+	id, idOK := NamespaceID(target)
 	var out []*State
 	for _, st := range all {
 		if st.Target == target {
 			out = append(out, st)
+		} else if idOK {
+			if o, ok := NamespaceID(st.Target); ok && o == id {
+				out = append(out, st)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Attached.Before(out[j].Attached) })

@@ -209,3 +209,57 @@ func Remove(path string) error {
 	}
 	return nil
 }
+
+// ErrNotRegular refuses a FIFO, a device, a socket or a directory where a file of text was asked
+// for: reading one could block forever (a FIFO with no writer) or never end (/dev/zero).
+var ErrNotRegular = errors.New("not a regular file")
+
+// ReadRegular reads a regular file of at most max bytes, following symlinks (a ConfigMap's file
+// is one), for text a user points peregrine at (a config, a rules file). It cannot block: the
+// open is O_NONBLOCK (a FIFO's open would otherwise wait for a writer) and the file's type is
+// checked on the descriptor before any read; a file over max is refused before it is read. Its
+// errors name the path and what is wrong, never the content.
+func ReadRegular(path string, max int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%s: %w (%s): give a file", path, ErrNotRegular, fileType(st.Mode))
+	}
+	if st.Size > max {
+		return nil, fmt.Errorf("%s: %d bytes, larger than the %d allowed", path, st.Size, max)
+	}
+	// The size may grow between the fstat and the read (or lie: some pseudo-files say 0): the
+	// read itself stops one byte past max.
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err // *os.PathError: the path and the errno
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: larger than the %d bytes allowed", path, max)
+	}
+	return b, nil
+}
+
+func fileType(m uint32) string {
+	switch m & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return "a FIFO"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	case unix.S_IFSOCK:
+		return "a socket"
+	case unix.S_IFDIR:
+		return "a directory"
+	}
+	return fmt.Sprintf("type %#o", m&unix.S_IFMT)
+}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,3 +142,52 @@ func closeIf(f *os.File) {
 }
 
 func mkfifo(path string) error { return unix.Mkfifo(path, 0o600) }
+
+// ReadRegular is what reads a file a user points peregrine at (a config, prism's rules_file): a
+// FIFO with no writer, /dev/zero and a huge file must each be refused at once, never read.
+func TestReadRegularRefusesWhatCouldBlockOrNeverEnd(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge")
+	if err := os.WriteFile(huge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 1<<40); err != nil { // sparse: 1 TiB that takes no disk
+		t.Fatal(err)
+	}
+	ok := filepath.Join(dir, "ok")
+	if err := os.WriteFile(ok, []byte("proto=udp dport=9\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link") // a ConfigMap's file is a symlink: followed
+	if err := os.Symlink("ok", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{fifo, "a FIFO"}, {"/dev/zero", "a character device"}, {dir, "a directory"},
+		{huge, "larger than"},
+	} {
+		done := make(chan error, 1)
+		go func() { _, err := ReadRegular(c.path, 1<<20); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("ReadRegular(%s) = %v, want an error saying %q", c.path, err, c.want)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("ReadRegular(%s) blocked", c.path)
+		}
+	}
+	for _, p := range []string{ok, link} {
+		b, err := ReadRegular(p, 1<<20)
+		if err != nil || string(b) != "proto=udp dport=9\n" {
+			t.Errorf("ReadRegular(%s) = %q, %v", p, b, err)
+		}
+	}
+	if _, err := ReadRegular(ok, 4); err == nil {
+		t.Error("a file over max was read")
+	}
+}

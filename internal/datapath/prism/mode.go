@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
 // Option keys (declared on Config).
@@ -94,18 +94,38 @@ type modeState struct {
 
 // readRules reads the rules given at attach: text, and a file's.
 func readRules(text, f string) ([]Rule, error) {
-	if f != "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, fmt.Errorf("prism: rules file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
 	rs, err := ParseRules(text)
 	if err != nil {
 		return nil, fmt.Errorf("prism: %w", err)
 	}
+	if f != "" {
+		// The file is read by root (the agent) and its errors reach /readyz and the status
+		// file: a regular file only (a FIFO would block the agent's loop, /dev/zero never end),
+		// at most maxRulesFile bytes, and no error repeats its text (rules_file: /etc/shadow
+		// must not serve the file's first line to whoever reads /readyz).
+		b, err := safefile.ReadRegular(f, maxRulesFile)
+		if err != nil {
+			return nil, fmt.Errorf("prism: rules_file: %w", err)
+		}
+		more, err := ParseRules(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("prism: rules_file %s: %s (the file's text is not repeated in errors)", f, ruleNumber(err))
+		}
+		rs = append(rs, more...)
+	}
 	return mergeRules(nil, rs)
+}
+
+// maxRulesFile bounds a rules file: far more than the rule table holds.
+const maxRulesFile = 1 << 20
+
+// ruleNumber is ParseRules' error without the rule's text: "rule N does not parse".
+func ruleNumber(err error) string {
+	var n int
+	if _, e := fmt.Sscanf(err.Error(), "rule %d", &n); e == nil {
+		return fmt.Sprintf("rule %d (counting rules, not lines; '#' comments and blank lines are skipped) does not parse", n)
+	}
+	return "a rule does not parse"
 }
 
 // Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
