@@ -46,6 +46,9 @@ enum {
 	EZH_NOT_IP,      /* tagged frame that is not IPv4: dropped */
 	EZH_ERR,         /* a helper failed: dropped (tag push: left to the overlay) */
 	EZH_UNTAGGED,    /* untagged frame at a relay: dropped */
+	EZH_TO_OVERLAY,  /* tagged frame for an address with no pod entry (none, or refused as claimed
+			  * by two pods): untagged and handed to the tenant's VXLAN device, whose
+			  * bridge (the normal path) delivers it wherever the host's own state says */
 	EZH_N,
 };
 
@@ -69,6 +72,8 @@ struct ezp_egress_val {
 struct ezp_vid_val {
 	__u32 domain; /* endpoint domain (pod.h): netns inode of the tenant's bridge-side veths */
 	__u32 relay;  /* the tenant's relay end in the host ns; 0: ezp_host_cfg's relay_host */
+	__u32 vx;     /* the tenant's VXLAN device in its overlay ns (the normal path); 0: none */
+	__u32 pad;
 };
 
 struct {
@@ -185,7 +190,7 @@ int prg_ezp_deliver(struct __sk_buff *ctx)
 		ezp_count(&prg_ezp_hstat, EZH_MISS_VID);
 		return EZP_TC_ACT_SHOT;
 	}
-	__u32 domain = t->domain;
+	__u32 domain = t->domain, vx = t->vx;
 	if (bpf_skb_vlan_pop(ctx)) {
 		ezp_count(&prg_ezp_hstat, EZH_ERR);
 		return EZP_TC_ACT_SHOT;
@@ -202,7 +207,17 @@ int prg_ezp_deliver(struct __sk_buff *ctx)
 		return EZP_TC_ACT_SHOT;
 	}
 	struct prg_pod *pod;
-	if (prg_pod_lookup4(&prg_ezp_ep, &prg_ezp_podport, domain, ip->daddr, &pod) != PRG_POD_OK) {
+	int pr = prg_pod_lookup4(&prg_ezp_ep, &prg_ezp_podport, domain, ip->daddr, &pod);
+	if (pr == PRG_POD_MISS && vx) {
+		/* No entry: no pod here, or an address two pods claim (endpoints.Sync refuses it; a
+		 * pod's own word cannot tell the rightful one). The pod table never decides then: the
+		 * frame enters the overlay as if the VXLAN device had received it, and the bridge's
+		 * own FDB (what it learned from the pods' frames) and the overlay namespace's
+		 * netfilter deliver it or not, as for any frame of the overlay. */
+		ezp_count(&prg_ezp_hstat, EZH_TO_OVERLAY);
+		return bpf_redirect(vx, BPF_F_INGRESS);
+	}
+	if (pr != PRG_POD_OK) {
 		ezp_count(&prg_ezp_hstat, EZH_MISS_POD);
 		return EZP_TC_ACT_SHOT;
 	}

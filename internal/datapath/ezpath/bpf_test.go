@@ -238,3 +238,35 @@ func TestHostDeliverUntagsIntoThePod(t *testing.T) {
 		t.Fatalf("untagged frame at the deliver port: verdict %d", int32(ret))
 	}
 }
+
+// A pod's own word never decides where a tagged frame goes (issue 28, rule b): an address two
+// pods claim has no entry (endpoints.Sync refuses both), and a frame for it, or for an address no
+// pod has, enters the overlay's normal path at the tenant's VXLAN device (whose bridge delivers
+// it by what it learned) instead of being dropped.
+func TestHostDeliverRefusedAddressTakesTheOverlay(t *testing.T) {
+	o := hostForTest(t)
+	const domain = 77
+	tb := endpoints.Tables{EP: o.PrgEzpEp, Port: o.PrgEzpPodport}
+	ctr := net.HardwareAddr{0x02, 0x42, 0, 0, 0, 9}
+	claim := func(mac net.HardwareAddr, veth string) endpoints.Endpoint {
+		return endpoints.Endpoint{Domain: domain, Addr: ipB, Netns: "", Veth: veth, Ifindex: 1, CtrMAC: mac, BrMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
+	}
+	rep, err := endpoints.Sync(tb, []endpoints.Endpoint{claim(ctr, "lo"), claim(net.HardwareAddr{0x02, 0x42, 0, 0, 0, 0xb}, "lo-hijacker")}, timeNow())
+	must(t, err)
+	if len(rep.Conflicts) != 1 {
+		t.Fatalf("conflicts %+v", rep.Conflicts)
+	}
+	inner := innerFrame()
+	must(t, o.EzpHostVid.Put(uint32(testVID), hostEzpVidVal{Domain: domain}))
+	if ret, _ := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID)); ret != verdictShot || hostStat(t, o, hostMissPod) != 1 {
+		t.Fatalf("no VXLAN device known: verdict %d", int32(ret))
+	}
+	must(t, o.EzpHostVid.Put(uint32(testVID), hostEzpVidVal{Domain: domain, Vx: 1}))
+	ret, out := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID))
+	if ret != verdictRedirect || hostStat(t, o, hostToOverlay) != 1 || hostStat(t, o, hostDelivered) != 0 {
+		t.Fatalf("refused address: verdict %d, to_overlay %d, delivered %d", int32(ret), hostStat(t, o, hostToOverlay), hostStat(t, o, hostDelivered))
+	}
+	if !bytes.Equal(out, inner) {
+		t.Fatalf("the overlay should get the inner frame as sent (untagged, its MACs kept): % x", out[:18])
+	}
+}

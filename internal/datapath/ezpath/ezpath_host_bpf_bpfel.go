@@ -46,6 +46,8 @@ type hostEzpVidVal struct {
 	_      structs.HostLayout
 	Domain uint32
 	Relay  uint32
+	Vx     uint32
+	Pad    uint32
 }
 
 type hostPrgPod struct {

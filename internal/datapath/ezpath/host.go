@@ -20,10 +20,11 @@ const (
 	hostNotIP
 	hostErr
 	hostUntagged
+	hostToOverlay
 	hostStatN
 )
 
-var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged"}
+var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged", "to_overlay"}
 
 // RelayDev names both ends of the veth pair attach adds between a host's overlay namespace and
 // the host namespace (the docker layout's stand-in for OVS's port on the NIC). With tenants

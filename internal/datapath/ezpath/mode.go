@@ -221,6 +221,10 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 	if err != nil {
 		return nil, err
 	}
+	vxs, err := endpoints.DiscoverVXLAN(t)
+	if err != nil {
+		return nil, err
+	}
 	for tn := 1; tn <= r.tenants; tn++ {
 		ons := r.hw.OverlayNs(i, tn)
 		rh, err := ifindexIn(hns, RelayHostDev(tn))
@@ -240,17 +244,25 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 		if err != nil {
 			return nil, err
 		}
-		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh)}); err != nil {
+		// The tenant's VXLAN device: a tagged frame for an address with no pod entry goes
+		// there, into the overlay's normal path.
+		var vx uint32
+		for _, v := range vxs {
+			if v.Inode == uint32(ino) {
+				vx = uint32(v.Dev.Ifindex)
+			}
+		}
+		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh), Vx: vx}); err != nil {
 			return nil, fmt.Errorf("ezpath: tenant %d VID: %w", tn, err)
 		}
 	}
-	vxs, err := endpoints.DiscoverVXLAN(t)
-	if err != nil {
-		return nil, err
-	}
 	eps, notes := endpoints.Discover(t, vxs)
-	if _, err := endpoints.Sync(endpoints.Tables{EP: ho.PrgEzpEp, Port: ho.PrgEzpPodport}, eps, time.Now()); err != nil {
+	rep, err := endpoints.Sync(endpoints.Tables{EP: ho.PrgEzpEp, Port: ho.PrgEzpPodport}, eps, time.Now())
+	if err != nil {
 		return nil, fmt.Errorf("ezpath: pod table: %w", err)
+	}
+	for _, c := range rep.Conflicts {
+		notes = append(notes, c.String())
 	}
 	return notes, nil
 }
