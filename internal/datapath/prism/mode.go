@@ -34,7 +34,7 @@ type Config struct {
 	Agent     bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
 	HPCPUs    string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
 	Conntrack bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
-	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path (and its FORWARD chain) this often; a flow FORWARD stopped accepting leaves the redirect 3 intervals after the last frame it accepted"`
+	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
 
 	Rules     []Rule     `json:"rules"`
 	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
