@@ -159,6 +159,10 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	for tn := 1; tn <= r.tenants; tn++ {
 		pieces = append(pieces, piece{hns, RelayHostDev(tn), r.hostDir(i), ho.PrgEzpRelay})
 	}
+	// The gate's far end on every pod's own eth0, before anything is tagged.
+	for _, d := range t.ByStage(datapath.StageVeth) {
+		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpDlv})
+	}
 	for _, d := range t.ByStage(datapath.StageVethHost) {
 		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpPort})
 	}
@@ -236,7 +240,8 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 			return nil, err
 		}
 		if tn == 1 { // the defaults: tenant 1's relay
-			if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro)}); err != nil {
+			if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro),
+				VerifyNs: uint64(gateVerify), WindowNs: uint64(gateWindow)}); err != nil {
 				return nil, fmt.Errorf("ezpath: host config: %w", err)
 			}
 		}
@@ -252,6 +257,9 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 				vx = uint32(v.Dev.Ifindex)
 			}
 		}
+		if vx == 0 {
+			return nil, fmt.Errorf("ezpath: tenant %d: no VXLAN device in %s: offloaded flows need the overlay's normal path to verify them against", tn, ons)
+		}
 		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh), Vx: vx}); err != nil {
 			return nil, fmt.Errorf("ezpath: tenant %d VID: %w", tn, err)
 		}
@@ -263,6 +271,26 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 	}
 	for _, c := range rep.Conflicts {
 		notes = append(notes, c.String())
+	}
+	// The gate's far end: what each pod device is, from the host side (prg_ezp_pod).
+	pods, podNotes := endpoints.Pods(t, vxs)
+	notes = append(notes, podNotes...)
+	for _, pd := range pods {
+		idx, err := ifindexIn(pd.Ctr.Netns, pd.Ctr.Name)
+		if err != nil {
+			return nil, err
+		}
+		hidx, err := ifindexIn(pd.Host.Netns, pd.Host.Name)
+		if err != nil {
+			return nil, err
+		}
+		ino, err := netnsutil.Inode(netnsutil.Path(pd.Ctr.Netns))
+		if err != nil {
+			return nil, err
+		}
+		if err := ho.PrgEzpPod.Put(hostPrgDevKey{Netns: uint32(ino), Ifindex: uint32(idx)}, hostEzpPod{Domain: pd.VX.Inode, Ifindex: uint32(hidx)}); err != nil {
+			return nil, fmt.Errorf("ezpath: pod map: %w", err)
+		}
 	}
 	return notes, nil
 }
