@@ -20,8 +20,13 @@
  *                            ns; untagged (the overlay's VXLAN, ARP...) -> TCX_NEXT
  *            prg_ezp_deliver tcx ingress of ezp0 in the overlay ns: ezp_host_vid[VID] -> the
  *                            tenant's endpoint domain; pop the tag; the pod table (pod.h) gives
- *                            the container's veth and MAC: rewrite, PACKET_HOST, redirect_peer
- *                            into the container (no bridge, no veth backlog)
+ *                            the container's veth and MAC; the gate (ezp_gate) lets the frame go
+ *                            straight to the pod only where the overlay's normal path delivered
+ *                            its flow lately: rewrite, PACKET_HOST, redirect_peer into the
+ *                            container (no bridge, no veth backlog); otherwise the frame enters
+ *                            the tenant's VXLAN device, the normal path, tagged
+ *            prg_ezp_dlv     tcx ingress of each pod's eth0: records the tagged frames the
+ *                            normal path delivered (the gate's far end)
  *
  * Tenants (lab --tenants N): each tenant has its own overlay namespace (VXLAN device, VNI,
  * bridge) and its own relay pair (host end ezp0, ezp0-t2, ...; overlay end ezp0). The tenant is
@@ -363,7 +368,7 @@ int prg_ezp_deliver(struct __sk_buff *ctx)
 		ezp_count(&prg_ezp_hstat, EZH_MISS_POD);
 		return EZP_TC_ACT_SHOT;
 	}
-	if (vx) {
+	if (vx) { /* attach refuses a tenant without a VXLAN device; vx 0 is a test run's setup */
 		/* The gate (rule a): the flow goes straight to the pod only where the normal path
 		 * delivered it there lately; otherwise this frame takes the normal path, tagged. */
 		struct ezp_host_cfg *cfg = host_cfg();
