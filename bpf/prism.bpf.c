@@ -29,9 +29,12 @@
  * counted too.
  *
  * The firewall gate (accepted, in prism_gate.h): an HP frame is redirected only when the normal path
- * accepted its flow (a confirmed conntrack entry, the TCP reply seen, and a frame of the flow past
- * FORWARD within the window, which prg_prism_fwd records); opening packets, flushed flows and
- * flows FORWARD stopped accepting take the normal path, so prism never bypasses the firewall.
+ * accepted its flow (a confirmed conntrack entry, the TCP reply seen, and a frame of the flow
+ * delivered to the pod, through the endpoint's own veth, within the window: prg_prism_dlv records
+ * that at the pod's device, after everything the normal path does); opening packets, flushed
+ * flows and flows anything on the normal path stopped delivering take the normal path, so prism
+ * never bypasses a firewall, a bridge filter or tc, and never delivers where the normal path
+ * would not.
  *
  * A frame the fast path (fastpath.bpf.c) handed to the normal path to learn its flow carries
  * PRG_TC_INDEX_LEARN and is left on the normal path, so prism stacked over the fast path does not
@@ -103,7 +106,9 @@ enum {
 	PR_ST_CTNEW,    /* HP, the entry is unconfirmed, or TCP without a reply seen yet */
 	PR_ST_UNSEEN,   /* HP, the normal path did not forward the flow within the window */
 	PR_ST_PROBE,    /* HP, re-verification: one frame per interval through the normal path */
-	PR_ST_FWD,      /* prg_prism_fwd: HP frames seen past the FORWARD chain (accepted) */
+	PR_ST_DLV,      /* prg_prism_dlv: HP frames the normal path delivered to a pod (recorded) */
+	PR_ST_ELSEWHERE, /* HP, the normal path delivered the flow through another veth or MAC than the endpoint's */
+	PR_ST_DLV_NOPOD, /* prg_prism_dlv: a tagged frame at a device userspace did not describe: not recorded */
 	PR_ST_N,
 };
 
@@ -376,7 +381,7 @@ static __always_inline int route_rewrite(struct __sk_buff *ctx, const struct prg
 	return 0;
 }
 
-#include "prism_gate.h" /* the firewall gate and prg_prism_fwd */
+#include "prism_gate.h" /* the firewall gate and prg_prism_dlv */
 
 SEC("tcx/ingress")
 int prg_prism_vx(struct __sk_buff *ctx)
@@ -465,7 +470,7 @@ int prg_prism_vx(struct __sk_buff *ctx)
 		count(PR_ST_L2);
 		return PR_TCX_NEXT;
 	}
-	if (!accepted(ctx, &m.p, dk.netns, cfg))
+	if (!accepted(ctx, &m.p, dk.netns, cfg, ep))
 		return PR_TCX_NEXT;
 	if (dev->routed && route_rewrite(ctx, &m.p, ep)) {
 		count(PR_ST_ERR);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * prism's firewall gate, included by prism.bpf.c after its maps, count() and classify():
- * accepted() decides whether an HP frame may skip the normal path, and prg_prism_fwd (a netfilter
- * program at the end of FORWARD) records the flows the normal path accepted. Split out of
+ * accepted() decides whether an HP frame may skip the normal path, and prg_prism_dlv (at tcx
+ * ingress of each pod's own device, the far end of the normal path) records the flows the normal
+ * path delivered, and through which veth. Split out of
  * prism.bpf.c to keep each file readable; it is not a header for other programs.
  */
 #ifndef PRG_PRISM_GATE_H
@@ -10,17 +11,20 @@
 
 /* A flow toward a local container, as both programs key it (prg_prism_acc). */
 struct prism_flow_key {
-	__u32 netns;  /* netns inode of the VXLAN device, where FORWARD decides */
+	__u32 netns;  /* netns inode of the VXLAN device (the endpoint domain) */
 	__u32 family; /* 4 or 6 */
 	struct prg_flow flow;
 };
 
 struct prism_acc {
-	__u64 seen_ns;  /* last time prg_prism_fwd saw a frame of the flow past FORWARD */
+	__u64 seen_ns;  /* last time the normal path delivered a frame of the flow to a pod (prg_prism_dlv) */
 	__u64 probe_ns; /* last time prg_prism_vx sent one of its frames through the normal path */
+	__u32 ifindex;  /* the bridge-side veth that delivery came through */
+	__u8 mac[6];    /* the destination MAC the normal path gave it */
+	__u16 pad;
 };
 
-/* Flows the normal path forwarded recently, written by prg_prism_fwd (after FORWARD). */
+/* Flows the normal path delivered recently, written by prg_prism_dlv (at the pod's device). */
 #define PR_MAX_FLOWS 65536
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -32,8 +36,6 @@ struct {
 extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple, __u32 tuple__sz,
 					 struct bpf_ct_opts *opts, __u32 opts__sz) __ksym;
 extern void bpf_ct_release(struct nf_conn *ct) __ksym;
-extern int bpf_dynptr_from_skb(struct __sk_buff *skb, __u64 flags, struct bpf_dynptr *ptr__uninit) __ksym;
-extern void *bpf_dynptr_slice(const struct bpf_dynptr *ptr, __u32 offset, void *buffer, __u32 buffer__szk) __ksym;
 
 /* ---- The firewall gate: redirect only what the normal path accepted ---- */
 
@@ -51,19 +53,41 @@ static __always_inline void flow_key(struct prism_flow_key *k, __u32 netns, cons
 	__builtin_memset(k->flow.pad, 0, sizeof(k->flow.pad));
 }
 
-/* accepted says whether an HP frame may skip the normal path (and with it the FORWARD chain):
+/* PR_TC_INDEX_PROBE marks an HP frame prg_prism_vx handed to the normal path (every refusal of
+ * the gate but "not TCP/UDP"). skb->tc_index survives IP forwarding, the bridge, every netfilter
+ * hook, tc and the veth's crossing into the pod's namespace (skb_scrub_packet leaves it), and no
+ * classifier of a current kernel reads it (see PRG_TC_INDEX_LEARN in common.h). A frame without
+ * it (LP, prism's or the fast path's own redirects, anything the pod injects itself) is never
+ * recorded, so a redirect can never vouch for the next one. */
+#define PR_TC_INDEX_PROBE 0xfa59
+
+/* refuse hands an HP frame of a TCP/UDP flow to the normal path, counted by reason, tagged so
+ * that prg_prism_dlv records where (and whether) that path delivers it. */
+static __always_inline int refuse(struct __sk_buff *ctx, __u32 reason)
+{
+	count(reason);
+	ctx->tc_index = PR_TC_INDEX_PROBE;
+	return 0;
+}
+
+/* accepted says whether an HP frame may skip the normal path (and with it every netfilter hook,
+ * the bridge, tc and qdiscs on the way to the pod):
  * 1. conntrack in the VXLAN device's namespace (where flannel's FORWARD decides, and docker's
  *    bridged FORWARD through br_netfilter) holds a confirmed entry for the flow: only frames that
  *    passed FORWARD and reached POSTROUTING confirm one, so a SYN or first datagram that FORWARD
  *    drops leaves none; for TCP the reply must have been seen too (the handshake went through).
  *    A deleted or flushed entry sends the next frame to the normal path at once.
- * 2. prg_prism_fwd saw a frame of the flow past FORWARD within window_ns: conntrack keeps an
- *    established entry when a new rule drops the flow, so once per verify_ns one frame of the
- *    flow takes the normal path instead; when FORWARD starts dropping those, the redirect stops
- *    window_ns after the last one it let through.
+ * 2. the normal path delivered a frame of the flow to the pod within window_ns (at most 1 s):
+ *    prg_prism_dlv, at the pod's own device, recorded it. Rules can change under an established
+ *    flow, so once per verify_ns one frame of the flow takes the normal path instead; when
+ *    anything on the way starts dropping those, the redirect stops window_ns after the last one
+ *    delivered.
+ * 3. that delivery went through the endpoint's own veth and carried the endpoint's MAC: the
+ *    endpoint table (userspace's) never decides alone where a flow goes; the normal path's own
+ *    routing, neighbour and FDB state does, and a table that disagrees sends the flow back to it.
  * Every refusal is counted by its reason; the frame then takes the normal path, never a drop. */
 static __always_inline int accepted(struct __sk_buff *ctx, const struct prg_hdrs *p, __u32 netns,
-				    const struct prism_cfg *cfg)
+				    const struct prism_cfg *cfg, const struct prism_ep *ep)
 {
 	__u8 proto = p->flow.proto;
 	if (p->frag || !p->has_ports || (proto != PR_IPPROTO_TCP && proto != PR_IPPROTO_UDP)) {
@@ -87,110 +111,105 @@ static __always_inline int accepted(struct __sk_buff *ctx, const struct prg_hdrs
 	}
 	struct bpf_ct_opts o = {.netns_id = PR_CURRENT_NETNS, .l4proto = proto};
 	struct nf_conn *ct = bpf_skb_ct_lookup(ctx, &t, tsz, &o, PR_CT_OPTS_SZ);
-	if (!ct) {
-		count(PR_ST_NOCT);
-		return 0;
-	}
+	if (!ct)
+		return refuse(ctx, PR_ST_NOCT);
 	unsigned long status = ct->status;
 	bpf_ct_release(ct);
-	if (!(status & IPS_CONFIRMED) || (proto == PR_IPPROTO_TCP && !(status & IPS_SEEN_REPLY))) {
-		count(PR_ST_CTNEW);
-		return 0;
-	}
+	if (!(status & IPS_CONFIRMED) || (proto == PR_IPPROTO_TCP && !(status & IPS_SEEN_REPLY)))
+		return refuse(ctx, PR_ST_CTNEW);
 
 	struct prism_flow_key k = {};
 	flow_key(&k, netns, p);
 	struct prism_acc *a = bpf_map_lookup_elem(&prg_prism_acc, &k);
 	__u64 now = bpf_ktime_get_ns();
-	if (!a || now - a->seen_ns > cfg->window_ns) {
-		count(PR_ST_UNSEEN);
-		return 0;
-	}
+	if (!a || now - a->seen_ns > cfg->window_ns)
+		return refuse(ctx, PR_ST_UNSEEN);
+	if (a->ifindex != ep->ifindex || !mac_eq(a->mac, ep->ctr_mac))
+		return refuse(ctx, PR_ST_ELSEWHERE);
 	if (now - a->probe_ns >= cfg->verify_ns) {
 		a->probe_ns = now;
-		count(PR_ST_PROBE);
-		return 0;
+		return refuse(ctx, PR_ST_PROBE);
 	}
 	return 1;
 }
 
-/* ---- prg_prism_fwd: the normal path's verdict, at the end of FORWARD ---- */
+/* ---- prg_prism_dlv: the normal path's delivery, at the pod's own device ---- */
 
-/* prg_prism_fwd is a netfilter program at NF_INET_FORWARD with the last priority, in each
- * namespace of a VXLAN device (IPv4 and IPv6; docker's bridged frames reach it through
- * br_netfilter): a frame it sees was accepted by every FORWARD rule before it. For HP flows
- * toward a local container it records the time in prg_prism_acc, which prg_prism_vx's gate
- * reads. It never changes a verdict. */
-SEC("netfilter")
-int prg_prism_fwd(struct bpf_nf_ctx *ctx)
+/* What userspace says about a pod's device (prg_prism_pod, keyed by the pod's end: its
+ * namespace inode and ifindex): the endpoint domain its host end lives in and the host end's
+ * ifindex, both from the host side's topology (the veth pair's peer link), never from the pod. */
+struct prism_pod {
+	__u32 domain;  /* netns inode of the VXLAN device (= the bridge-side veth's) */
+	__u32 ifindex; /* the bridge-side veth, in that namespace */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PR_MAX_EPS);
+	__type(key, struct prg_dev_key);
+	__type(value, struct prism_pod);
+} prg_prism_pod SEC(".maps");
+
+/* record_delivery records that the normal path delivered ctx (a frame prg_prism_vx handed to it)
+ * to the pod whose device runs this: the flow's time, the bridge-side veth it came through and
+ * the destination MAC the normal path wrote. */
+static __always_inline int record_delivery(struct __sk_buff *ctx)
 {
-	const struct nf_hook_state *st = ctx->state;
-	struct pr_match m = {.hit = -1};
-	struct bpf_dynptr d;
-	__u8 hbuf[sizeof(struct ipv6hdr)];
-	__u16 pbuf[2];
-	__u32 l4;
+	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
+	struct prg_dev_key dk = {};
+	struct prg_hdrs h = {};
+	struct prg_pkt pkt;
+	int pr;
 
-	if (bpf_dynptr_from_skb((struct __sk_buff *)ctx->skb, 0, &d))
-		return PR_NF_ACCEPT;
-	if (st->pf == NFPROTO_IPV4) {
-		struct iphdr *ip = bpf_dynptr_slice(&d, 0, hbuf, sizeof(struct iphdr));
-		if (!ip || ip->ihl < 5 || (ip->frag_off & bpf_htons(0x3fff)))
-			return PR_NF_ACCEPT;
-		m.p.family = 4;
-		m.p.flow.proto = ip->protocol;
-		m.p.flow.saddr[0] = ip->saddr;
-		m.p.flow.daddr[0] = ip->daddr;
-		m.p.dscp = ip->tos >> 2;
-		l4 = ip->ihl * 4;
-	} else if (st->pf == NFPROTO_IPV6) {
-		struct ipv6hdr *ip6 = bpf_dynptr_slice(&d, 0, hbuf, sizeof(struct ipv6hdr));
-		if (!ip6)
-			return PR_NF_ACCEPT;
-		m.p.family = 6;
-		m.p.flow.proto = ip6->nexthdr; /* extension headers: not TCP/UDP here, so not recorded */
-		__builtin_memcpy(m.p.flow.saddr, &ip6->saddr, 16);
-		__builtin_memcpy(m.p.flow.daddr, &ip6->daddr, 16);
-		m.p.dscp = ((ip6->priority << 4) | (ip6->flow_lbl[0] >> 4)) >> 2;
-		l4 = sizeof(struct ipv6hdr);
-	} else {
-		return PR_NF_ACCEPT;
+	ctx->tc_index = 0; /* given back: nothing after us sees the tag */
+	if (!skb->dev)
+		return PR_TCX_NEXT;
+	prg_dev_key_of(skb->dev, &dk);
+	struct prism_pod *pod = bpf_map_lookup_elem(&prg_prism_pod, &dk);
+	if (!pod) {
+		count(PR_ST_DLV_NOPOD);
+		return PR_TCX_NEXT;
 	}
-	if (m.p.flow.proto != PR_IPPROTO_TCP && m.p.flow.proto != PR_IPPROTO_UDP)
-		return PR_NF_ACCEPT;
-	__u16 *ports = bpf_dynptr_slice(&d, l4, pbuf, sizeof(pbuf));
-	if (!ports)
-		return PR_NF_ACCEPT;
-	m.p.flow.sport = ports[0];
-	m.p.flow.dport = ports[1];
-	m.p.has_ports = 1;
-
-	/* A device's namespace is the hook's: state->net, which a test run leaves unset (and sets
-	 * only out, whatever the hook). */
-	struct net_device *nd = st->in ? st->in : st->out;
-	if (!nd)
-		return PR_NF_ACCEPT;
-	__u32 netns = nd->nd_net.net->ns.inum;
-	struct prism_ep_key ek = {.netns = netns, .family = m.p.family};
-	__builtin_memcpy(ek.addr, m.p.flow.daddr, sizeof(ek.addr));
-	if (!bpf_map_lookup_elem(&prg_prism_ep, &ek))
-		return PR_NF_ACCEPT; /* not toward a container prism serves */
-	classify(&m);
-	if (m.hit < 0)
-		return PR_NF_ACCEPT;
+	prg_pkt_tc(&pkt, ctx);
+	PRG_TC_PARSE(pr, &pkt, ctx, prg_parse_frame(&pkt, 0, 0, &h));
+	struct ethhdr *eth = prg_hdr(&pkt, 0, struct ethhdr);
+	if (pr != PRG_OK || !eth || h.frag || !h.has_ports)
+		return PR_TCX_NEXT;
 	struct prism_flow_key k = {};
-	flow_key(&k, netns, &m.p);
-	__u64 now = bpf_ktime_get_ns();
+	flow_key(&k, pod->domain, &h);
+	struct prism_acc v = {.ifindex = pod->ifindex};
+	__builtin_memcpy(v.mac, eth->h_dest, sizeof(v.mac));
+	v.seen_ns = bpf_ktime_get_ns();
 	struct prism_acc *a = bpf_map_lookup_elem(&prg_prism_acc, &k);
 	if (a) {
-		a->seen_ns = now;
+		v.probe_ns = a->probe_ns;
 	} else {
-		/* probe_ns = now: the flow's next frames need not re-verify at once. */
-		struct prism_acc v = {.seen_ns = now, .probe_ns = now};
-		bpf_map_update_elem(&prg_prism_acc, &k, &v, BPF_NOEXIST);
+		v.probe_ns = v.seen_ns; /* the flow's next frames need not re-verify at once */
 	}
-	count(PR_ST_FWD);
-	return PR_NF_ACCEPT;
+	bpf_map_update_elem(&prg_prism_acc, &k, &v, BPF_ANY);
+	count(PR_ST_DLV);
+	return PR_TCX_NEXT;
+}
+
+/* prg_prism_dlv runs at tcx ingress of each pod's eth0 (the pod's end of its veth), the far end
+ * of the normal path: a frame here got past every netfilter hook (FORWARD, POSTROUTING, bridge
+ * and netdev chains), the bridge, every tc program and qdisc on the host's veth, and the veth
+ * itself. What happens after it (the pod's own stack and rules) happens to redirected frames
+ * too, since bpf_redirect_peer enters the pod at this very point. It never changes a verdict. */
+SEC("tcx/ingress")
+int prg_prism_dlv(struct __sk_buff *ctx)
+{
+	if (ctx->tc_index != PR_TC_INDEX_PROBE)
+		return PR_TCX_NEXT;
+	return record_delivery(ctx);
+}
+
+/* prg_prism_dlvt is prg_prism_dlv for BPF_PROG_TEST_RUN, which cannot set tc_index: it takes
+ * every frame as tagged. Never attached. */
+SEC("tc")
+int prg_prism_dlvt(struct __sk_buff *ctx)
+{
+	return record_delivery(ctx);
 }
 
 #endif /* PRG_PRISM_GATE_H */

@@ -71,11 +71,19 @@ func DiscoverVXLAN(t *datapath.Topology) ([]VXLAN, error) {
 	return out, nil
 }
 
-// Discover lists the pod addresses behind each VXLAN device: for every bridge-side veth in the
-// device's namespace (on the device's bridge for the docker style, on any bridge for the routed
-// style) its pod peer's global unicast addresses. Notes say which veths were left out and why.
-func Discover(t *datapath.Topology, vxs []VXLAN) ([]Endpoint, []string) {
-	var out []Endpoint
+// Pod is one pod's veth pair as the host side sees it: the bridge-side end behind a VXLAN
+// device and, from that end's peer link (discovery follows it from the host), the pod's end.
+type Pod struct {
+	VX   VXLAN
+	Host datapath.Dev // bridge-side veth, in the VXLAN device's namespace
+	Ctr  datapath.Dev // the pod's end (its eth0), in the pod's namespace
+}
+
+// Pods lists the pods behind each VXLAN device: every bridge-side veth in the device's namespace
+// (on the device's bridge for the docker style, on any bridge for the routed style) with its
+// peer. Notes say which veths were left out and why.
+func Pods(t *datapath.Topology, vxs []VXLAN) ([]Pod, []string) {
+	var out []Pod
 	var notes []string
 	for _, vx := range vxs {
 		for _, h := range t.ByStage(datapath.StageVethHost) {
@@ -92,13 +100,27 @@ func Discover(t *datapath.Topology, vxs []VXLAN) ([]Endpoint, []string) {
 				notes = append(notes, fmt.Sprintf("%s: container end not found, its container gets no fast path", h))
 				continue
 			}
-			eps, err := read(vx, h, *peer)
-			if err != nil {
-				notes = append(notes, fmt.Sprintf("%s: %v (no fast path for it)", h, err))
-				continue
-			}
-			out = append(out, eps...)
+			out = append(out, Pod{VX: vx, Host: h, Ctr: *peer})
 		}
+	}
+	return out, notes
+}
+
+// Discover lists the pod addresses behind each VXLAN device: for every pod of Pods its eth0's
+// global unicast addresses. These are claims, made by the pod: an address two pods claim is
+// refused by Sync, and a program that redirects by the table checks the claim against where the
+// normal path delivers (prism's gate, the fast path's learned veth). Notes say which veths were
+// left out and why.
+func Discover(t *datapath.Topology, vxs []VXLAN) ([]Endpoint, []string) {
+	pods, notes := Pods(t, vxs)
+	var out []Endpoint
+	for _, p := range pods {
+		eps, err := read(p.VX, p.Host, p.Ctr)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("%s: %v (no fast path for it)", p.Host, err))
+			continue
+		}
+		out = append(out, eps...)
 	}
 	return out, notes
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -49,17 +51,80 @@ type Tables struct {
 }
 
 // Report says what one Sync changed. Changed lists the addresses whose entry was updated or
-// removed (a cache keyed by pod address must forget them).
+// removed (a cache keyed by pod address must forget them). Conflicts are the addresses refused
+// because more than one pod claims them.
 type Report struct {
 	Live, Added, Updated, Gone, Expired int
 	Changed                             []Key
+	Conflicts                           []Conflict
 }
 
-// Sync makes the tables match want. A changed or new endpoint gets a fresh devmap slot, written
-// before the entry points at it; an endpoint no longer wanted becomes a tombstone and its slot
-// is released; tombstones older than TombstoneTTL are removed.
+// Conflict is an address that more than one pod (bridge-side veth) claims in one domain.
+// Neither claim is used: the address has no entry, so programs leave its frames to the normal
+// path, which delivers them wherever the host's own routing, neighbour and bridge state says.
+type Conflict struct {
+	Domain uint32   `json:"domain"`
+	Addr   string   `json:"addr"`
+	Veths  []string `json:"veths"` // "netns/veth" of each claimant, sorted
+}
+
+func (c Conflict) String() string {
+	return fmt.Sprintf("%s claimed by %d pods (%s): refused, its traffic takes the normal path", c.Addr, len(c.Veths), strings.Join(c.Veths, ", "))
+}
+
+// Dedup splits want into the endpoints whose address exactly one pod claims and the conflicts:
+// an address claimed through two or more bridge-side veths of one domain (a pod that added a
+// neighbour's address to its own eth0, say) is refused for every claimant, since a pod's own
+// word cannot tell the rightful one.
+func Dedup(want []Endpoint) ([]Endpoint, []Conflict) {
+	by := map[Key]map[string]bool{}
+	for _, e := range want {
+		k := e.Key()
+		if by[k] == nil {
+			by[k] = map[string]bool{}
+		}
+		by[k][fmt.Sprintf("%s/%s#%d", e.Netns, e.Veth, e.Ifindex)] = true
+	}
+	var keep []Endpoint
+	var out []Conflict
+	done := map[Key]bool{}
+	for _, e := range want {
+		k := e.Key()
+		if len(by[k]) == 1 {
+			keep = append(keep, e)
+			continue
+		}
+		if done[k] {
+			continue
+		}
+		done[k] = true
+		c := Conflict{Domain: k.Netns, Addr: e.Addr.String()}
+		for v := range by[k] {
+			c.Veths = append(c.Veths, v[:strings.LastIndexByte(v, '#')])
+		}
+		sort.Strings(c.Veths)
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return keep, out
+}
+
+// Sync makes the tables match want. An address more than one pod claims is refused (Dedup): its
+// entry is removed outright, not made a tombstone (a tombstone drops; a refused address goes to
+// the normal path). A changed or new endpoint gets a fresh devmap slot, written before the entry
+// points at it; an endpoint no longer wanted becomes a tombstone and its slot is released;
+// tombstones older than TombstoneTTL are removed.
 func Sync(tb Tables, want []Endpoint, now time.Time) (Report, error) {
 	var rep Report
+	want, rep.Conflicts = Dedup(want)
+	refused := map[Key]bool{}
+	for _, c := range rep.Conflicts {
+		a, err := netip.ParseAddr(c.Addr)
+		if err != nil {
+			continue
+		}
+		refused[Endpoint{Domain: c.Domain, Addr: a}.Key()] = true
+	}
 	have := map[Key]Entry{}
 	used := map[uint32]bool{}
 	var k Key
@@ -124,6 +189,18 @@ func Sync(tb Tables, want []Endpoint, now time.Time) (Report, error) {
 	}
 	for key, old := range have {
 		if wanted[key] {
+			continue
+		}
+		if refused[key] {
+			if err := tb.EP.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("refuse %s: %w", WordsAddr(key.Family, key.Addr), err))
+			}
+			if old.Flags&FlagGone == 0 {
+				if err := tb.Port.Delete(old.Slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, err)
+				}
+			}
+			rep.Changed = append(rep.Changed, key)
 			continue
 		}
 		if old.Flags&FlagGone != 0 {

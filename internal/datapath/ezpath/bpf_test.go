@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/frames"
 )
@@ -237,4 +238,85 @@ func TestHostDeliverUntagsIntoThePod(t *testing.T) {
 	if ret, _ := runProg(t, o.PrgEzpDeliver, inner); ret != verdictShot {
 		t.Fatalf("untagged frame at the deliver port: verdict %d", int32(ret))
 	}
+}
+
+// A pod's own word never decides where a tagged frame goes (issue 28, rule b): an address two
+// pods claim has no entry (endpoints.Sync refuses both), and a frame for it, or for an address no
+// pod has, enters the overlay's normal path at the tenant's VXLAN device (whose bridge delivers
+// it by what it learned) instead of being dropped.
+func TestHostDeliverRefusedAddressTakesTheOverlay(t *testing.T) {
+	o := hostForTest(t)
+	const domain = 77
+	tb := endpoints.Tables{EP: o.PrgEzpEp, Port: o.PrgEzpPodport}
+	ctr := net.HardwareAddr{0x02, 0x42, 0, 0, 0, 9}
+	claim := func(mac net.HardwareAddr, veth string) endpoints.Endpoint {
+		return endpoints.Endpoint{Domain: domain, Addr: ipB, Netns: "", Veth: veth, Ifindex: 1, CtrMAC: mac, BrMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
+	}
+	rep, err := endpoints.Sync(tb, []endpoints.Endpoint{claim(ctr, "lo"), claim(net.HardwareAddr{0x02, 0x42, 0, 0, 0, 0xb}, "lo-hijacker")}, timeNow())
+	must(t, err)
+	if len(rep.Conflicts) != 1 {
+		t.Fatalf("conflicts %+v", rep.Conflicts)
+	}
+	inner := innerFrame()
+	must(t, o.EzpHostVid.Put(uint32(testVID), hostEzpVidVal{Domain: domain}))
+	if ret, _ := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID)); ret != verdictShot || hostStat(t, o, hostMissPod) != 1 {
+		t.Fatalf("no VXLAN device known: verdict %d", int32(ret))
+	}
+	must(t, o.EzpHostVid.Put(uint32(testVID), hostEzpVidVal{Domain: domain, Vx: 1}))
+	ret, out := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID))
+	if ret != verdictRedirect || hostStat(t, o, hostToOverlay) != 1 || hostStat(t, o, hostDelivered) != 0 {
+		t.Fatalf("refused address: verdict %d, to_overlay %d, delivered %d", int32(ret), hostStat(t, o, hostToOverlay), hostStat(t, o, hostDelivered))
+	}
+	if !bytes.Equal(out, inner) {
+		t.Fatalf("the overlay should get the inner frame as sent (untagged, its MACs kept): % x", out[:18])
+	}
+}
+
+// The gate (issue 28, rule a): an offloaded frame goes straight to its pod only while the
+// overlay's normal path delivered its flow to that pod, through the same veth, within the
+// window; otherwise it takes the normal path (the tenant's VXLAN device), tagged so that the
+// pod's prg_ezp_dlv records the delivery. An untagged frame at the pod is never recorded.
+func TestHostDeliverGate(t *testing.T) {
+	o := hostForTest(t)
+	must(t, o.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: 1, RelayHost: 1, RelayOv: 1, VerifyNs: uint64(gateVerify), WindowNs: uint64(gateWindow)}))
+	const domain = 77
+	must(t, o.EzpHostVid.Put(uint32(testVID), hostEzpVidVal{Domain: domain, Vx: 1}))
+	inner := innerFrame()
+	ctr := net.HardwareAddr(inner[0:6]) // the pod's MAC: what the sender addressed
+	tb := endpoints.Tables{EP: o.PrgEzpEp, Port: o.PrgEzpPodport}
+	_, err := endpoints.Sync(tb, []endpoints.Endpoint{{Domain: domain, Addr: ipB, Netns: "", Veth: "lo", Ifindex: 1, CtrMAC: ctr, BrMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}}, timeNow())
+	must(t, err)
+	ino, err := netnsutil.Inode("/proc/self/ns/net")
+	must(t, err)
+	podDev := func(hostIfindex uint32) {
+		must(t, o.PrgEzpPod.Put(hostPrgDevKey{Netns: uint32(ino), Ifindex: 1}, hostEzpPod{Domain: domain, Ifindex: hostIfindex}))
+	}
+	deliver := func(what string, counter int) {
+		t.Helper()
+		before, delivered := hostStat(t, o, counter), hostStat(t, o, hostDelivered)
+		ret, out := runProg(t, o.PrgEzpDeliver, frames.Tag(inner, testVID))
+		if ret != verdictRedirect || hostStat(t, o, counter) != before+1 {
+			t.Fatalf("%s: verdict %d, counter %d -> %d", what, int32(ret), before, hostStat(t, o, counter))
+		}
+		if counter != hostDelivered && (hostStat(t, o, hostDelivered) != delivered || !bytes.Equal(out, inner)) {
+			t.Fatalf("%s: the frame went to the pod, not to the overlay unchanged", what)
+		}
+	}
+	deliver("never delivered by the normal path", hostGateUnseen)
+	if ret, _ := runProg(t, o.PrgEzpDlv, inner); ret != verdictNext || hostStat(t, o, hostDlvNoPod)+hostStat(t, o, hostDlv) != 0 {
+		t.Fatalf("an untagged frame at the pod: verdict %d, recorded", int32(ret))
+	}
+	runProg(t, o.PrgEzpDlvt, inner)
+	if hostStat(t, o, hostDlvNoPod) != 1 {
+		t.Fatal("a device attach did not describe was recorded")
+	}
+	podDev(1)
+	runProg(t, o.PrgEzpDlvt, inner)
+	if hostStat(t, o, hostDlv) != 1 {
+		t.Fatal("the normal path's delivery was not recorded")
+	}
+	deliver("delivered by the normal path just now", hostDelivered)
+	podDev(41) // the normal path delivers the flow through another veth than the table's
+	runProg(t, o.PrgEzpDlvt, inner)
+	deliver("delivered through another veth", hostGateElsewhere)
 }

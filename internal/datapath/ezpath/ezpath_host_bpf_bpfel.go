@@ -22,6 +22,16 @@ type hostBpfDevmapVal struct {
 	}
 }
 
+type hostEzpAcc struct {
+	_       structs.HostLayout
+	SeenNs  uint64
+	ProbeNs uint64
+	Ifindex uint32
+	Mac     [6]uint8
+	Pad     uint16
+	_       [4]byte
+}
+
 type hostEzpEgressKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -34,18 +44,49 @@ type hostEzpEgressVal struct {
 	Relay uint32
 }
 
+type hostEzpFlowKey struct {
+	_      structs.HostLayout
+	Domain uint32
+	Family uint32
+	Flow   struct {
+		_     structs.HostLayout
+		Saddr [4]uint32
+		Daddr [4]uint32
+		Sport uint16
+		Dport uint16
+		Proto uint8
+		Pad   [3]uint8
+	}
+}
+
 type hostEzpHostCfg struct {
 	_         structs.HostLayout
 	Uplink    uint32
 	RelayHost uint32
 	RelayOv   uint32
 	Pad       uint32
+	VerifyNs  uint64
+	WindowNs  uint64
+}
+
+type hostEzpPod struct {
+	_       structs.HostLayout
+	Domain  uint32
+	Ifindex uint32
 }
 
 type hostEzpVidVal struct {
 	_      structs.HostLayout
 	Domain uint32
 	Relay  uint32
+	Vx     uint32
+	Pad    uint32
+}
+
+type hostPrgDevKey struct {
+	_       structs.HostLayout
+	Netns   uint32
+	Ifindex uint32
 }
 
 type hostPrgPod struct {
@@ -72,10 +113,14 @@ const (
 	hostMapEzpHostCfg     = "ezp_host_cfg"
 	hostMapEzpHostEgress  = "ezp_host_egress"
 	hostMapEzpHostVid     = "ezp_host_vid"
+	hostMapPrgEzpAcc      = "prg_ezp_acc"
 	hostMapPrgEzpEp       = "prg_ezp_ep"
 	hostMapPrgEzpHstat    = "prg_ezp_hstat"
+	hostMapPrgEzpPod      = "prg_ezp_pod"
 	hostMapPrgEzpPodport  = "prg_ezp_podport"
 	hostProgPrgEzpDeliver = "prg_ezp_deliver"
+	hostProgPrgEzpDlv     = "prg_ezp_dlv"
+	hostProgPrgEzpDlvt    = "prg_ezp_dlvt"
 	hostProgPrgEzpPort    = "prg_ezp_port"
 	hostProgPrgEzpRelay   = "prg_ezp_relay"
 	hostProgPrgEzpUplink  = "prg_ezp_uplink"
@@ -124,6 +169,8 @@ type hostSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostProgramSpecs struct {
 	PrgEzpDeliver *ebpf.ProgramSpec `ebpf:"prg_ezp_deliver"`
+	PrgEzpDlv     *ebpf.ProgramSpec `ebpf:"prg_ezp_dlv"`
+	PrgEzpDlvt    *ebpf.ProgramSpec `ebpf:"prg_ezp_dlvt"`
 	PrgEzpPort    *ebpf.ProgramSpec `ebpf:"prg_ezp_port"`
 	PrgEzpRelay   *ebpf.ProgramSpec `ebpf:"prg_ezp_relay"`
 	PrgEzpUplink  *ebpf.ProgramSpec `ebpf:"prg_ezp_uplink"`
@@ -136,8 +183,10 @@ type hostMapSpecs struct {
 	EzpHostCfg    *ebpf.MapSpec `ebpf:"ezp_host_cfg"`
 	EzpHostEgress *ebpf.MapSpec `ebpf:"ezp_host_egress"`
 	EzpHostVid    *ebpf.MapSpec `ebpf:"ezp_host_vid"`
+	PrgEzpAcc     *ebpf.MapSpec `ebpf:"prg_ezp_acc"`
 	PrgEzpEp      *ebpf.MapSpec `ebpf:"prg_ezp_ep"`
 	PrgEzpHstat   *ebpf.MapSpec `ebpf:"prg_ezp_hstat"`
+	PrgEzpPod     *ebpf.MapSpec `ebpf:"prg_ezp_pod"`
 	PrgEzpPodport *ebpf.MapSpec `ebpf:"prg_ezp_podport"`
 }
 
@@ -170,8 +219,10 @@ type hostMaps struct {
 	EzpHostCfg    *ebpf.Map `ebpf:"ezp_host_cfg"`
 	EzpHostEgress *ebpf.Map `ebpf:"ezp_host_egress"`
 	EzpHostVid    *ebpf.Map `ebpf:"ezp_host_vid"`
+	PrgEzpAcc     *ebpf.Map `ebpf:"prg_ezp_acc"`
 	PrgEzpEp      *ebpf.Map `ebpf:"prg_ezp_ep"`
 	PrgEzpHstat   *ebpf.Map `ebpf:"prg_ezp_hstat"`
+	PrgEzpPod     *ebpf.Map `ebpf:"prg_ezp_pod"`
 	PrgEzpPodport *ebpf.Map `ebpf:"prg_ezp_podport"`
 }
 
@@ -180,8 +231,10 @@ func (m *hostMaps) Close() error {
 		m.EzpHostCfg,
 		m.EzpHostEgress,
 		m.EzpHostVid,
+		m.PrgEzpAcc,
 		m.PrgEzpEp,
 		m.PrgEzpHstat,
+		m.PrgEzpPod,
 		m.PrgEzpPodport,
 	)
 }
@@ -197,6 +250,8 @@ type hostVariables struct {
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostPrograms struct {
 	PrgEzpDeliver *ebpf.Program `ebpf:"prg_ezp_deliver"`
+	PrgEzpDlv     *ebpf.Program `ebpf:"prg_ezp_dlv"`
+	PrgEzpDlvt    *ebpf.Program `ebpf:"prg_ezp_dlvt"`
 	PrgEzpPort    *ebpf.Program `ebpf:"prg_ezp_port"`
 	PrgEzpRelay   *ebpf.Program `ebpf:"prg_ezp_relay"`
 	PrgEzpUplink  *ebpf.Program `ebpf:"prg_ezp_uplink"`
@@ -205,6 +260,8 @@ type hostPrograms struct {
 func (p *hostPrograms) Close() error {
 	return _HostClose(
 		p.PrgEzpDeliver,
+		p.PrgEzpDlv,
+		p.PrgEzpDlvt,
 		p.PrgEzpPort,
 		p.PrgEzpRelay,
 		p.PrgEzpUplink,

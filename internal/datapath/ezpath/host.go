@@ -3,6 +3,7 @@ package ezpath
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -20,10 +21,26 @@ const (
 	hostNotIP
 	hostErr
 	hostUntagged
+	hostToOverlay
+	hostGateUnseen
+	hostGateElsewhere
+	hostGateProbe
+	hostGateFrag
+	hostDlv
+	hostDlvNoPod
 	hostStatN
 )
 
-var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged"}
+var hostStatNames = [hostStatN]string{"tagged", "relayed", "up_tagged", "delivered", "miss_vid", "miss_pod", "not_ip", "errors", "untagged", "to_overlay",
+	"gate_unseen", "gate_elsewhere", "gate_reverify", "gate_fragment", "gate_delivered", "gate_unknown_pod"}
+
+// The gate (bpf/ezpath_host.bpf.c, ezp_gate): one frame per offloaded flow per gateVerify takes
+// the overlay's normal path, and a flow goes straight to its pod only while the normal path
+// delivered it there at most gateWindow ago (issue 28, rule a: at most 1 s).
+const (
+	gateVerify = 100 * time.Millisecond
+	gateWindow = 300 * time.Millisecond
+)
 
 // RelayDev names both ends of the veth pair attach adds between a host's overlay namespace and
 // the host namespace (the docker layout's stand-in for OVS's port on the NIC). With tenants

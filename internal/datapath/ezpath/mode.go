@@ -159,6 +159,10 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	for tn := 1; tn <= r.tenants; tn++ {
 		pieces = append(pieces, piece{hns, RelayHostDev(tn), r.hostDir(i), ho.PrgEzpRelay})
 	}
+	// The gate's far end on every pod's own eth0, before anything is tagged.
+	for _, d := range t.ByStage(datapath.StageVeth) {
+		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpDlv})
+	}
 	for _, d := range t.ByStage(datapath.StageVethHost) {
 		pieces = append(pieces, piece{d.Netns, d.Name, r.hostDir(i), ho.PrgEzpPort})
 	}
@@ -221,6 +225,10 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 	if err != nil {
 		return nil, err
 	}
+	vxs, err := endpoints.DiscoverVXLAN(t)
+	if err != nil {
+		return nil, err
+	}
 	for tn := 1; tn <= r.tenants; tn++ {
 		ons := r.hw.OverlayNs(i, tn)
 		rh, err := ifindexIn(hns, RelayHostDev(tn))
@@ -232,7 +240,8 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 			return nil, err
 		}
 		if tn == 1 { // the defaults: tenant 1's relay
-			if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro)}); err != nil {
+			if err := ho.EzpHostCfg.Put(uint32(0), hostEzpHostCfg{Uplink: uint32(up), RelayHost: uint32(rh), RelayOv: uint32(ro),
+				VerifyNs: uint64(gateVerify), WindowNs: uint64(gateWindow)}); err != nil {
 				return nil, fmt.Errorf("ezpath: host config: %w", err)
 			}
 		}
@@ -240,17 +249,48 @@ func configureHost(r *rack, i int, t *datapath.Topology, ho *hostObjects) ([]str
 		if err != nil {
 			return nil, err
 		}
-		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh)}); err != nil {
+		// The tenant's VXLAN device: a tagged frame for an address with no pod entry goes
+		// there, into the overlay's normal path.
+		var vx uint32
+		for _, v := range vxs {
+			if v.Inode == uint32(ino) {
+				vx = uint32(v.Dev.Ifindex)
+			}
+		}
+		if vx == 0 {
+			return nil, fmt.Errorf("ezpath: tenant %d: no VXLAN device in %s: offloaded flows need the overlay's normal path to verify them against", tn, ons)
+		}
+		if err := ho.EzpHostVid.Put(uint32(r.vid(tn)), hostEzpVidVal{Domain: uint32(ino), Relay: uint32(rh), Vx: vx}); err != nil {
 			return nil, fmt.Errorf("ezpath: tenant %d VID: %w", tn, err)
 		}
 	}
-	vxs, err := endpoints.DiscoverVXLAN(t)
-	if err != nil {
-		return nil, err
-	}
 	eps, notes := endpoints.Discover(t, vxs)
-	if _, err := endpoints.Sync(endpoints.Tables{EP: ho.PrgEzpEp, Port: ho.PrgEzpPodport}, eps, time.Now()); err != nil {
+	rep, err := endpoints.Sync(endpoints.Tables{EP: ho.PrgEzpEp, Port: ho.PrgEzpPodport}, eps, time.Now())
+	if err != nil {
 		return nil, fmt.Errorf("ezpath: pod table: %w", err)
+	}
+	for _, c := range rep.Conflicts {
+		notes = append(notes, c.String())
+	}
+	// The gate's far end: what each pod device is, from the host side (prg_ezp_pod).
+	pods, podNotes := endpoints.Pods(t, vxs)
+	notes = append(notes, podNotes...)
+	for _, pd := range pods {
+		idx, err := ifindexIn(pd.Ctr.Netns, pd.Ctr.Name)
+		if err != nil {
+			return nil, err
+		}
+		hidx, err := ifindexIn(pd.Host.Netns, pd.Host.Name)
+		if err != nil {
+			return nil, err
+		}
+		ino, err := netnsutil.Inode(netnsutil.Path(pd.Ctr.Netns))
+		if err != nil {
+			return nil, err
+		}
+		if err := ho.PrgEzpPod.Put(hostPrgDevKey{Netns: uint32(ino), Ifindex: uint32(idx)}, hostEzpPod{Domain: pd.VX.Inode, Ifindex: uint32(hidx)}); err != nil {
+			return nil, fmt.Errorf("ezpath: pod map: %w", err)
+		}
 	}
 	return notes, nil
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"slices"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
@@ -61,12 +63,58 @@ func agentSync(target string, objs *objects, lg *log.Logger) error {
 	if err := followVXLAN(cur, t, objs, lg); err != nil {
 		lg.Printf("VXLAN devices: %v", err)
 	}
-	if rep, err := resync(t, objs); err != nil {
+	rep, err := resync(t, objs)
+	if err != nil {
 		lg.Printf("sync: %v", err)
 	} else if rep.Added+rep.Updated+rep.Gone+rep.Expired > 0 {
 		lg.Printf("endpoints: %d live, %d added, %d updated, %d gone, %d expired", rep.Live, rep.Added, rep.Updated, rep.Gone, rep.Expired)
 	}
+	if err := followGate(cur, t, objs, rep.Conflicts, lg); err != nil {
+		lg.Printf("gate: %v", err)
+	}
 	return nil
+}
+
+// followGate puts the gate's far end (prg_prism_dlv) on pods that appeared, forgets those that
+// left, and records the addresses refused as claimed by several pods (status and /metrics show
+// them). Nothing is written when nothing changed.
+func followGate(cur *datapath.State, t *datapath.Topology, objs *objects, conflicts []endpoints.Conflict, lg *log.Logger) error {
+	vxs, err := discoverVXLAN(t)
+	if err != nil {
+		return err
+	}
+	pods, _ := podPinsOf(t, vxs)
+	if ms, err := datapath.LoadModeState[modeState](cur); err == nil && samePods(ms.Pods, pods) && slices.EqualFunc(ms.Conflicts, conflicts, sameConflict) {
+		return nil
+	}
+	return datapath.UpdateState(cur.Target, Name, time.Second, func(st *datapath.State) error {
+		ms, err := datapath.LoadModeState[modeState](st)
+		if err != nil {
+			return err
+		}
+		var changed bool
+		ms.Pods, changed, err = followPods(objs, st.Target, pods, ms.Pods)
+		if changed {
+			lg.Printf("gate: %d pod devices", len(ms.Pods))
+		}
+		for _, c := range conflicts {
+			if !slices.ContainsFunc(ms.Conflicts, func(o endpoints.Conflict) bool { return sameConflict(o, c) }) {
+				ms.ConflictsSeen++
+				lg.Printf("endpoint conflict: %s", c)
+			}
+		}
+		ms.Conflicts = conflicts
+		datapath.SetModeState(st, ms)
+		return err
+	})
+}
+
+func samePods(a, b []podPin) bool {
+	return slices.EqualFunc(a, b, func(x, y podPin) bool { return x.id() == y.id() })
+}
+
+func sameConflict(a, b endpoints.Conflict) bool {
+	return a.Domain == b.Domain && a.Addr == b.Addr && slices.Equal(a.Veths, b.Veths)
 }
 
 func nsOf(ds []datapath.Dev) []string {
@@ -124,7 +172,7 @@ func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *l
 		var c Config
 		err = datapath.RecordedConfig(st, &c)
 		if err == nil {
-			ms.Firewall, err = followFirewall(objs, st.Target, vxs, ms.Firewall, c.Conntrack)
+			ms.Firewall, err = followFirewall(vxs, ms.Firewall, c.Conntrack)
 		}
 		errs = append(errs, err)
 		if ms.Isolation != nil && !slices.Equal(t.VXLANPorts, st.Topology.VXLANPorts) {
@@ -188,5 +236,8 @@ func Sync(target string) (added, updated, gone int, err error) {
 		return 0, 0, 0, err
 	}
 	rep, err := resync(t, objs)
+	if err == nil {
+		err = followGate(st, t, objs, rep.Conflicts, log.New(io.Discard, "", 0))
+	}
 	return rep.Added, rep.Updated, rep.Gone, err
 }

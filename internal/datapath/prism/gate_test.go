@@ -3,8 +3,8 @@ package prism
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"math/bits"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strconv"
@@ -18,8 +18,9 @@ import (
 )
 
 // The firewall gate in test runs: conntrack entries are inserted with conntrack(8) into the
-// env's own namespace (the table bpf_skb_ct_lookup reads there), and prg_prism_fwd's verdict
-// either comes from its own test run or is written into prg_prism_acc directly.
+// env's own namespace (the table bpf_skb_ct_lookup reads there), and the normal path's delivery
+// (prg_prism_dlv's record) either comes from a test run of its body or is written into
+// prg_prism_acc directly.
 
 // ctInsert adds a conntrack entry for f's flow; reply: TCP established with the reply seen,
 // otherwise (TCP) SYN_SENT, or (UDP) an unreplied entry. Each insert is confirmed, as
@@ -97,11 +98,21 @@ func monoNow(t *testing.T) uint64 {
 	return uint64(ts.Nano())
 }
 
-// forwarded records that the normal path forwarded f's flow ago (and re-verified it probeAgo).
+// forwarded records that the normal path delivered f's flow to the endpoint's veth (loopback,
+// with the container's MAC) ago (and re-verified it probeAgo).
 func (e *progEnv) forwarded(f frame, ago, probeAgo time.Duration) {
 	e.t.Helper()
+	e.deliveredTo(f, ago, probeAgo, loIfindex, ctrMAC)
+}
+
+// deliveredTo records that the normal path delivered f's flow through veth ifindex with dst MAC
+// mac, ago.
+func (e *progEnv) deliveredTo(f frame, ago, probeAgo time.Duration, ifindex uint32, mac net.HardwareAddr) {
+	e.t.Helper()
 	now := monoNow(e.t)
-	if err := e.o.PrgPrismAcc.Put(e.flowKey(f), prsPrismAcc{SeenNs: now - uint64(ago), ProbeNs: now - uint64(probeAgo)}); err != nil {
+	v := prsPrismAcc{SeenNs: now - uint64(ago), ProbeNs: now - uint64(probeAgo), Ifindex: ifindex}
+	copy(v.Mac[:], mac)
+	if err := e.o.PrgPrismAcc.Put(e.flowKey(f), v); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -142,7 +153,13 @@ func TestGate(t *testing.T) {
 	e.ctFlush()
 	e.ctInsert(tcp, true)
 	e.forwarded(tcp, time.Second, 0)
-	step("tcp established, FORWARD verdict stale", tcp, tcxNext, func(s Stats) uint64 { return s.Unseen })
+	step("tcp established, delivery stale", tcp, tcxNext, func(s Stats) uint64 { return s.Unseen })
+	e.forwarded(tcp, 950*time.Millisecond, 0)
+	step("tcp established, delivered 950 ms ago (window 300 ms)", tcp, tcxNext, func(s Stats) uint64 { return s.Unseen })
+	e.deliveredTo(tcp, 0, 0, loIfindex+41, ctrMAC)
+	step("tcp established, delivered through another veth", tcp, tcxNext, func(s Stats) uint64 { return s.Elsewhere })
+	e.deliveredTo(tcp, 0, 0, loIfindex, srcCtrMAC)
+	step("tcp established, delivered with another MAC", tcp, tcxNext, func(s Stats) uint64 { return s.Elsewhere })
 	e.forwarded(tcp, 0, 0)
 	step("tcp established and forwarded", tcp, tcRedirect, func(s Stats) uint64 { return s.Redirected })
 	e.forwarded(tcp, 50*time.Millisecond, 2*defaultVerify)
@@ -162,44 +179,61 @@ func TestGate(t *testing.T) {
 	// Fragments: TestClassification ("ipv4 later fragment, addr rule").
 }
 
-// nfHookState is the part of struct nf_hook_state a netfilter test run reads (hook, pf).
-type nfHookState struct {
-	Hook, PF uint8
-	_        [46]byte
-}
-
-// runFwd runs prg_prism_fwd on f's IP packet as FORWARD would hand it.
-func (e *progEnv) runFwd(f frame) error {
-	pf := uint8(unix.NFPROTO_IPV4)
-	if f.v6 {
-		pf = unix.NFPROTO_IPV6
+// runDlv runs the body of prg_prism_dlv on f as the pod's device receives it (the test entry
+// prg_prism_dlvt takes every frame as tagged: a test run cannot set tc_index); tagged false runs
+// prg_prism_dlv itself, which sees an untagged frame.
+func (e *progEnv) runDlv(f frame, tagged bool) {
+	e.t.Helper()
+	prog := e.o.PrgPrismDlv
+	if tagged {
+		prog = e.o.PrgPrismDlvt
 	}
-	ctx := nfHookState{Hook: unix.NF_INET_FORWARD, PF: pf}
 	var ret uint32
 	err := e.ns.Do(func() error {
 		var err error
-		ret, err = e.o.PrgPrismFwd.Run(&ebpf.RunOptions{Data: f.bytes(), Context: ctx}) // the kernel pulls the Ethernet header
+		ret, err = prog.Run(&ebpf.RunOptions{Data: f.bytes()})
 		return err
 	})
-	if err == nil && ret != 1 {
-		err = fmt.Errorf("prg_prism_fwd returned %d, want NF_ACCEPT", ret)
+	if err != nil {
+		e.t.Fatalf("test run: %v", err)
 	}
-	return err
+	if ret != tcxNext {
+		e.t.Fatalf("prg_prism_dlv returned %d, want TCX_NEXT (it never changes a verdict)", ret)
+	}
 }
 
-// prg_prism_fwd records HP flows toward a local endpoint, and nothing else; what it records
-// opens the gate.
-func TestForwardVerdictRecorded(t *testing.T) {
-	e := newProgEnv(t, false, "proto=tcp dport=11111")
-	hp, lp, elsewhere, hp6 := l2(6, 11111), l2(6, 80), l2(6, 11111), l2(6, 11111)
-	elsewhere.daddr = "198.19.9.9"
-	hp6.v6, hp6.saddr, hp6.daddr = true, peerIP6, ctrIP6
-	for _, f := range []frame{hp, lp, elsewhere, hp6} {
-		if err := e.runFwd(f); err != nil {
-			t.Skipf("netfilter test run: %v", err)
-		}
+// podDevice describes the env's loopback as a pod's eth0 whose bridge-side veth is hostIfindex.
+func (e *progEnv) podDevice(hostIfindex uint32) {
+	e.t.Helper()
+	if err := e.o.PrgPrismPod.Put(prsPrgDevKey{Netns: e.inode, Ifindex: loIfindex}, prsPrismPod{Domain: e.inode, Ifindex: hostIfindex}); err != nil {
+		e.t.Fatal(err)
 	}
+}
+
+// prg_prism_dlv records a tagged frame the normal path delivered to a pod device prism knows, with
+// the bridge-side veth and the MAC; an untagged frame (a redirect, LP, anything the pod injects)
+// and a device prism does not know are never recorded; what it records opens the gate.
+func TestDeliveryRecorded(t *testing.T) {
+	e := newProgEnv(t, false, "proto=tcp dport=11111")
+	hp, hp6 := l2(6, 11111), l2(6, 11111)
+	hp6.v6, hp6.saddr, hp6.daddr = true, peerIP6, ctrIP6
 	var v prsPrismAcc
+	e.ctInsert(hp, true) // first: conntrack(8) takes longer than the re-verification interval
+
+	e.runDlv(hp, true)
+	if err := e.o.PrgPrismAcc.Lookup(e.flowKey(hp), &v); err == nil {
+		t.Fatal("recorded at a device no pod record names")
+	}
+	if s := e.stats(); s.DlvNoPod != 1 {
+		t.Errorf("unknown pod counter %d, want 1", s.DlvNoPod)
+	}
+	e.podDevice(loIfindex)
+	e.runDlv(hp, false)
+	if err := e.o.PrgPrismAcc.Lookup(e.flowKey(hp), &v); err == nil {
+		t.Fatal("an untagged frame (not handed to the normal path by prism) was recorded")
+	}
+	e.runDlv(hp, true)
+	e.runDlv(hp6, true)
 	if err := e.o.PrgPrismAcc.Lookup(e.flowKey(hp6), &v); err != nil {
 		t.Errorf("IPv6 HP flow not recorded: %v", err)
 	}
@@ -209,16 +243,36 @@ func TestForwardVerdictRecorded(t *testing.T) {
 	if now := monoNow(t); v.SeenNs > now || now-v.SeenNs > uint64(5*time.Second) {
 		t.Errorf("seen %d, now %d", v.SeenNs, now)
 	}
-	for _, f := range []frame{lp, elsewhere} {
-		if err := e.o.PrgPrismAcc.Lookup(e.flowKey(f), &v); err == nil {
-			t.Errorf("flow to %s:%d recorded", f.daddr, f.dport)
-		}
+	if v.Ifindex != loIfindex || !bytes.Equal(v.Mac[:], ctrMAC) {
+		t.Errorf("recorded veth %d MAC %s, want %d %s", v.Ifindex, net.HardwareAddr(v.Mac[:]), loIfindex, ctrMAC)
 	}
-	if s := e.stats(); s.Fwd != 2 {
-		t.Errorf("fwd counter %d, want 2 (the IPv4 and IPv6 HP flows)", s.Fwd)
+	if s := e.stats(); s.Delivered != 2 {
+		t.Errorf("delivered counter %d, want 2 (the IPv4 and IPv6 HP frames)", s.Delivered)
 	}
-	e.ctInsert(hp, true)
 	if ret, _ := e.run(hp.bytes()); ret != tcRedirect {
-		t.Errorf("forwarded and established flow: verdict %d", ret)
+		t.Errorf("delivered and established flow: verdict %d", ret)
+	}
+
+	// The same flow delivered to another pod's device (the normal path's routing, neighbour and
+	// FDB say the address lives there): the endpoint table's veth is not used.
+	e.podDevice(loIfindex + 41)
+	e.runDlv(hp, true)
+	b := e.stats()
+	if ret, _ := e.run(hp.bytes()); ret != tcxNext {
+		t.Errorf("flow the normal path delivers through another veth: verdict %d, want the normal path", ret)
+	}
+	if s := e.stats(); s.Elsewhere != b.Elsewhere+1 || s.Redirected != b.Redirected {
+		t.Errorf("elsewhere %d -> %d, redirected %d -> %d", b.Elsewhere, s.Elsewhere, b.Redirected, s.Redirected)
+	}
+}
+
+// The window never exceeds 1 s, whatever the re-verification interval.
+func TestGateWindowBound(t *testing.T) {
+	for _, c := range []struct{ verify, want time.Duration }{
+		{10 * time.Millisecond, 30 * time.Millisecond}, {100 * time.Millisecond, 300 * time.Millisecond},
+		{333 * time.Millisecond, 999 * time.Millisecond}, {time.Second, time.Second}, {10 * time.Second, time.Second}} {
+		if got := gateWindow(c.verify); got != c.want {
+			t.Errorf("reverify %v: window %v, want %v", c.verify, got, c.want)
+		}
 	}
 }

@@ -79,12 +79,11 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 		}
 		back = append(back, filepath.Base(p.LinkPin))
 	}
-	// The firewall gate's netfilter links (prg_prism_fwd at FORWARD): without them no HP flow
-	// is ever verified, so prism would stop redirecting; put back both families of a namespace
-	// that lost one. The pin paths are derived from the namespace, so the record stays as is.
-	for i := range ms.Firewall {
-		f := &ms.Firewall[i]
-		if fwAlive(f) || !netnsutil.Exists(f.Netns) {
+	// The gate's far end on each pod device (prg_prism_dlv): without it no HP flow toward that
+	// pod is ever verified, so prism would stop redirecting to it; put back a link that is gone
+	// from a device that is still there. The agent forgets devices that left.
+	for _, p := range ms.Pods {
+		if bpfobj.LinkAlive(p.LinkPin) || !deviceIs(datapath.Dev{Netns: p.Netns, Name: p.Dev, Ifindex: p.Ifindex}) {
 			continue
 		}
 		if objs == nil {
@@ -93,29 +92,14 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 			}
 			defer objs.Close()
 		}
-		for _, p := range f.Pins {
-			_ = bpfobj.DetachPin(p)
-		}
-		f.Pins = nil
-		if err := attachFwd(objs, st.Target, f); err != nil {
+		_ = bpfobj.DetachPin(p.LinkPin)
+		if err := attachPod(objs, st.Target, &p); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for _, p := range f.Pins {
-			back = append(back, filepath.Base(p))
-		}
+		back = append(back, filepath.Base(p.LinkPin))
 	}
 	return back, errors.Join(errs...)
-}
-
-// fwAlive tells whether every recorded netfilter link of f is attached.
-func fwAlive(f *fwNS) bool {
-	for _, p := range f.Pins {
-		if !bpfobj.LinkAlive(p) {
-			return false
-		}
-	}
-	return len(f.Pins) > 0
 }
 
 // deviceIs tells whether d's ifindex still names d in its namespace.

@@ -10,6 +10,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/safefile"
@@ -33,7 +34,7 @@ type Config struct {
 	Agent     bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
 	HPCPUs    string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
 	Conntrack bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
-	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path (and its FORWARD chain) this often; a flow FORWARD stopped accepting leaves the redirect 3 intervals after the last frame it accepted"`
+	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
 
 	Rules     []Rule     `json:"rules"`
 	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
@@ -88,8 +89,14 @@ type modeState struct {
 	Notes  []string `json:"notes,omitempty"`
 	// Isolation is the --hp-cpus plan; nil without it.
 	Isolation *isoConfig `json:"isolation,omitempty"`
-	// Firewall: the namespaces the firewall gate serves (prg_prism_fwd, conntrack table).
+	// Firewall: the namespaces the firewall gate serves (the conntrack table).
 	Firewall []fwNS `json:"firewall,omitempty"`
+	// Pods: the pod devices carrying prg_prism_dlv, the gate's far end (deliver.go).
+	Pods []podPin `json:"pods,omitempty"`
+	// Conflicts: addresses more than one pod claims, refused (no endpoint) as of the last sync;
+	// ConflictsSeen counts each such address once per time it became refused, since attach.
+	Conflicts     []endpoints.Conflict `json:"conflicts,omitempty"`
+	ConflictsSeen int                  `json:"conflicts_seen,omitempty"`
 }
 
 // readRules reads the rules given at attach: text, and a file's.
@@ -180,8 +187,17 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	}
 	// Endpoints first, so the program finds them from its first packet.
 	eps, notes := discoverEndpoints(t, vxs)
-	if _, err := syncEndpoints(objs, eps, time.Now()); err != nil {
+	rep, err := syncEndpoints(objs, eps, time.Now())
+	if err != nil {
 		return err
+	}
+	ms.Conflicts, ms.ConflictsSeen = rep.Conflicts, len(rep.Conflicts)
+	// The gate's far end on every pod before any VXLAN device redirects.
+	pods, podNotes := podPinsOf(t, vxs)
+	notes = append(notes, podNotes...)
+	ms.Pods, _, err = followPods(objs, st.Target, pods, nil)
+	if serr := datapath.SaveModeState(st, ms); err != nil || serr != nil {
+		return errors.Join(err, serr)
 	}
 	for _, vx := range vxs {
 		p, err := attachPiece(objs, st.Target, vx)
@@ -193,7 +209,7 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 			return err
 		}
 	}
-	ms.Firewall, err = followFirewall(objs, st.Target, vxs, nil, c.Conntrack)
+	ms.Firewall, err = followFirewall(vxs, nil, c.Conntrack)
 	if serr := datapath.SaveModeState(st, ms); err != nil || serr != nil {
 		return errors.Join(err, serr)
 	}
@@ -291,7 +307,7 @@ func (mode) Unload(_ context.Context, st *datapath.State) error {
 			errs = append(errs, fmt.Errorf("prism: %s: %w", p.Dev, err))
 		}
 	}
-	errs = append(errs, removeFirewall(ms.Firewall))
+	errs = append(errs, removeFirewall(ms.Firewall), removePods(ms.Pods))
 	for _, p := range bpfobj.LinkPins(datapath.ModePinDir(st.Target, Name)) { // pinned by an attach that crashed before recording them
 		errs = append(errs, bpfobj.DetachPin(p))
 	}
@@ -309,6 +325,12 @@ type View struct {
 	Notes     []string       `json:"notes,omitempty"`
 	// Isolation is the --hp-cpus plan, nil without it.
 	Isolation *isoConfig `json:"isolation,omitempty"`
+	// Conflicts are the addresses refused because several pods claim them (as of the agent's
+	// last sync); ConflictsSeen counts them since attach.
+	Conflicts     []endpoints.Conflict `json:"conflicts,omitempty"`
+	ConflictsSeen int                  `json:"conflicts_seen"`
+	// Pods is how many pod devices carry the gate's far end (prg_prism_dlv).
+	Pods int `json:"pods"`
 }
 
 // RuleView is one rule with its counters.
@@ -330,7 +352,8 @@ func Inspect(target string) (*View, error) {
 		return nil, err
 	}
 	defer objs.Close()
-	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st), Isolation: ms.Isolation}
+	v := &View{Target: target, Notes: ms.Notes, Agent: agentKit.Status(st), Isolation: ms.Isolation,
+		Conflicts: ms.Conflicts, ConflictsSeen: ms.ConflictsSeen, Pods: len(ms.Pods)}
 	for _, r := range ms.Rules {
 		c, err := objs.ruleCount(r.ID)
 		if err != nil {
@@ -368,13 +391,17 @@ func (v *View) Format() string {
 			live++
 		}
 	}
-	fmt.Fprintf(&b, "  prism: %d rules, %d endpoints (%d gone), agent %s\n", len(v.Rules), live, gone, v.Agent)
+	fmt.Fprintf(&b, "  prism: %d rules, %d endpoints (%d gone), %d refused as claimed by several pods (%d since attach), %d pods gated, agent %s\n",
+		len(v.Rules), live, gone, len(v.Conflicts), v.ConflictsSeen, v.Pods, v.Agent)
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
 	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d, fast path learning %d; HP dropped: vanished %d, stale %d, errors %d\n",
 		s.Miss, s.L2, s.TTL, s.Learn, s.Gone, s.Stale, s.Err)
-	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, FORWARD %d), re-verification %d; HP frames past FORWARD %d\n",
-		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Probe, s.Fwd)
-	if s.NoCT > 0 && s.Redirected == 0 && s.Fwd == 0 {
+	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, not delivered within the window %d), delivered through another veth or MAC than the endpoint's %d, re-verification %d; HP frames the normal path delivered to a pod %d\n",
+		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Elsewhere, s.Probe, s.Delivered)
+	for _, c := range v.Conflicts {
+		fmt.Fprintf(&b, "    conflict: %s\n", c)
+	}
+	if s.NoCT > 0 && s.Redirected == 0 && s.Delivered == 0 {
 		b.WriteString("    note: no HP flow has a conntrack entry yet: is conntrack on in the VXLAN device's namespace? (attach with conntrack=true turns it on)\n")
 	}
 	if iso := v.Isolation; iso != nil {

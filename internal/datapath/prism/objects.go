@@ -158,17 +158,21 @@ type Stats struct {
 	// learning their flow there (the flow's later frames take the fast path).
 	Learn uint64
 	// The firewall gate: HP frames left to the normal path because they are not TCP/UDP, have no
-	// conntrack entry, an entry not confirmed (or TCP without a reply), no frame past FORWARD
-	// within the window, or are the flow's periodic re-verification; Fwd counts HP frames
-	// prg_prism_fwd saw accepted by FORWARD.
-	NoTCPUDP, NoCT, CTNew, Unseen, Probe, Fwd uint64
+	// conntrack entry, an entry not confirmed (or TCP without a reply), no delivery by the normal
+	// path within the window, or are the flow's periodic re-verification; Delivered counts HP
+	// frames prg_prism_dlv saw the normal path deliver to a pod.
+	NoTCPUDP, NoCT, CTNew, Unseen, Probe, Delivered uint64
+	// Elsewhere: HP frames left to the normal path because it delivered their flow through
+	// another veth or with another MAC than the endpoint table says (a pod claiming an address
+	// that is not its own). DlvNoPod: tagged frames at a pod device prism has no record of.
+	Elsewhere, DlvNoPod uint64
 }
 
 func (o *objects) stats() (Stats, error) {
 	var s Stats
 	fields := []*uint64{&s.Seen, &s.Unparsed, &s.Frag, &s.LP, &s.HP, &s.Redirected, &s.Miss, &s.Gone, &s.Stale, &s.L2, &s.TTL, &s.Err, &s.NoDev,
 		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay, &s.Learn,
-		&s.NoTCPUDP, &s.NoCT, &s.CTNew, &s.Unseen, &s.Probe, &s.Fwd}
+		&s.NoTCPUDP, &s.NoCT, &s.CTNew, &s.Unseen, &s.Probe, &s.Delivered, &s.Elsewhere, &s.DlvNoPod}
 	for i, f := range fields {
 		var per []uint64
 		if err := o.PrgPrismStat.Lookup(uint32(i), &per); err != nil {

@@ -32,6 +32,10 @@ type prsPrismAcc struct {
 	_       structs.HostLayout
 	SeenNs  uint64
 	ProbeNs uint64
+	Ifindex uint32
+	Mac     [6]uint8
+	Pad     uint16
+	_       [4]byte
 }
 
 type prsPrismCfg struct {
@@ -102,6 +106,12 @@ type prsPrismLast struct {
 	Pad      uint32
 }
 
+type prsPrismPod struct {
+	_       structs.HostLayout
+	Domain  uint32
+	Ifindex uint32
+}
+
 type prsPrismRcnt struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -137,11 +147,13 @@ const (
 	prsMapPrgPrismIso    = "prg_prism_iso"
 	prsMapPrgPrismIsoact = "prg_prism_isoact"
 	prsMapPrgPrismLast   = "prg_prism_last"
+	prsMapPrgPrismPod    = "prg_prism_pod"
 	prsMapPrgPrismPort   = "prg_prism_port"
 	prsMapPrgPrismRcnt   = "prg_prism_rcnt"
 	prsMapPrgPrismRule   = "prg_prism_rule"
 	prsMapPrgPrismStat   = "prg_prism_stat"
-	prsProgPrgPrismFwd   = "prg_prism_fwd"
+	prsProgPrgPrismDlv   = "prg_prism_dlv"
+	prsProgPrgPrismDlvt  = "prg_prism_dlvt"
 	prsProgPrgPrismNic   = "prg_prism_nic"
 	prsProgPrgPrismVx    = "prg_prism_vx"
 )
@@ -188,9 +200,10 @@ type prsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsProgramSpecs struct {
-	PrgPrismFwd *ebpf.ProgramSpec `ebpf:"prg_prism_fwd"`
-	PrgPrismNic *ebpf.ProgramSpec `ebpf:"prg_prism_nic"`
-	PrgPrismVx  *ebpf.ProgramSpec `ebpf:"prg_prism_vx"`
+	PrgPrismDlv  *ebpf.ProgramSpec `ebpf:"prg_prism_dlv"`
+	PrgPrismDlvt *ebpf.ProgramSpec `ebpf:"prg_prism_dlvt"`
+	PrgPrismNic  *ebpf.ProgramSpec `ebpf:"prg_prism_nic"`
+	PrgPrismVx   *ebpf.ProgramSpec `ebpf:"prg_prism_vx"`
 }
 
 // prsMapSpecs contains maps before they are loaded into the kernel.
@@ -205,6 +218,7 @@ type prsMapSpecs struct {
 	PrgPrismIso    *ebpf.MapSpec `ebpf:"prg_prism_iso"`
 	PrgPrismIsoact *ebpf.MapSpec `ebpf:"prg_prism_isoact"`
 	PrgPrismLast   *ebpf.MapSpec `ebpf:"prg_prism_last"`
+	PrgPrismPod    *ebpf.MapSpec `ebpf:"prg_prism_pod"`
 	PrgPrismPort   *ebpf.MapSpec `ebpf:"prg_prism_port"`
 	PrgPrismRcnt   *ebpf.MapSpec `ebpf:"prg_prism_rcnt"`
 	PrgPrismRule   *ebpf.MapSpec `ebpf:"prg_prism_rule"`
@@ -245,6 +259,7 @@ type prsMaps struct {
 	PrgPrismIso    *ebpf.Map `ebpf:"prg_prism_iso"`
 	PrgPrismIsoact *ebpf.Map `ebpf:"prg_prism_isoact"`
 	PrgPrismLast   *ebpf.Map `ebpf:"prg_prism_last"`
+	PrgPrismPod    *ebpf.Map `ebpf:"prg_prism_pod"`
 	PrgPrismPort   *ebpf.Map `ebpf:"prg_prism_port"`
 	PrgPrismRcnt   *ebpf.Map `ebpf:"prg_prism_rcnt"`
 	PrgPrismRule   *ebpf.Map `ebpf:"prg_prism_rule"`
@@ -261,6 +276,7 @@ func (m *prsMaps) Close() error {
 		m.PrgPrismIso,
 		m.PrgPrismIsoact,
 		m.PrgPrismLast,
+		m.PrgPrismPod,
 		m.PrgPrismPort,
 		m.PrgPrismRcnt,
 		m.PrgPrismRule,
@@ -278,14 +294,16 @@ type prsVariables struct {
 //
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsPrograms struct {
-	PrgPrismFwd *ebpf.Program `ebpf:"prg_prism_fwd"`
-	PrgPrismNic *ebpf.Program `ebpf:"prg_prism_nic"`
-	PrgPrismVx  *ebpf.Program `ebpf:"prg_prism_vx"`
+	PrgPrismDlv  *ebpf.Program `ebpf:"prg_prism_dlv"`
+	PrgPrismDlvt *ebpf.Program `ebpf:"prg_prism_dlvt"`
+	PrgPrismNic  *ebpf.Program `ebpf:"prg_prism_nic"`
+	PrgPrismVx   *ebpf.Program `ebpf:"prg_prism_vx"`
 }
 
 func (p *prsPrograms) Close() error {
 	return _PrsClose(
-		p.PrgPrismFwd,
+		p.PrgPrismDlv,
+		p.PrgPrismDlvt,
 		p.PrgPrismNic,
 		p.PrgPrismVx,
 	)

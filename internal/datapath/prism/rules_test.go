@@ -3,6 +3,8 @@ package prism
 import (
 	"strings"
 	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 )
 
 func TestParseRuleCanonical(t *testing.T) {
@@ -129,5 +131,20 @@ func TestEncodeRule(t *testing.T) {
 	v6 := encodeRule(r6)
 	if v6.Family != 6 || v6.Dmask[0] != 0xffffffff || v6.Dmask[1] != 0x80 || v6.Dmask[2] != 0 {
 		t.Fatalf("ipv6 mask %x", v6.Dmask)
+	}
+}
+
+// status names every address refused as claimed by several pods, and the gate's counters.
+func TestFormatShowsConflictsAndGate(t *testing.T) {
+	v := &View{Agent: "running", Pods: 2, ConflictsSeen: 3,
+		Conflicts: []endpoints.Conflict{{Domain: 1, Addr: "198.19.2.2", Veths: []string{"prg-x-h2/veth1", "prg-x-h2/veth2"}}},
+		Stats:     Stats{Elsewhere: 7, Delivered: 11}}
+	s := v.Format()
+	for _, want := range []string{"1 refused as claimed by several pods (3 since attach)", "2 pods gated",
+		"198.19.2.2 claimed by 2 pods (prg-x-h2/veth1, prg-x-h2/veth2): refused", "another veth or MAC than the endpoint's 7",
+		"delivered to a pod 11"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("status lacks %q:\n%s", want, s)
+		}
 	}
 }
