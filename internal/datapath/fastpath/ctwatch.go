@@ -1,0 +1,305 @@
+package fastpath
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// A cached flow replays what the normal path did while conntrack's entry was there: for a
+// Service, the backend that entry's DNAT chose. When the entry goes (kube-proxy deletes the
+// entries of a removed UDP endpoint after changing the rules, `conntrack -D/-F`, expiry), the
+// normal path would translate the flow's next packet afresh; the cache would go on sending to
+// the old backend until its re-learn (5 s). So the agent follows conntrack's DESTROY events
+// (ctnetlink, group NFNLGRP_CONNTRACK_DESTROY) in every namespace it serves and makes the
+// flows of a destroyed entry due for re-learning at once:
+//
+//   - egress: the flow's next packet from the pod takes the normal path, where conntrack makes a
+//     new entry with the rules of now (the new backend), and is learned from it;
+//   - ingress: a Service flow's replies keep their translation for at most forgetReplies more
+//     (the fast path re-learns a Service's replies only after its egress direction, so that a
+//     flushed entry is re-created with its translation: see begin_in in bpf/fastpath.h), then
+//     take the normal path too; a flow without translation re-learns both ways at once.
+//
+// Order. A rule change comes first (its nftables event forgets every flow, nfwatch.go) and the
+// deletion after it; the next packet then re-learns from the new entry. A packet that crossed
+// netfilter just before the deletion could still be learned just after the event was read:
+// each batch is therefore applied twice, the second time ctSettle later, to the flows learned
+// no later than the event's arrival plus the coarse clock's step.
+//
+// Cost. Every conntrack entry of the namespace sends its DESTROY event to the agent. Events are
+// gathered for ctBatchMin (longer when the last batch was slow, ctBatchMax at most) and a
+// batch costs a map lookup per tuple and overlay, or, for a large batch, one walk of the flow
+// map; a batch past ctBatchAll tuples, or a receive overrun, makes every flow due.
+//
+// Limit: with net.netfilter.nf_conntrack_events at its default (2), the kernel gives an entry
+// its event record only while a ctnetlink listener exists: entries older than the agent's
+// subscription (connections made before attach) send no DESTROY event, and their deletion
+// reaches a cached flow at its re-learn (5 s). The agent says so at start.
+
+const (
+	ctBatchMin     = 10 * time.Millisecond
+	ctBatchMax     = 400 * time.Millisecond
+	ctSettle       = 30 * time.Millisecond
+	ctBatchAll     = 1 << 16 // more destroyed tuples than this in one batch: every flow due
+	ctLookupMax    = 1024    // up to this many tuples, look each up; above, walk the map once
+	forgetReplies  = time.Second
+	revalidate     = 5 * time.Second // FP_REVALIDATE_NS in bpf/fastpath.h
+	coarseStep     = 10 * time.Millisecond
+	ctRcvBuffer    = 4 << 20
+	ctEventsSysctl = "/proc/sys/net/netfilter/nf_conntrack_events"
+)
+
+// ctBatch is what one batch of events asks for: the destroyed entries' keys (local, remote,
+// ports, protocol; any overlay), or every flow.
+type ctBatch struct {
+	keys map[ctKey]bool
+	all  string // why every flow is due ("" if not)
+}
+
+type ctKey struct {
+	local, remote uint32
+	lport, rport  uint16
+	proto         uint8
+}
+
+func (b *ctBatch) add(e ctEntry) {
+	for _, t := range []ctTuple{e.orig, e.reply} {
+		b.keys[ctKey{t.src, t.dst, t.sport, t.dport, t.proto}] = true
+		b.keys[ctKey{t.dst, t.src, t.dport, t.sport, t.proto}] = true
+	}
+}
+
+// watchConntrack follows the DESTROY events of namespaces nss until ctx ends and makes the
+// matching flows due (dueFlows).
+func (a *agent) watchConntrack(ctx context.Context, nss []string) {
+	ev := make(chan ctEntry, 4096)
+	lost := make(chan string, 1)
+	seen := map[string]bool{}
+	for _, ns := range nss {
+		if seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		if v, err := netnsutil.ReadFileIn(ns, ctEventsSysctl); err == nil && len(v) > 0 && v[0] == '0' {
+			a.lg.Printf("%s: nf_conntrack_events is 0: conntrack deletions send no events and reach cached flows at their re-learn (5 s)", netnsutil.Label(ns))
+		}
+		go a.followConntrack(ctx, ns, ev, lost)
+	}
+	a.lg.Printf("conntrack deletions: entries made before now send no event (nf_conntrack_events 2); theirs reach cached flows at the re-learn (5 s)")
+	go func() {
+		wait := ctBatchMin
+		for {
+			b := ctBatch{keys: map[ctKey]bool{}}
+			select {
+			case <-ctx.Done():
+				return
+			case e := <-ev:
+				b.add(e)
+			case why := <-lost:
+				b.all = why
+			}
+			// Gather the rest of the burst.
+			timer := time.NewTimer(wait)
+		gather:
+			for {
+				select {
+				case <-ctx.Done():
+					timer.Stop()
+					return
+				case e := <-ev:
+					if len(b.keys) < ctBatchAll {
+						b.add(e)
+					} else if b.all == "" {
+						b.all = "conntrack deletion storm"
+					}
+				case why := <-lost:
+					b.all = why
+				case <-timer.C:
+					break gather
+				}
+			}
+			start := time.Now()
+			a.applyCT(&b)
+			// A slow batch (a storm against a full map) widens the next window: the agent
+			// spends at most about a fifth of a CPU here, and the bound stays under 1 s.
+			wait = min(max(ctBatchMin, 4*time.Since(start)), ctBatchMax)
+		}
+	}()
+}
+
+// applyCT makes a batch's flows due, and again ctSettle later for those learned by then from a
+// packet that crossed netfilter before the deletion.
+func (a *agent) applyCT(b *ctBatch) {
+	at := monoNs()
+	n := a.dueFlows(b, 0)
+	if b.all != "" {
+		a.lg.Printf("%s: every flow due for re-learning (%d)", b.all, n)
+	} else if n > 0 {
+		a.lg.Printf("conntrack entries deleted: %d flows due for re-learning", n)
+	}
+	time.AfterFunc(ctSettle, func() { a.dueFlows(b, at+uint64(coarseStep)) })
+}
+
+// dueFlows makes the flows of batch b due; with learnedBy, only those whose egress was
+// learned no later than that (coarse monotonic ns). It returns how many it changed.
+func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
+	now := monoNs()
+	match := func(k fpFpKey) bool {
+		return b.all != "" || b.keys[ctKey{k.Local, k.Remote, k.Lport, k.Rport, k.Proto}]
+	}
+	due := func(f *fpFpFlow) bool {
+		if f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) == 0 {
+			return false // an alias only points at its flow; a flow never learned has nothing to replay
+		}
+		if learnedBy != 0 && (f.OutNs == 0 || f.OutNs > learnedBy) {
+			return false
+		}
+		return markDue(f, now)
+	}
+	n := 0
+	if b.all == "" && len(b.keys) <= ctLookupMax {
+		var f fpFpFlow
+		for ck := range b.keys {
+			for _, ov := range *a.ovs.Load() {
+				k := fpFpKey{Local: ck.local, Remote: ck.remote, Lport: ck.lport, Rport: ck.rport, Proto: ck.proto, Ovl: uint8(ov.Index)}
+				if err := a.p.PrgFastpathFlow.Lookup(&k, &f); err != nil {
+					continue
+				}
+				if due(&f) && a.p.PrgFastpathFlow.Update(&k, &f, ebpf.UpdateExist) == nil {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	var k fpFpKey
+	var f fpFpFlow
+	type kv struct {
+		k fpFpKey
+		f fpFpFlow
+	}
+	var upd []kv
+	it := a.p.PrgFastpathFlow.Iterate()
+	for it.Next(&k, &f) {
+		if match(k) && due(&f) {
+			upd = append(upd, kv{k, f})
+		}
+	}
+	for _, u := range upd {
+		if a.p.PrgFastpathFlow.Update(&u.k, &u.f, ebpf.UpdateExist) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// markDue changes a learned flow so that it is due for re-learning (false: already due):
+// its egress at once; its ingress at once, or, for a Service flow (whose replies wait for the
+// egress re-learn), within forgetReplies.
+func markDue(f *fpFpFlow, now uint64) bool {
+	changed := f.OutNs != 0
+	f.OutNs = 0
+	in := uint64(0)
+	if f.Flags&fpFDNAT != 0 {
+		// begin_in lets a Service reply take the fast path while out_ns <= in_ns and in_ns is
+		// at most 2 intervals old: this leaves it forgetReplies of that.
+		if lim := now - uint64(2*revalidate) + uint64(forgetReplies); now > uint64(2*revalidate) && f.InNs > lim {
+			in = lim
+		} else {
+			in = f.InNs
+		}
+	}
+	if f.InNs != in {
+		f.InNs, changed = in, true
+	}
+	return changed
+}
+
+// The flow flags the agent reads (FP_F_* in bpf/fastpath.h).
+const (
+	fpFOut   = 1
+	fpFIn    = 2
+	fpFDNAT  = 4
+	fpFAlias = 8
+)
+
+// followConntrack keeps one DESTROY subscription of namespace ns alive until ctx ends, as
+// followNetfilter does; lost events (an overrun, a renewed subscription) make every flow due.
+func (a *agent) followConntrack(ctx context.Context, ns string, ev chan<- ctEntry, lost chan<- string) {
+	wait, failing := 100*time.Millisecond, false
+	for ctx.Err() == nil {
+		var s *nl.NetlinkSocket
+		err := netnsutil.Do(ns, func() error {
+			var err error
+			s, err = nl.Subscribe(unix.NETLINK_NETFILTER, unix.NFNLGRP_CONNTRACK_DESTROY)
+			return err
+		})
+		if err == nil {
+			_ = s.SetReceiveBufferSize(ctRcvBuffer, false)
+		}
+		if err != nil {
+			if !failing {
+				a.lg.Printf("no conntrack events from %s (deletions reach cached flows at their re-learn meanwhile): %v", netnsutil.Label(ns), err)
+			}
+			failing = true
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, resyncEvery)
+			continue
+		}
+		if failing {
+			a.lg.Printf("conntrack events from %s again", netnsutil.Label(ns))
+			notify(lost, "conntrack events resumed")
+		}
+		failing, wait = false, 100*time.Millisecond
+		stop := context.AfterFunc(ctx, s.Close)
+		err = receiveConntrack(s, ev, lost)
+		if stop() {
+			s.Close()
+		}
+		if ctx.Err() == nil {
+			a.lg.Printf("conntrack events from %s ended (%v): subscribing again", netnsutil.Label(ns), err)
+			notify(lost, "conntrack events lost")
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+		}
+	}
+}
+
+func receiveConntrack(s *nl.NetlinkSocket, ev chan<- ctEntry, lost chan<- string) error {
+	for {
+		msgs, _, err := s.Receive()
+		if errors.Is(err, unix.ENOBUFS) {
+			notify(lost, "conntrack events overran")
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Header.Type != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel {
+				continue
+			}
+			e, ok := parseCTEvent(m.Data)
+			if !ok {
+				continue
+			}
+			select {
+			case ev <- e:
+			default:
+				notify(lost, "conntrack events overran the agent")
+			}
+		}
+	}
+}
