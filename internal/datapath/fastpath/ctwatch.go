@@ -200,26 +200,32 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 	return n
 }
 
-// markDue changes a learned flow so that it is due for re-learning (false: already due):
-// its egress at once; its ingress at once, or, for a Service flow (whose replies wait for the
-// egress re-learn), within forgetReplies.
+// markDue changes a learned flow so that it is due for re-learning (false: it was already):
+// a flow without translation both ways at once. A Service flow's replies wait for the client's
+// packets to be re-learned first (begin_in for a remote backend, local_reply_due for one on
+// this node: should the entry be gone, the client's packet re-creates it with its
+// translation, where a reply first would reach the client untranslated and its RST end the
+// connection), for at most 2 intervals after they were learned: they get forgetReplies of
+// that. So a Service's client flow (FP_F_DNAT) is due at once on egress and within
+// forgetReplies on ingress, and a same-node backend's reply flow (FP_F_SNAT) within
+// forgetReplies.
 func markDue(f *fpFpFlow, now uint64) bool {
-	changed := f.OutNs != 0
-	f.OutNs = 0
-	in := uint64(0)
-	if f.Flags&fpFDNAT != 0 {
-		// begin_in lets a Service reply take the fast path while out_ns <= in_ns and in_ns is
-		// at most 2 intervals old: this leaves it forgetReplies of that.
-		if lim := now - uint64(2*revalidate) + uint64(forgetReplies); now > uint64(2*revalidate) && f.InNs > lim {
-			in = lim
-		} else {
-			in = f.InNs
-		}
+	lim := uint64(1) // the oldest learn time a Service reply may keep: now - 2 intervals + forgetReplies
+	if now > uint64(2*revalidate) {
+		lim = now - uint64(2*revalidate) + uint64(forgetReplies)
 	}
-	if f.InNs != in {
-		f.InNs, changed = in, true
+	out, in := uint64(0), uint64(0)
+	switch {
+	case f.Flags&fpFSNAT != 0:
+		out = min(f.OutNs, lim)
+	case f.Flags&fpFDNAT != 0:
+		in = min(f.InNs, lim)
 	}
-	return changed
+	if f.OutNs == out && f.InNs == in {
+		return false
+	}
+	f.OutNs, f.InNs = out, in
+	return true
 }
 
 // The flow flags the agent reads (FP_F_* in bpf/fastpath.h).
@@ -228,6 +234,7 @@ const (
 	fpFIn    = 2
 	fpFDNAT  = 4
 	fpFAlias = 8
+	fpFSNAT  = 64
 )
 
 // followConntrack keeps one DESTROY subscription of namespace ns alive until ctx ends, as
