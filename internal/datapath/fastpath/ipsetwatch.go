@@ -20,16 +20,27 @@ import (
 // requests and has no multicast group (the kernel's nfnetlink groups are conntrack's, nftables'
 // and accounting's; ip_set_core.c sends nothing unasked), and an iptables rule that matches a
 // set (`-m set --match-set S src -j DROP`) does not change when the set does. So the agent asks:
-// every ipsetPollEvery it lists every set of each namespace it serves (one netlink dump,
-// members included) and compares, per set that a rule references, a digest of its type, header
-// and members with the last poll's; a difference forgets every cached flow, as an nftables
-// change does. A set no rule references cannot decide a packet, so its changes are ignored
-// (creating a rule that references one is an nftables change, or an iptables-legacy one).
+// every ipsetPollEvery it lists the headers of every set of each namespace it serves (one
+// netlink dump, IPSET_FLAG_LIST_HEADER: name, type, sizes, entry count; no members) and
+// compares, per set a rule references, a digest of that with the last poll's; a difference
+// forgets every cached flow, as an nftables change does. A set no rule references cannot
+// decide a packet, so its changes are ignored (a rule that comes to reference one is an
+// nftables change, or an iptables-legacy one).
 //
-// Cost: a dump walks every member of every set in the kernel and the agent hashes them: see
-// docs/modes/fastpath.md for the figures with 0 and with 10 sets of 10 000 members.
+// What this catches within ipsetPollEvery: every change of a referenced set's entry count (an
+// add of a new member, a del, a flush), a set created, destroyed, renamed or swapped with one
+// of another type, size or count. What it does not: a del and an add within one poll (the count
+// unchanged), `ipset swap` with a set of the same type and count, a member's timeout or
+// options changed in place: those reach cached flows at their re-learn (5 s). Comparing the
+// members themselves would catch those too, but a dump of 10 sets of 10 000 members cost
+// 40 ms of CPU (kernel and agent) on the 2-vCPU dev VM: 8 % of a CPU at this rate, against
+// about 1 % for the headers (whose element count the kernel also counts by walking the set);
+// docs/modes/fastpath.md has the figures.
 
-const ipsetPollEvery = 250 * time.Millisecond
+const (
+	ipsetPollEvery      = 500 * time.Millisecond
+	ipsetFlagListHeader = 1 << 2 // IPSET_FLAG_LIST_HEADER
+)
 
 // watchIPSets polls the sets of namespaces nss until ctx ends and calls changed after a
 // referenced set changed.
@@ -41,7 +52,7 @@ func watchIPSets(ctx context.Context, nss []string, lg *log.Logger, changed func
 	defer tick.Stop()
 	for {
 		for _, ns := range nss {
-			cur, err := ipsetDigests(ns)
+			cur, err := ipsetDigests(ns, true)
 			if err != nil {
 				if !failed[ns] {
 					lg.Printf("ipsets of %s cannot be listed (their changes reach cached flows at the re-learn, 5 s): %v", netnsutil.Label(ns), err)
@@ -86,12 +97,15 @@ func ipsetDiff(prev, cur map[string]uint64) string {
 
 // ipsetDigests lists the sets of namespace ns and returns a digest per set that a rule
 // references (no sets, or no ipset module: none).
-func ipsetDigests(ns string) (map[string]uint64, error) {
+func ipsetDigests(ns string, terse bool) (map[string]uint64, error) {
 	var msgs [][]byte
 	err := netnsutil.Do(ns, func() error {
 		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_IPSET<<8|nl.IPSET_CMD_LIST, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
 		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+		if terse { // headers only: name, type, sizes and entry count, no members
+			req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_FLAGS|unix.NLA_F_NET_BYTEORDER, binary.BigEndian.AppendUint32(nil, ipsetFlagListHeader)))
+		}
 		var err error
 		msgs, err = req.Execute(unix.NETLINK_NETFILTER, 0)
 		return err
