@@ -45,18 +45,15 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 		}
 		var todo []ctTuple
 		next := map[fpFpKey]uint64{}
-		var k fpFpKey
-		var f fpFpFlow
-		it := a.p.PrgFastpathFlow.Iterate()
-		for it.Next(&k, &f) {
+		walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
 			if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
-				continue
+				return
 			}
 			next[k] = f.OutNs
 			if marked[k] != f.OutNs {
 				todo = append(todo, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})
 			}
-		}
+		})
 		marked = next
 		if len(todo) == 0 {
 			continue

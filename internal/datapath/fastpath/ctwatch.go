@@ -2,11 +2,12 @@ package fastpath
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"os"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -144,7 +145,9 @@ func (a *agent) applyCT(b *ctBatch) {
 	} else if n > 0 {
 		a.lg.Printf("conntrack entries deleted: %d flows due for re-learning", n)
 	}
-	time.AfterFunc(ctSettle, func() { a.dueFlows(b, at+uint64(coarseStep)) })
+	if b.all == "" { // after lost events, the renewed subscription makes every flow due again
+		time.AfterFunc(ctSettle, func() { a.dueFlows(b, at+uint64(coarseStep)) })
+	}
 }
 
 // dueFlows makes the flows of batch b due; with learnedBy, only those whose egress was
@@ -179,19 +182,16 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 		}
 		return n
 	}
-	var k fpFpKey
-	var f fpFpFlow
 	type kv struct {
 		k fpFpKey
 		f fpFpFlow
 	}
 	var upd []kv
-	it := a.p.PrgFastpathFlow.Iterate()
-	for it.Next(&k, &f) {
-		if match(k) && due(&f) {
-			upd = append(upd, kv{k, f})
+	walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
+		if match(k) && due(f) {
+			upd = append(upd, kv{k, *f})
 		}
-	}
+	})
 	for _, u := range upd {
 		if a.p.PrgFastpathFlow.Update(&u.k, &u.f, ebpf.UpdateExist) == nil {
 			n++
@@ -239,18 +239,13 @@ const (
 
 // followConntrack keeps one DESTROY subscription of namespace ns alive until ctx ends, as
 // followNetfilter does; lost events (an overrun, a renewed subscription) make every flow due.
+// A storm (more than ctStormEvents in ctStormWindow) closes the subscription for ctStormPause,
+// which the kernel's queue goes with, and makes every flow due when it closes and again when
+// it resumes: the agent's cost stays bounded whatever the rate of deletions.
 func (a *agent) followConntrack(ctx context.Context, ns string, ev chan<- ctEntry, lost chan<- string) {
-	wait, failing := 100*time.Millisecond, false
+	wait, failing, storm := 100*time.Millisecond, false, false
 	for ctx.Err() == nil {
-		var s *nl.NetlinkSocket
-		err := netnsutil.Do(ns, func() error {
-			var err error
-			s, err = nl.Subscribe(unix.NETLINK_NETFILTER, unix.NFNLGRP_CONNTRACK_DESTROY)
-			return err
-		})
-		if err == nil {
-			_ = s.SetReceiveBufferSize(ctRcvBuffer, false)
-		}
+		f, err := subscribeCT(ns)
 		if err != nil {
 			if !failing {
 				a.lg.Printf("no conntrack events from %s (deletions reach cached flows at their re-learn meanwhile): %v", netnsutil.Label(ns), err)
@@ -266,47 +261,113 @@ func (a *agent) followConntrack(ctx context.Context, ns string, ev chan<- ctEntr
 		if failing {
 			a.lg.Printf("conntrack events from %s again", netnsutil.Label(ns))
 			notify(lost, "conntrack events resumed")
+		} else if storm {
+			notify(lost, "conntrack events resumed after a storm")
 		}
-		failing, wait = false, 100*time.Millisecond
-		stop := context.AfterFunc(ctx, s.Close)
-		err = receiveConntrack(s, ev, lost)
+		failing, storm, wait = false, false, 100*time.Millisecond
+		stop := context.AfterFunc(ctx, func() { f.Close() })
+		err = receiveConntrack(f, ev, lost)
 		if stop() {
-			s.Close()
+			f.Close()
 		}
-		if ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return
+		}
+		pause := wait
+		if errors.Is(err, errCTStorm) {
+			pause, storm = ctStormPause, true
+			notify(lost, "conntrack deletion storm")
+		} else {
 			a.lg.Printf("conntrack events from %s ended (%v): subscribing again", netnsutil.Label(ns), err)
 			notify(lost, "conntrack events lost")
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-			}
+			failing = true // the next subscription makes every flow due again
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
 		}
 	}
 }
 
-func receiveConntrack(s *nl.NetlinkSocket, ev chan<- ctEntry, lost chan<- string) error {
-	for {
-		msgs, _, err := s.Receive()
-		if errors.Is(err, unix.ENOBUFS) {
-			notify(lost, "conntrack events overran")
-			continue
-		}
+const (
+	ctStormEvents = 2048
+	ctStormWindow = 100 * time.Millisecond
+	ctStormPause  = 250 * time.Millisecond
+)
+
+var errCTStorm = errors.New("conntrack deletion storm")
+
+// subscribeCT opens a ctnetlink socket in namespace ns subscribed to DESTROY events, read
+// through the runtime's poller (so that Close ends a blocked read).
+func subscribeCT(ns string) (*os.File, error) {
+	fd := -1
+	err := netnsutil.Do(ns, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_NETFILTER)
 		if err != nil {
 			return err
 		}
-		for _, m := range msgs {
-			if m.Header.Type != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel {
-				continue
+		return unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1 << (unix.NFNLGRP_CONNTRACK_DESTROY - 1)})
+	})
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return nil, err
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ctRcvBuffer); err != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, ctRcvBuffer)
+	}
+	return os.NewFile(uintptr(fd), "ctnetlink-destroy"), nil
+}
+
+// receiveConntrack reads events into ev until the socket fails or a storm begins; one buffer
+// serves every read (an event is one netlink message of a few hundred bytes).
+func receiveConntrack(f *os.File, ev chan<- ctEntry, lost chan<- string) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 64<<10)
+	win, inWin := time.Now(), 0
+	for {
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return err
+		}
+		if errors.Is(rerr, unix.ENOBUFS) {
+			notify(lost, "conntrack events overran")
+			continue
+		}
+		if rerr != nil {
+			return rerr
+		}
+		for b := buf[:n]; len(b) >= unix.SizeofNlMsghdr; {
+			l := int(binary.NativeEndian.Uint32(b))
+			if l < unix.SizeofNlMsghdr || l > len(b) {
+				break
 			}
-			e, ok := parseCTEvent(m.Data)
-			if !ok {
-				continue
+			typ := binary.NativeEndian.Uint16(b[4:])
+			if typ == unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel {
+				if e, ok := parseCTEvent(b[unix.SizeofNlMsghdr:l]); ok {
+					select {
+					case ev <- e:
+					default:
+						notify(lost, "conntrack events overran the agent")
+					}
+				}
+				if inWin++; inWin > ctStormEvents {
+					if time.Since(win) < ctStormWindow {
+						return errCTStorm
+					}
+					win, inWin = time.Now(), 0
+				}
 			}
-			select {
-			case ev <- e:
-			default:
-				notify(lost, "conntrack events overran the agent")
-			}
+			b = b[min(len(b), (l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1)):]
 		}
 	}
 }
