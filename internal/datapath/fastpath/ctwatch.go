@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -55,6 +56,7 @@ const (
 	coarseStep     = 10 * time.Millisecond
 	ctRcvBuffer    = 4 << 20
 	ctEventsSysctl = "/proc/sys/net/netfilter/nf_conntrack_events"
+	ctLogEvery     = 10 * time.Second
 )
 
 // ctBatch is what one batch of events asks for: the destroyed entries' keys (local, remote,
@@ -96,6 +98,7 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 	a.lg.Printf("conntrack deletions: entries made before now send no event (nf_conntrack_events 2); theirs reach cached flows at the re-learn (5 s)")
 	go func() {
 		wait := ctBatchMin
+		due, why, logged := 0, "", time.Time{}
 		for {
 			b := ctBatch{keys: map[ctKey]bool{}}
 			select {
@@ -127,7 +130,19 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 				}
 			}
 			start := time.Now()
-			a.applyCT(&b)
+			due += a.applyCT(&b)
+			if b.all != "" {
+				why = b.all
+			}
+			if due > 0 && time.Since(logged) >= ctLogEvery {
+				// Connections end all the time, and a storm repeats: a line per ctLogEvery at most.
+				msg := fmt.Sprintf("conntrack entries deleted: %d flows made due for re-learning since the last note", due)
+				if why != "" {
+					msg += " (every flow, last for: " + why + ")"
+				}
+				a.lg.Print(msg)
+				due, why, logged = 0, "", time.Now()
+			}
 			// A slow batch (a storm against a full map) widens the next window: the agent
 			// spends at most about a fifth of a CPU here, and the bound stays under 1 s.
 			wait = min(max(ctBatchMin, 4*time.Since(start)), ctBatchMax)
@@ -136,18 +151,14 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 }
 
 // applyCT makes a batch's flows due, and again ctSettle later for those learned by then from a
-// packet that crossed netfilter before the deletion.
-func (a *agent) applyCT(b *ctBatch) {
+// packet that crossed netfilter before the deletion; it returns how many.
+func (a *agent) applyCT(b *ctBatch) int {
 	at := monoNs()
 	n := a.dueFlows(b, 0)
-	if b.all != "" {
-		a.lg.Printf("%s: every flow due for re-learning (%d)", b.all, n)
-	} else if n > 0 {
-		a.lg.Printf("conntrack entries deleted: %d flows due for re-learning", n)
-	}
 	if b.all == "" { // after lost events, the renewed subscription makes every flow due again
 		time.AfterFunc(ctSettle, func() { a.dueFlows(b, at+uint64(coarseStep)) })
 	}
+	return n
 }
 
 // dueFlows makes the flows of batch b due; with learnedBy, only those whose egress was
