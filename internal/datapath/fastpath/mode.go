@@ -3,7 +3,8 @@
 // flow skips the VXLAN device, bridge, IP forwarding and veth backlog (flannel layout) or the
 // bridge and veth backlog (docker layout). bpf/fastpath.bpf.c explains the datapath; a node
 // agent (`peregrine agent fastpath`) keeps the pod table and programs current and forgets cached
-// flows within a second of a neighbour, FDB, route, MTU, VXLAN device or pod change.
+// flows within a second of a neighbour, FDB, route, MTU, VXLAN device or pod change, and of a
+// policy change the node signals (nftables rules, conntrack deletions, ipsets: policy.go).
 package fastpath
 
 import (
