@@ -20,7 +20,7 @@ declare -A need=(
   [iperf3]=iperf3 [sockperf]=sockperf [memcached]=memcached [memcslap]=libmemcached-tools
   [nginx]=nginx-light [wrk]=wrk [tcpdump]=tcpdump [taskset]=util-linux [nstat]=iproute2
   [make]=make [git]=git [ping]=iputils-ping [cc]=gcc
-  [iptables]=iptables [nft]=nftables [conntrack]=conntrack
+  [iptables]=iptables [nft]=nftables [conntrack]=conntrack [ipset]=ipset
   [etcd]=etcd-server
 )
 missing=()

@@ -2,8 +2,10 @@ package doctor
 
 import (
 	"context"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -65,6 +67,22 @@ func TestDoctorOnFlannelLab(t *testing.T) {
 	}
 	if err := Required(checks); err != nil {
 		t.Errorf("Required on a good lab: %v", err)
+	}
+	// Issue 28 rule (c): what sends no policy events is warned about, with its bound.
+	if c := find(t, checks, "policy-events"); c.Status != OK {
+		t.Errorf("policy-events on a lab with nftables only: %+v", c)
+	}
+	if _, err := exec.LookPath("iptables-legacy"); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := netnsutil.Run(ctx, h1, "iptables-legacy", "-L", "FORWARD") // registers the legacy filter table
+		cancel()
+		if err != nil {
+			t.Fatalf("iptables-legacy: %v: %s", err, out)
+		}
+		c := find(t, OverlayChecks(Target{Netns: h1}), "policy-events")
+		if c.Status != Warn || !strings.Contains(c.Detail, "iptables-legacy tables in "+h1+" (filter)") || !strings.Contains(c.Detail, "within 5 s") || c.Fix == "" {
+			t.Errorf("policy-events with an iptables-legacy table: %+v", c)
+		}
 	}
 
 	setMTU(t, h1, "eth0", 1400)

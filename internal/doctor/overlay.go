@@ -45,7 +45,7 @@ func OverlayChecks(t Target) []Check {
 	topo, err := datapath.Discover(t.Netns, t.Underlay)
 	skip := func(why string) []Check {
 		var out []Check
-		for _, n := range []string{"mtu", "vxlan-tx-checksum", "big-tcp"} {
+		for _, n := range []string{"mtu", "vxlan-tx-checksum", "big-tcp", "policy-events"} {
 			out = append(out, Check{Name: n, Target: label, Status: Skip, Detail: why})
 		}
 		return out
@@ -67,7 +67,7 @@ func OverlayChecks(t Target) []Check {
 		c.Status, c.Fix = Warn, strings.Join(topo.Notes, "; ")
 	}
 	k, _ := kernelVersion()
-	return []Check{c, mtuCheck(label, links), txChecksumCheck(label, links, k), bigTCPCheck(label, links)}
+	return []Check{c, mtuCheck(label, links), txChecksumCheck(label, links, k), bigTCPCheck(label, links), policyEventsCheck(label, topo)}
 }
 
 func describe(t *datapath.Topology) string {

@@ -85,6 +85,7 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	watchNetfilter(ctx, nss, lg, resyncEvery, func(why string) {
 		lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true }))
 	})
+	a.followPolicy(ctx, nss) // conntrack deletions, ipsets, conntrack's TCP window (policy.go)
 	return w.Run(ctx, nss)
 }
 

@@ -3,7 +3,8 @@
 // flow skips the VXLAN device, bridge, IP forwarding and veth backlog (flannel layout) or the
 // bridge and veth backlog (docker layout). bpf/fastpath.bpf.c explains the datapath; a node
 // agent (`peregrine agent fastpath`) keeps the pod table and programs current and forgets cached
-// flows within a second of a neighbour, FDB, route, MTU, VXLAN device or pod change.
+// flows within a second of a neighbour, FDB, route, MTU, VXLAN device or pod change, and of a
+// policy change the node signals (nftables rules, conntrack deletions, ipsets: policy.go).
 package fastpath
 
 import (
@@ -74,31 +75,17 @@ func (ms *modeState) overlays() []*overlay {
 	return nil
 }
 
-// Knobs: with big_tcp, the GSO/GRO sizes of the overlay's devices (bigtcp.go); and
-// conntrack's TCP window check in the node's namespace. Where the node tracks
-// connections (kube-proxy's Service NAT, a stateful firewall), conntrack sees a fast-path flow
-// only on its re-learn packets, whose sequence and ack numbers are then far beyond the window
-// it last saw: strict window tracking calls them INVALID, which kube-proxy's KUBE-FORWARD (and
-// most firewalls) drop, and the flow would stall at its first re-learn. With
-// nf_conntrack_tcp_be_liberal (what kube-proxy's --conntrack-tcp-be-liberal asks for) those
-// packets keep the entry alive and its state, NAT and timeouts in charge. Restored on detach.
+// Knobs: with big_tcp, the GSO/GRO sizes of the overlay's devices (bigtcp.go). Nothing
+// else: conntrack's TCP window check is relaxed per entry, for the fast path's own TCP flows
+// only, by the agent (ctliberal.go), and nf_conntrack_tcp_be_liberal is left to the node.
 // Unknown options are refused here, before anything changes.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	c, err := configOf(o)
 	if err != nil {
 		return nil, err
 	}
-	ks, err := bigTCPKnobs(t, c.BigTCP)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := netnsutil.ReadFileIn(t.Host, conntrackLiberal); err != nil {
-		return ks, nil // no conntrack in this kernel or namespace: nothing to relax
-	}
-	return append(ks, datapath.Knob{Netns: t.Host, Path: conntrackLiberal, New: "1"}), nil
+	return bigTCPKnobs(t, c.BigTCP)
 }
-
-const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 
 func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
 	c, err := configOf(o)
@@ -187,6 +174,9 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		}
 	}
 	datapath.SetModeState(st, ms)
+	for _, n := range policyNotes(t.Host, ovs, c.Agent) {
+		st.Topology.Notes = append(st.Topology.Notes, "fastpath: "+n)
+	}
 	if c.Agent {
 		return agentKit.Start(st)
 	}

@@ -1,0 +1,103 @@
+package fastpath
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Conntrack sees a fast-path TCP flow only on its re-learn packets (one per direction every
+// 5 s): their sequence and ack numbers are then far beyond the window conntrack last saw, and
+// strict window tracking calls them INVALID, which kube-proxy's KUBE-FORWARD (and most
+// stateful firewalls) drop: the flow would stall at its first re-learn. Only those entries
+// need liberal tracking, so the agent sets conntrack's per-entry flag
+// IP_CT_TCP_FLAG_BE_LIBERAL (ctnetlink, both directions) on the entry of every TCP flow the
+// fast path has learned both ways, within ctLiberalEvery of the learn and well before the
+// first re-learn, and again after each re-learn (a new entry under the same tuple). Every
+// other connection of the node keeps strict tracking, and nf_conntrack_tcp_be_liberal is
+// left alone. (An entry conntrack picks up mid-stream, after a flush, is liberal already:
+// nf_conntrack_proto_tcp.c sets the flag itself there.) Where the namespace is liberal
+// already (kube-proxy's --conntrack-tcp-be-liberal), nothing is sent.
+
+const ctLiberalEvery = time.Second
+
+const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+
+// liberalTCP marks the conntrack entries of learned TCP flows in namespaces nss until ctx ends.
+func (a *agent) liberalTCP(ctx context.Context, nss []string) {
+	socks := map[string]*ctSock{}
+	defer func() {
+		for _, s := range socks {
+			s.Close()
+		}
+	}()
+	marked := map[fpFpKey]uint64{} // flow -> the egress learn time its entry was marked for
+	failed := map[string]bool{}
+	tick := time.NewTicker(ctLiberalEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var todo []ctTuple
+		next := map[fpFpKey]uint64{}
+		walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
+			if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
+				return
+			}
+			next[k] = f.OutNs
+			if marked[k] != f.OutNs {
+				todo = append(todo, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})
+			}
+		})
+		marked = next
+		if len(todo) == 0 {
+			continue
+		}
+		for _, ns := range nss {
+			if v, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil || strings.TrimSpace(v) == "1" {
+				continue // no conntrack there, or every entry liberal already
+			}
+			s := socks[ns]
+			if s == nil {
+				var err error
+				if s, err = openCTSock(ns); err != nil {
+					if !failed[ns] {
+						a.lg.Printf("liberal TCP tracking: %v (fast-path TCP flows may be dropped as INVALID at their re-learn)", err)
+						failed[ns] = true
+					}
+					continue
+				}
+				socks[ns] = s
+			}
+			if err := markLiberal(s, todo); err != nil && !failed[ns] {
+				a.lg.Printf("liberal TCP tracking in %s: %v", netnsutil.Label(ns), err)
+				failed[ns] = true
+			}
+		}
+	}
+}
+
+// markLiberal sends the updates for tuples ts in buffers of up to 32 KiB.
+func markLiberal(s *ctSock, ts []ctTuple) error {
+	var b []byte
+	var first error
+	flush := func() {
+		if _, err := s.send(b); err != nil && first == nil {
+			first = err
+		}
+		b = b[:0]
+	}
+	for i, t := range ts {
+		b = appendCTLiberal(b, t, uint32(i+1))
+		if len(b) > 32<<10 {
+			flush()
+		}
+	}
+	flush()
+	return first
+}
