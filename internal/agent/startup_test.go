@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/safefile"
 	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
@@ -26,7 +27,12 @@ func bareNetns(t *testing.T, short string) string {
 	if err := netnsutil.Create(name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = netnsutil.Delete(name) })
+	t.Cleanup(func() {
+		_ = netnsutil.Delete(name)
+		for _, n := range []string{name, netnsutil.Path(name)} { // the agents' status files
+			_ = safefile.Remove(StatusFile(n))
+		}
+	})
 	return name
 }
 

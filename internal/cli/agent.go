@@ -28,7 +28,12 @@ reconcile_interval: a knob changed by hand is written again, a program detached 
 attached again. SIGHUP or a change of the file applies the difference (prism rules live; a mode
 whose options changed is detached and attached; the others are untouched); an invalid config is
 refused with the key and the reason and the running state kept. It serves /healthz, /readyz
-and /metrics on listen.
+and /metrics on listen (loopback; another address only with listen_remote: true), at most 4
+/metrics requests at once from a snapshot at most 5 s old.
+
+One agent per network namespace: a second one (even under another name of the namespace) exits
+1 naming the first. SIGHUP is caught from the process's start; under systemd (Type=notify) the
+agent sends READY=1 once started.
 
 SIGTERM or SIGINT: exit 0, leaving the datapath in place; the next start adopts it (same links,
 flows kept; a newer fastpath program replaces the old one atomically). --cleanup-on-exit (or

@@ -29,8 +29,10 @@ func newMetricsCmd() *cobra.Command {
   peregrine_stage_packets_total{netns,device,cpu}      with --stage-probe: packets per device and CPU
   peregrine_stage_softirq_seconds_total{netns,device,cpu}  with --stage-probe: NET_RX time per device and CPU
 
-Values are read when scraped. The stage probe loads eBPF tracepoint programs for as long as
-the command runs.`,
+Values are gathered by one goroutine at most every 5 s while someone scrapes, and each request
+gets that snapshot: its cost does not grow with the flow tables or with the number of clients
+(at most 4 requests at once, 503 beyond). The stage probe loads eBPF tracepoint programs for as
+long as the command runs.`,
 		Example: `  sudo peregrine metrics --listen 127.0.0.1:9465
   sudo peregrine metrics --stage-probe &  curl -s 127.0.0.1:9465/metrics | grep stage_packets`,
 		Args: cobra.NoArgs,

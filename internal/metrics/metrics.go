@@ -1,7 +1,8 @@
 // Package metrics exports what peregrine sees on a node in the Prometheus format: the kernel's
 // receive counters per CPU (softnet_stat, NET_RX/NET_TX softirqs), the datapath attachments and
 // whether their knobs still hold, and, optionally, the eBPF stage probe's per-device, per-CPU
-// packets and softirq time. Values are read at scrape time: no background sampling.
+// packets and softirq time. Values are gathered while someone scrapes, at most once per refresh
+// period by one goroutine, and served from that snapshot (serve.go).
 package metrics
 
 import (

@@ -124,6 +124,9 @@ func (s *Snapshot) get(ctx context.Context) ([]byte, error) {
 	if !s.at.IsZero() && time.Since(s.at) < s.every+s.every/2 {
 		b := s.body
 		s.mu.Unlock()
+		if b == nil {
+			return nil, errors.New("metrics: gathering failed")
+		}
 		return b, nil
 	}
 	// None yet, or stale (the goroutine slept through an idle spell): wait for a gathering.
@@ -152,8 +155,11 @@ func (s *Snapshot) startLocked() <-chan struct{} {
 	go func() {
 		body := s.gather()
 		s.mu.Lock()
+		// A failed gathering counts as one too (the last body, if any, stays): a gatherer that
+		// keeps failing must not be run again for every request.
+		s.at = time.Now()
 		if body != nil {
-			s.body, s.at = body, time.Now()
+			s.body = body
 		}
 		s.pending = nil
 		s.mu.Unlock()

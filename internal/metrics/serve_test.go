@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // walker is a collector that costs what a walk of a big flow map costs: every Collect walks n
@@ -161,5 +163,29 @@ func TestLimitRefusesBeyondN(t *testing.T) {
 	close(release)
 	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("beyond the bound: %d %v, want 503 with Retry-After", rec.Code, rec.Header())
+	}
+}
+
+type failing struct{ calls atomic.Int64 }
+
+func (f *failing) Gather() ([]*dto.MetricFamily, error) {
+	f.calls.Add(1)
+	return nil, errors.New("prg: no source")
+}
+
+// A gatherer that fails is run once per refresh period too, not once per request.
+func TestSnapshotFailingGathererIsNotRunPerRequest(t *testing.T) {
+	g := &failing{}
+	snap := NewSnapshot(g, time.Hour)
+	defer snap.Close()
+	for i := 0; i < 50; i++ {
+		rec := httptest.NewRecorder()
+		snap.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d: %d, want 503", i, rec.Code)
+		}
+	}
+	if n := g.calls.Load(); n != 1 {
+		t.Errorf("the failing gatherer ran %d times for 50 requests within one period, want 1", n)
 	}
 }
