@@ -114,12 +114,12 @@ type Node struct {
 
 // Cluster is a cluster that is up.
 type Cluster struct {
-	Spec  Spec       `json:"spec"`
-	Bin   Binaries   `json:"-"`
-	Dir   string     `json:"dir"`
-	Nodes []Node     `json:"nodes"`
-	Since time.Time  `json:"since"`
-	Took  string     `json:"took,omitempty"`
+	Spec  Spec      `json:"spec"`
+	Bin   Binaries  `json:"-"`
+	Dir   string    `json:"dir"`
+	Nodes []Node    `json:"nodes"`
+	Since time.Time `json:"since"`
+	Took  string    `json:"took,omitempty"`
 	pki   *pki
 }
 
