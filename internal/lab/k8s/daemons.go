@@ -58,8 +58,8 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	if err := c.start(1, "etcd", nil, c.Bin.Etcd, "--name", "prg-k8s", "--data-dir", filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-		"--initial-cluster", "prg-k8s=http://127.0.0.1:2380", "--listen-metrics-urls", "http://127.0.0.1:2381",
-		"--unsafe-no-fsync"); err != nil { // a lab's etcd on tmpfs: fsync buys nothing
+		// Its data is on tmpfs (/run): fsync costs nothing there.
+		"--initial-cluster", "prg-k8s=http://127.0.0.1:2380", "--listen-metrics-urls", "http://127.0.0.1:2381"); err != nil {
 		return err
 	}
 	return c.healthy(ctx, 1, "etcd", "http://127.0.0.1:2379/health", 30*time.Second)

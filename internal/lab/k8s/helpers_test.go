@@ -169,8 +169,9 @@ func (s *snapshot) diff(old *snapshot) []string {
 		if err != nil {
 			continue
 		}
+		argv0, _, _ := strings.Cut(string(b), "\x00")
 		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if strings.Contains(cmd, StateRoot) || strings.Contains(cmd, CacheDir+"/k8s-") || strings.Contains(cmd, "kube-router") {
+		if strings.Contains(cmd, StateRoot) || strings.HasPrefix(argv0, CacheDir+"/k8s-") || strings.HasPrefix(argv0, CacheDir+"/kube-router-") {
 			out = append(out, fmt.Sprintf("process left: %s %s", e.Name(), cmd))
 		}
 	}

@@ -136,6 +136,9 @@ func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 		"mount -t tmpfs -o mode=755 prg-k8s-run /run/peregrine",
 		"mount -t tmpfs -o mode=755 prg-k8s-log /var/log",
 		"mkdir -p /var/log/containers /var/log/pods",
+		// The host's copies of the other nodes' mount namespace files: a node must not hold
+		// another's namespace alive.
+		"umount -l " + filepath.Join(StateRoot, "mnt"),
 		"mount --make-rshared /",
 	}, "\n")
 	// nsenter, not `ip netns exec`: that one starts from a mount namespace of its own with a

@@ -35,8 +35,10 @@ func nodeCommand(ctx context.Context, i int, argv ...string) *exec.Cmd {
 // start runs argv as a daemon on node i.
 func (c *Cluster) start(i int, tag string, env []string, argv ...string) error {
 	dir := filepath.Join(c.Dir, "logs")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	for _, d := range []string{dir, filepath.Join(c.Dir, "run")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, tag+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
