@@ -32,13 +32,13 @@ func (c *Cluster) ImportAgentImage(ctx context.Context, ref, binary string) erro
 }
 
 // InstallAgent installs peregrine as users do: its image on every node, then
-// `kubectl apply -k deploy/kubernetes/lab` (the base manifests, with the lab's image and pull
+// `kubectl apply -k deploy/kubernetes-lab` (the base manifests, with the lab's image and pull
 // policy), and waits for an agent Ready on every node.
 func (c *Cluster) InstallAgent(ctx context.Context, ref string) error {
 	if err := c.ImportAgentImage(ctx, ref, c.Spec.AgentBinary); err != nil {
 		return err
 	}
-	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.Spec.Repo, "deploy", "kubernetes", "lab")); err != nil {
+	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.Spec.Repo, "deploy", "kubernetes-lab")); err != nil {
 		return err
 	}
 	return c.WaitAgent(ctx)
@@ -57,7 +57,7 @@ func (c *Cluster) WaitAgent(ctx context.Context) error {
 // RemoveAgent deletes the DaemonSet and runs the documented cleanup (`peregrine uninstall`)
 // on every node with binary, so that no program, pin or knob is left.
 func (c *Cluster) RemoveAgent(ctx context.Context, binary string) error {
-	if _, err := c.Kubectl(ctx, "delete", "-k", filepath.Join(c.Spec.Repo, "deploy", "kubernetes", "lab"), "--ignore-not-found", "--wait=true", "--timeout=60s"); err != nil {
+	if _, err := c.Kubectl(ctx, "delete", "-k", filepath.Join(c.Spec.Repo, "deploy", "kubernetes-lab"), "--ignore-not-found", "--wait=true", "--timeout=60s"); err != nil {
 		return err
 	}
 	// --wait covers the objects; the pods go on terminating a moment longer.

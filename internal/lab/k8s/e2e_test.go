@@ -544,7 +544,7 @@ func TestK8sChurnBaseline(t *testing.T) {
 }
 
 // TestK8sAgentReady: peregrine installed as users do (image into every node's containerd,
-// kubectl apply -k deploy/kubernetes/lab): Ready on every node, and `peregrine status` on a node
+// kubectl apply -k deploy/kubernetes-lab): Ready on every node, and `peregrine status` on a node
 // shows its node agent and the fast path it attached.
 func TestK8sAgentReady(t *testing.T) {
 	c := need(t)

@@ -22,7 +22,7 @@ import (
 const (
 	PauseImage     = "registry.k8s.io/pause:" + PauseVersion
 	BusyboxImage   = "localhost/busybox:1.35"
-	PeregrineImage = "localhost/peregrine:lab" // the lab overlay's image (deploy/kubernetes/lab)
+	PeregrineImage = "localhost/peregrine:lab" // the lab overlay's image (deploy/kubernetes-lab)
 	// PeregrineImage2 is the same agent under a second tag with another version string: a
 	// DaemonSet rolling update to it replaces every agent.
 	PeregrineImage2 = "localhost/peregrine:lab2"

@@ -5,7 +5,7 @@
 // kube-scheduler) on node 1. Pods are made by kubelet through the CRI and the flannel CNI plugin;
 // Services are kube-proxy's own rules. peregrine itself is installed as users install it: its
 // image imported into every node's containerd and deploy/kubernetes applied through the lab's
-// kustomize overlay (deploy/kubernetes/lab).
+// kustomize overlay (deploy/kubernetes-lab).
 //
 // One machine is not N machines, and the lab makes up the difference so that the machine is
 // left as it was:
@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,7 +68,7 @@ type Spec struct {
 	Nodes         int    `json:"nodes"`
 	ProxyMode     string `json:"proxy_mode"`
 	NetworkPolicy bool   `json:"network_policy"` // run kube-router's policy controller on every node
-	// Agent installs peregrine as its DaemonSet (deploy/kubernetes through deploy/kubernetes/lab)
+	// Agent installs peregrine as its DaemonSet (deploy/kubernetes through deploy/kubernetes-lab)
 	// with the image built from AgentBinary (a static peregrine) and Repo's deploy/ files.
 	Agent       bool   `json:"agent"`
 	AgentBinary string `json:"agent_binary,omitempty"`
@@ -94,7 +95,7 @@ func (s *Spec) Validate() error {
 		if err := checkStatic(s.AgentBinary); err != nil {
 			return err
 		}
-		if _, err := os.Stat(filepath.Join(s.Repo, "deploy", "kubernetes", "lab", "kustomization.yaml")); err != nil {
+		if _, err := os.Stat(filepath.Join(s.Repo, "deploy", "kubernetes-lab", "kustomization.yaml")); err != nil {
 			return fmt.Errorf("the agent's manifests: %w (run from peregrine's source tree, or --repo DIR)", err)
 		}
 	}
@@ -180,7 +181,11 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (c *Cluster, err 
 		return nil, err
 	}
 	bin := DefaultBinaries()
-	if m := bin.Missing(); len(m) > 0 {
+	m := bin.Missing()
+	if !s.NetworkPolicy { // kube-router is needed only for NetworkPolicy
+		m = slices.DeleteFunc(m, func(x string) bool { return strings.Contains(x, "kube-router") })
+	}
+	if len(m) > 0 {
 		return nil, fmt.Errorf("k8s lab: missing %s; run scripts/setup.sh as root", strings.Join(m, "; "))
 	}
 	if s.RxCPU >= numCPU() {
@@ -266,7 +271,7 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (c *Cluster, err 
 		return nil, err
 	}
 	if s.Agent {
-		log("peregrine: image %s into every node, deploy/kubernetes/lab applied", PeregrineImage)
+		log("peregrine: image %s into every node, deploy/kubernetes-lab applied", PeregrineImage)
 		if err := c.InstallAgent(ctx, PeregrineImage); err != nil {
 			return nil, err
 		}
