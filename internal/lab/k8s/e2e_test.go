@@ -251,6 +251,7 @@ func needAgent(t *testing.T, c *Cluster) {
 // churnEvent is one backend change seen by a UDP flow with a fixed 5-tuple.
 type churnEvent struct {
 	What     string
+	Trace    []string      // which pod answered, from when (relative to the change)
 	Switch   time.Duration // from the change to the first answer from a right backend
 	Wrong    int           // answers from a removed or wrong backend after that first right one
 	WrongBy  []string
@@ -350,7 +351,7 @@ spec:
 		t.Helper()
 		time.Sleep(4 * time.Second) // well past kube-proxy's cleanup
 		ev := fl.judge(what, t0, removed, backends())
-		t.Logf("%s %s: first right answer after %s, %d wrong answers after it %v, longest silence %s", tag, what, ev.Switch, ev.Wrong, ev.WrongBy, ev.Silences)
+		t.Logf("%s %s: first right answer after %s, %d wrong answers after it %v, longest silence %s; answers: %v", tag, what, ev.Switch, ev.Wrong, ev.WrongBy, ev.Silences, ev.Trace)
 		evs = append(evs, ev)
 	}
 	// 1. delete the flow's backend.
@@ -359,9 +360,11 @@ spec:
 	kubectl(t, c, "delete", "pod", b, "--wait=false", "--grace-period=0")
 	observe("delete-backend", t0, map[string]bool{b: true})
 	serveNew()
-	// 2. scale down, until the flow's backend is among the removed.
-	for attempt := 0; attempt < 4; attempt++ {
+	// 2. scale down, the flow's backend among the removed (the ReplicaSet removes the pods
+	// with the lowest deletion cost first).
+	for attempt := 0; attempt < 3; attempt++ {
 		b = current()
+		kubectl(t, c, "annotate", "--overwrite", "pod", b, "controller.kubernetes.io/pod-deletion-cost=-1000")
 		before := backends()
 		t0 = time.Now()
 		kubectl(t, c, "scale", "deployment/"+dep, "--replicas=1")
@@ -377,6 +380,7 @@ spec:
 			observe("scale-down", t0, removed)
 			break
 		}
+		t.Logf("scale-down removed %v, not the flow's backend %s: again", removed, b)
 		kubectl(t, c, "scale", "deployment/"+dep, "--replicas=3")
 		serveNew()
 	}
@@ -388,17 +392,20 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setNextIP(c, 2, old); err != nil {
-		t.Fatal(err)
-	}
 	t0 = time.Now()
 	kubectl(t, c, "delete", "pod", b, "--wait=false", "--grace-period=0")
 	imp := "impostor-" + tag
-	// Once the old sandbox released the address (CNI DEL), host-local hands it out next.
-	_ = waitFor(ctx, 20*time.Second, 50*time.Millisecond, b+"'s address released", func() (bool, error) {
+	// Once the old sandbox released the address (CNI DEL), host-local is told to hand it out
+	// next (the ReplicaSet's replacement has taken another by then, the old one being held).
+	if err := waitFor(ctx, 20*time.Second, 20*time.Millisecond, b+"'s address released", func() (bool, error) {
 		_, err := os.Stat(filepath.Join(c.nodeDir(2), "cni-data", "networks", "cbr0", old))
 		return os.IsNotExist(err), nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := setNextIP(c, 2, old); err != nil {
+		t.Fatal(err)
+	}
 	apply(t, c, sleeper(imp, NodeName(2), map[string]string{"app": "impostor"}))
 	t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "delete", "pod", imp, "--wait=false") })
 	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Ready", "pod", imp, "--timeout=60s"); err != nil {
@@ -503,9 +510,14 @@ func (f *flow) judge(what string, t0 time.Time, removed, backends map[string]boo
 	ev := churnEvent{What: what, Switch: -1}
 	prev := t0
 	var switched bool
+	last := ""
 	for _, a := range f.answers {
 		if a.at.Before(t0) {
 			continue
+		}
+		if a.from != last && len(ev.Trace) < 8 {
+			ev.Trace = append(ev.Trace, fmt.Sprintf("%s@%s", a.from, a.at.Sub(t0).Round(time.Millisecond)))
+			last = a.from
 		}
 		if gap := a.at.Sub(prev); gap > ev.Silences {
 			ev.Silences = gap
@@ -896,7 +908,8 @@ func TestK8sRemoveAgent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v: %s", NodeName(i), err, out)
 		}
-		lines := strings.Fields(strings.NewReplacer("/sys/fs/bpf:", "", "/run/peregrine:", "").Replace(string(out)))
+		// maps.debug and progs.debug: the kernel's own iterators, in every new bpffs (BPF_PRELOAD).
+		lines := strings.Fields(strings.NewReplacer("/sys/fs/bpf:", "", "/run/peregrine:", "", "maps.debug", "", "progs.debug", "").Replace(string(out)))
 		if len(lines) > 0 {
 			t.Errorf("%s after uninstall: %s", NodeName(i), out)
 		}
