@@ -40,7 +40,9 @@ func runMain(m *testing.M) int {
 		skipReason = "needs root"
 	default:
 		if miss := DefaultBinaries().Missing(); len(miss) > 0 {
-			skipReason = "k8s lab binaries missing (run scripts/setup.sh): " + strings.Join(miss, "; ")
+			// PEREGRINE_TEST_ROOT asks for every test: a missing binary fails, it does not skip.
+			upErr = fmt.Errorf("k8s lab binaries missing (run scripts/setup.sh): %s", strings.Join(miss, "; "))
+			return m.Run()
 		}
 	}
 	if skipReason != "" {
