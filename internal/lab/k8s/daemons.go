@@ -344,6 +344,24 @@ func (c *Cluster) startNodeNet(ctx context.Context, i int) error {
 		"--net-config-path="+netconf, "--subnet-file="+filepath.Join(d, "flannel", "subnet.env")); err != nil {
 		return err
 	}
+	if err := c.startKubeProxy(i); err != nil {
+		return err
+	}
+	if c.Spec.NetworkPolicy {
+		if err := c.start(i, fmt.Sprintf("kube-router-n%d", i), nil, c.Bin.KubeRouter,
+			"--kubeconfig="+c.pki.path("kube-router.kubeconfig"), "--hostname-override="+name,
+			"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+			"--iptables-sync-period=5m", "--ipvs-sync-period=5m", "--routes-sync-period=5m",
+			"--health-port=0", "--metrics-port=0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startKubeProxy writes node i's kube-proxy config for the cluster's proxy mode and starts it.
+func (c *Cluster) startKubeProxy(i int) error {
+	name, d := NodeName(i), c.nodeDir(i)
 	kp := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %q}
@@ -366,19 +384,36 @@ nodePortAddresses: ["primary"]
 	if c.Spec.ProxyMode == ProxyNFTables {
 		args = append(args, "--feature-gates=NFTablesProxyMode=true")
 	}
-	if err := c.start(i, fmt.Sprintf("kube-proxy-n%d", i), nil, args...); err != nil {
-		return err
+	return c.start(i, fmt.Sprintf("kube-proxy-n%d", i), nil, args...)
+}
+
+// SetProxyMode restarts every kube-proxy in mode (iptables or nftables), after `kube-proxy
+// --cleanup` has removed the rules of the mode before, and waits until each is healthy.
+func (c *Cluster) SetProxyMode(ctx context.Context, mode string) error {
+	if mode != ProxyIPTables && mode != ProxyNFTables {
+		return fmt.Errorf("proxy mode %q: want iptables or nftables", mode)
 	}
-	if c.Spec.NetworkPolicy {
-		if err := c.start(i, fmt.Sprintf("kube-router-n%d", i), nil, c.Bin.KubeRouter,
-			"--kubeconfig="+c.pki.path("kube-router.kubeconfig"), "--hostname-override="+name,
-			"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
-			"--iptables-sync-period=5m", "--ipvs-sync-period=5m", "--routes-sync-period=5m",
-			"--health-port=0", "--metrics-port=0"); err != nil {
+	for i := 1; i <= c.Spec.Nodes; i++ {
+		tag := fmt.Sprintf("kube-proxy-n%d", i)
+		if err := stopPid(filepath.Join(c.Dir, "run", tag+".pid"), "kube-proxy", 5*time.Second); err != nil {
+			return err
+		}
+		if out, err := nodeCommand(ctx, i, c.Bin.K("kube-proxy"), "--cleanup", "--config="+filepath.Join(c.nodeDir(i), "kube-proxy.yaml")).CombinedOutput(); err != nil {
+			return fmt.Errorf("kube-proxy --cleanup on %s: %w: %s", NodeName(i), err, out)
+		}
+	}
+	c.Spec.ProxyMode = mode
+	for i := 1; i <= c.Spec.Nodes; i++ {
+		if err := c.startKubeProxy(i); err != nil {
 			return err
 		}
 	}
-	return nil
+	for i := 1; i <= c.Spec.Nodes; i++ {
+		if err := c.healthy(ctx, i, fmt.Sprintf("kube-proxy-n%d", i), "http://127.0.0.1:10256/healthz", 60*time.Second); err != nil {
+			return err
+		}
+	}
+	return c.save()
 }
 
 // waitNodesReady waits for every node Ready, its flanneld's subnet file and routes to every

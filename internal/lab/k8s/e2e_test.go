@@ -669,12 +669,55 @@ func TestK8sPodFastPathWithin1s(t *testing.T) {
 	}
 }
 
-// TestK8sServicesFastPath: ClusterIP and NodePort through kube-proxy's own rules, byte for
-// byte, with the fast path counting hits.
+// TestK8sServicesFastPath: ClusterIP and NodePort through kube-proxy's own rules (iptables
+// mode), byte for byte, with the fast path counting hits.
 func TestK8sServicesFastPath(t *testing.T) {
+	f := getFixture(t)
+	needAgent(t, f.c)
+	servicesOnFastPath(t, f)
+}
+
+// TestK8sServicesNFTables: the same through kube-proxy's nftables mode (restarted in it, its
+// iptables rules cleaned up first), then back to iptables for the tests after.
+func TestK8sServicesNFTables(t *testing.T) {
 	f := getFixture(t)
 	c := f.c
 	needAgent(t, c)
+	ctx := tctx(t, 2*time.Minute)
+	if err := c.SetProxyMode(ctx, ProxyNFTables); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.SetProxyMode(context.Background(), ProxyIPTables); err != nil {
+			t.Errorf("back to iptables: %v", err)
+		}
+	})
+	// kube-proxy's first sync after its restart writes its table.
+	if err := waitFor(ctx, 20*time.Second, 100*time.Millisecond, "kube-proxy's nftables rules for "+f.svcIP, func() (bool, error) {
+		out, err := Exec(ctx, 1, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+		if err != nil {
+			return false, fmt.Errorf("%v: %s", err, out)
+		}
+		return strings.Contains(string(out), f.svcIP), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := Exec(ctx, 1, "iptables-save").CombinedOutput(); strings.Contains(string(out), "KUBE-SERVICES") {
+		t.Errorf("kube-proxy's iptables rules are still there in nftables mode")
+	}
+	// kube-proxy's first sync after a restart.
+	if err := waitFor(ctx, 20*time.Second, 100*time.Millisecond, "the echo Service through nftables", func() (bool, error) {
+		_, err := f.roundTrip(net.JoinHostPort(f.svcIP, fmt.Sprint(echoTCP)), 1000)
+		return err == nil, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	servicesOnFastPath(t, f)
+}
+
+func servicesOnFastPath(t *testing.T, f *fixture) {
+	t.Helper()
+	c := f.c
 	for _, tc := range []struct{ name, addr string }{
 		{"ClusterIP", net.JoinHostPort(f.svcIP, fmt.Sprint(echoTCP))},
 		{"NodePort", net.JoinHostPort(nodeAddr(2).String(), fmt.Sprint(echoNP))},
@@ -682,11 +725,11 @@ func TestK8sServicesFastPath(t *testing.T) {
 		h0 := hits(t, c)
 		for k := 0; k < 6; k++ { // both backends, in all likelihood
 			if _, err := f.roundTrip(tc.addr, 2<<20); err != nil {
-				t.Fatalf("%s %s: %v", tc.name, tc.addr, err)
+				t.Fatalf("%s %s (kube-proxy %s): %v", tc.name, tc.addr, c.Spec.ProxyMode, err)
 			}
 		}
 		h1 := hits(t, c)
-		t.Logf("%s %s: 6 x 2 MiB echoed byte-exact; fast path hits +%.0f on %s, +%.0f on %s", tc.name, tc.addr, h1[0]-h0[0], NodeName(1), h1[1]-h0[1], NodeName(2))
+		t.Logf("kube-proxy %s, %s %s: 6 x 2 MiB echoed byte-exact; fast path hits +%.0f on %s, +%.0f on %s", c.Spec.ProxyMode, tc.name, tc.addr, h1[0]-h0[0], NodeName(1), h1[1]-h0[1], NodeName(2))
 		if h1[0]-h0[0] < 100 {
 			t.Errorf("%s: only %.0f fast path hits on %s (the client's node)", tc.name, h1[0]-h0[0], NodeName(1))
 		}
