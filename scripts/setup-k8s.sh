@@ -43,6 +43,8 @@ missing=()
 command -v ipset >/dev/null 2>&1 || missing+=(ipset)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+# gcc -static of pause.c needs libc's static archive (gcc only recommends libc6-dev).
+[[ -n "$(find /usr/lib -maxdepth 3 -name libc.a -print -quit 2>/dev/null)" ]] || missing+=(libc6-dev)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
