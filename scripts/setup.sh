@@ -139,4 +139,7 @@ fi
 # The docker swarm lab (scripts/real-docker-overlay.sh): docker.io and busybox-static, installed
 # with their services kept from starting (see setup-docker.sh).
 if $check_only; then scripts/setup-docker.sh --check || true; else scripts/setup-docker.sh; fi
+# The k8s lab (`peregrine lab up --style k8s`): Kubernetes, kube-router and pause built once into
+# the same cache (a cold build takes minutes), and the packages a node needs (see setup-k8s.sh).
+if $check_only; then scripts/setup-k8s.sh --check || true; else scripts/setup-k8s.sh; fi
 $check_only || say "ready"

@@ -17,6 +17,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/cpuset"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/lab/k8s"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -37,6 +38,9 @@ Styles:
            on the hosts and use it. No bridge, no veth, no containers: VXLAN's own cost.
            Datapath modes do not support it (attach says what it could not find).
   native   no overlay: applications run in the host namespaces (the baseline).
+  k8s      a real Kubernetes cluster (kubelet, containerd, kube-proxy, flanneld, kube-router) with
+           peregrine installed as its DaemonSet; one per machine, named "k8s": lab status/exec/down
+           --name k8s, and "lab kubectl -- ARGS". scripts/setup-k8s.sh builds its binaries.
 
 Namespaces are named prg-<lab>-h1, prg-<lab>-h1-c1, prg-<lab>-h1-ov, prg-<lab>-sw.
 
@@ -47,7 +51,7 @@ overlay addresses as the other tenants'. "lab up" checks every pair within each 
 no tenant reaches another.
 Addresses come from the RFC 2544 benchmarking range: underlay 198.18.0.0/24, overlay 198.19.0.0/16.`,
 	}
-	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd(), newLabRealFlannelCmd())
+	c.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabStatusCmd(), newLabExecCmd(), newLabRealFlannelCmd(), newLabKubectlCmd())
 	return c
 }
 
@@ -55,6 +59,7 @@ func newLabUpCmd() *cobra.Command {
 	var spec lab.Spec
 	var file, rxCPUs, torCPUs string
 	var noGRO, vethOffloads, asJSON bool
+	var k8sUp *k8sUpFlags
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Build a lab and prove every container reaches every other (TCP and UDP)",
@@ -67,9 +72,13 @@ func newLabUpCmd() *cobra.Command {
   peregrine lab up --name l --style linux           # hosts talk over vxlan0: lab exec h1 -- ping 198.19.2.2
   peregrine lab up --tor --rx-cpus 0                # a top-of-rack switch per host (EZPath: attach ezpath)
   peregrine lab up --style flannel --containers 2 --services --proxy-mode nftables
-  peregrine lab up --tor --tenants 2                # two tenants, same addresses, isolated by VNI: h1-c1, h1-t2-c1`,
+  peregrine lab up --tor --tenants 2                # two tenants, same addresses, isolated by VNI: h1-c1, h1-t2-c1
+  peregrine lab up --style k8s --nodes 2            # a real Kubernetes cluster with peregrine's DaemonSet`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if spec.Style == "k8s" {
+				return k8sUp.up(cmd, spec.Name, asJSON)
+			}
 			if file != "" {
 				fromFile, err := lab.LoadSpec(file)
 				if err != nil {
@@ -119,7 +128,7 @@ func newLabUpCmd() *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&spec.Name, "name", lab.DefaultName, "lab name (namespaces are prg-<name>-...)")
-	f.StringVar(&spec.Style, "style", lab.StyleDocker, "docker, flannel, linux (VXLAN in the host namespace, no containers) or native")
+	f.StringVar(&spec.Style, "style", lab.StyleDocker, "docker, flannel, linux (VXLAN in the host namespace, no containers), native or k8s (a real Kubernetes cluster)")
 	f.IntVar(&spec.Hosts, "hosts", 2, "number of hosts (at least 2)")
 	f.IntVar(&spec.Containers, "containers", 1, "containers per host")
 	f.StringVar(&spec.Underlay, "underlay", "", "direct (veth pair, 2 hosts) or switch (bridge namespace); default picks by host count")
@@ -134,6 +143,7 @@ func newLabUpCmd() *cobra.Command {
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
 	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend and NodePort "+strconv.Itoa(lab.ServiceNodePort)+", default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
 	f.StringVar(&spec.ProxyMode, "proxy-mode", "", "with --services: kube-proxy's mode whose rules to write, iptables (default) or nftables")
+	k8sUp = addK8sUpFlags(f, &spec.ProxyMode)
 	f.IntVar(&spec.Tenants, "tenants", 1, "docker style: tenants, each with its own overlay (VXLAN device, VNI vni+t-1, bridge) and containers h<i>-t<t>-c<j> using the same addresses as tenant 1's h<i>-c<j>")
 	return c
 }
@@ -162,6 +172,7 @@ func newLabDownCmd() *cobra.Command {
 		Short: "Remove a lab: its processes, namespaces, links, pinned objects and records",
 		Example: `  peregrine lab down              # the lab named "lab"
   peregrine lab down --name b
+  peregrine lab down --name k8s   # the Kubernetes cluster (lab up --style k8s)
   peregrine lab down --all        # every lab (prg- prefix), e.g. after a crash or kill -9; never an attachment elsewhere`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -173,6 +184,13 @@ func newLabDownCmd() *cobra.Command {
 					return err
 				}
 				fmt.Fprintln(os.Stderr, "removed every lab namespace and link, with their attachments, pins and records (attachments to other namespaces are kept)")
+				return nil
+			}
+			if name == k8s.Name {
+				if err := k8s.Down(stderrLog); err != nil {
+					return err
+				}
+				fmt.Fprintln(os.Stderr, "k8s lab removed")
 				return nil
 			}
 			err := lab.Down(name, stderrLog, datapath.ForgetNamespaces)
@@ -199,11 +217,15 @@ func newLabStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show a lab's hosts and containers with their namespaces, devices and addresses",
 		Example: `  peregrine lab status
-  peregrine lab status --json | jq -r '.containers[].addr'`,
+  peregrine lab status --json | jq -r '.containers[].addr'
+  peregrine lab status --name k8s                   # the Kubernetes cluster: nodes, daemons, pods`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := lab.Preflight(); err != nil {
 				return err
+			}
+			if name == k8s.Name {
+				return k8sStatus(asJSON)
 			}
 			l, err := lab.Status(name)
 			if err != nil {
@@ -311,9 +333,13 @@ func newLabExecCmd() *cobra.Command {
 		Example: `  peregrine lab exec h1-c1 -- ip addr
   peregrine lab exec h1-t2-c1 -- ping -c1 198.19.2.2   # tenant 2's h1-c1 pings tenant 2's h2-c1
   peregrine lab exec h2 -- ethtool -k eth0
-  peregrine lab exec h2-c1 -- iperf3 -s -1`,
+  peregrine lab exec h2-c1 -- iperf3 -s -1
+  peregrine lab exec --name k8s n2 -- peregrine status   # on a Kubernetes node (its net and mount namespace)`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if name == k8s.Name {
+				return k8sExec(args[0], args[1:])
+			}
 			l, err := lab.Status(name)
 			if err != nil {
 				return err

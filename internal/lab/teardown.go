@@ -20,6 +20,10 @@ import (
 // (a lab nothing was attached to).
 type Forget func(namespaces []string, all bool) error
 
+// DownAllFirst are the teardowns of labs that live in other packages (which import this one,
+// so it cannot call them): DownAll runs each before its namespace sweep.
+var DownAllFirst []func(Logf) error
+
 func listOurNamespaces() ([]string, error) { return netnsutil.List(Prefix) }
 
 // Down removes a lab: its processes, namespaces (and with them every link inside) and records,
@@ -49,7 +53,11 @@ func DownAll(log Logf, forget Forget) error {
 	}
 	// Real flannel labs first: their own down also stops etcd and flanneld by pid file and
 	// removes their state directories and CNI state, which the namespace sweep would not.
+	// Likewise the labs registered in DownAllFirst (the k8s cluster: mounts, cgroups, sysctls).
 	rfErr := realflannel.DownAll(log)
+	for _, f := range DownAllFirst {
+		rfErr = errors.Join(rfErr, f(log))
+	}
 	nss, err := listOurNamespaces()
 	if err != nil {
 		return err

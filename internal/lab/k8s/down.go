@@ -1,0 +1,145 @@
+package k8s
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// Down removes the cluster: every daemon (by pid file), every container (by cgroup), every
+// process left in a node's namespaces, the nodes' mount namespaces (with every mount kubelet
+// and containerd made in them), the network namespaces, the cgroups, the state directory, and
+// it writes back the global sysctls kubelet changed. Nothing up is not an error; something
+// left behind is.
+func Down(log func(string, ...any)) error {
+	if log == nil {
+		log = func(string, ...any) {}
+	}
+	_, serr := os.Stat(StateRoot)
+	nss, _ := netnsutil.List(Prefix)
+	if errors.Is(serr, os.ErrNotExist) && len(nss) == 0 && len(cgroupProcs()) == 0 && !cgroupsLeft() {
+		return nil
+	}
+	log("removing the k8s lab")
+	var errs []error
+	run := filepath.Join(StateRoot, "run")
+	// Daemons first, kubelet before everything (it would restart what is killed), the
+	// apiserver last (it takes longest to stop and nothing needs it any more).
+	order := []string{"kubelet", "kube-proxy", "kube-router", "flanneld", "kube-scheduler", "kube-controller-manager"}
+	pidFiles, _ := filepath.Glob(filepath.Join(run, "*.pid"))
+	sort.Strings(pidFiles)
+	stopped := map[string]bool{}
+	for _, o := range order {
+		for _, f := range pidFiles {
+			tag := strings.TrimSuffix(filepath.Base(f), ".pid")
+			if strings.HasPrefix(tag, o) && !stopped[f] {
+				stopped[f] = true
+				errs = append(errs, stopPid(f, o, 5*time.Second))
+			}
+		}
+	}
+	// The pods' containers: everything in the nodes' cgroup subtrees (SIGKILL, until empty:
+	// a shim may still be starting one).
+	for k := 0; k < 20; k++ {
+		ps := cgroupProcs()
+		if len(ps) == 0 {
+			break
+		}
+		killPIDs(ps)
+	}
+	for _, f := range pidFiles {
+		tag := strings.TrimSuffix(filepath.Base(f), ".pid")
+		if strings.HasPrefix(tag, "containerd") && !stopped[f] {
+			stopped[f] = true
+			errs = append(errs, stopPid(f, "containerd", 5*time.Second))
+		}
+	}
+	for _, f := range pidFiles {
+		if !stopped[f] {
+			tag := strings.TrimSuffix(filepath.Base(f), ".pid")
+			prog := tag
+			if tag == "etcd" {
+				prog = "etcd"
+			}
+			errs = append(errs, stopPid(f, prog, 10*time.Second))
+		}
+	}
+	// Whatever is left in the nodes' namespaces: shims, a daemon whose pid file was lost.
+	mnts, _ := filepath.Glob(filepath.Join(StateRoot, "mnt", "n*"))
+	for _, m := range mnts {
+		killPIDs(pidsInMountNS(m))
+	}
+	for _, ns := range nss {
+		if ino, err := netnsutil.Inode(netnsutil.Path(ns)); err == nil {
+			killPIDs(netnsutil.PIDsIn(ino))
+		}
+	}
+	// The mount namespaces go with their last reference: their files' bind mounts.
+	for _, m := range mnts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	// Anything under the state directory still mounted in the host's namespace (the
+	// private mount the namespace files live on), deepest first.
+	ms := mounts()
+	sort.Sort(sort.Reverse(sort.StringSlice(ms)))
+	for _, m := range ms {
+		if m == StateRoot || strings.HasPrefix(m, StateRoot+"/") {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+	}
+	for _, ns := range nss {
+		log("deleting namespace %s", ns)
+		if err := netnsutil.Delete(ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// cgroups: once empty (a killed process leaves its cgroup a moment later).
+	var cerr error
+	for k := 0; k < 50; k++ {
+		if cerr = removeCgroups(); cerr == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	errs = append(errs, cerr, restoreSysctls())
+	for _, d := range []string{"/run/netns", "/run/peregrine"} {
+		marker := filepath.Join(StateRoot, "made"+strings.ReplaceAll(d, "/", "_"))
+		if _, err := os.Stat(marker); err == nil {
+			_ = os.Remove(d) // only if still empty: someone else may use it by now
+		}
+	}
+	if err := os.RemoveAll(StateRoot); err != nil {
+		errs = append(errs, err)
+	}
+	if left, _ := netnsutil.List(Prefix); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("namespaces left: %s", strings.Join(left, " ")))
+	}
+	return errors.Join(errs...)
+}
+
+func cgroupsLeft() bool {
+	for _, h := range cgroupHierarchies() {
+		if m, _ := filepath.Glob(filepath.Join(h, Prefix+"n*")); len(m) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// `peregrine lab down --all` removes the cluster too, before its namespace sweep would pull the
+// namespaces from under the daemons and leave their mounts, cgroups and sysctls behind.
+func init() {
+	lab.DownAllFirst = append(lab.DownAllFirst, func(log lab.Logf) error { return Down(log) })
+}
