@@ -35,7 +35,9 @@ type fpFpCfg struct {
 	PortMin    uint16
 	PortMax    uint16
 	VxMac      [6]uint8
-	_          [2]byte
+	Pad        uint16
+	Gen        uint32
+	Budget     uint32
 }
 
 type fpFpFlow struct {
@@ -56,7 +58,12 @@ type fpFpFlow struct {
 	NatPort    uint16
 	Pad        uint16
 	LocIfindex uint32
-	_          [4]byte
+	Gen        uint32
+	SeenNs     uint64
+	Timer      struct {
+		_      structs.HostLayout
+		Opaque [2]uint64
+	}
 }
 
 type fpFpHo struct {
@@ -100,6 +107,7 @@ const (
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
 	fpMapPrgFastpathHo      = "prg_fastpath_ho"
+	fpMapPrgFastpathPcnt    = "prg_fastpath_pcnt"
 	fpMapPrgFastpathPort    = "prg_fastpath_port"
 	fpMapPrgFastpathStat    = "prg_fastpath_stat"
 	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
@@ -171,6 +179,7 @@ type fpMapSpecs struct {
 	PrgFastpathEp   *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
 	PrgFastpathHo   *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 }
@@ -206,6 +215,7 @@ type fpMaps struct {
 	PrgFastpathEp   *ebpf.Map `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow *ebpf.Map `ebpf:"prg_fastpath_flow"`
 	PrgFastpathHo   *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat *ebpf.Map `ebpf:"prg_fastpath_stat"`
 }
@@ -216,6 +226,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
 		m.PrgFastpathHo,
+		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 	)
