@@ -113,19 +113,19 @@ func (a *agent) syncAll(context.Context) error {
 }
 
 type agent struct {
-	target  string
-	p       *pinned
-	lg      *log.Logger
-	ovs     atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
-	only    []string                   // option vxlan_dev
-	oneWay  bool                       // option one_way
-	noted   map[string]bool            // overlays the agent logged it cannot serve
-	flush   chan string                // why every flow must go (a watched device or neighbour changed)
-	cfgMu   sync.Mutex                 // guards gens, budget and the config writes
-	gens    map[int]uint32             // each overlay's flow generation (cfg.gen)
-	budget  uint32                     // flows per local address (cfg.budget)
-	mu      sync.Mutex                 // guards neigh (one watcher per namespace)
-	neigh   map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
+	target string
+	p      *pinned
+	lg     *log.Logger
+	ovs    atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
+	only   []string                   // option vxlan_dev
+	oneWay bool                       // option one_way
+	noted  map[string]bool            // overlays the agent logged it cannot serve
+	flush  chan string                // why every flow must go (a watched device or neighbour changed)
+	cfgMu  sync.Mutex                 // guards gens, budget and the config writes
+	gens   map[int]uint32             // each overlay's flow generation (cfg.gen)
+	budget uint32                     // flows per local address (cfg.budget)
+	mu     sync.Mutex                 // guards neigh (one watcher per namespace)
+	neigh  map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
 }
 
 // putCfg writes an overlay's config with the current budget; forget gives it a new flow

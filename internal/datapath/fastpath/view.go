@@ -52,8 +52,8 @@ type View struct {
 	Flows     int              `json:"flows"`         // cached flows (the per-address counters' sum)
 	Both      int              `json:"flows_learned"` // of which learned both ways (estimated from a sample when above it)
 	Sampled   bool             `json:"flows_learned_sampled,omitempty"`
-	Table     int              `json:"flow_table"`  // the flow table's size (from the node's memory)
-	Budget    int              `json:"flow_budget"` // flows one pod may hold (0: no limit)
+	Table     int              `json:"flow_table"`    // the flow table's size (from the node's memory)
+	Budget    int              `json:"flow_budget"`   // flows one pod may hold (0: no limit)
 	TopPod    int              `json:"flows_top_pod"` // the most flows one address holds
 	Endpoints []endpoints.View `json:"endpoints"`
 	Overlays  []OverlayView    `json:"overlays"` // each overlay served; Egress/Ingress/Flows above are their sums
