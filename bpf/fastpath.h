@@ -515,7 +515,7 @@ static __always_inline void closing(struct fp_key *k)
 		return;
 	f->seen_ns = bpf_ktime_get_ns();
 	__sync_fetch_and_or(&f->flags, FP_F_CLOSING);
-	bpf_timer_start(&f->timer, FP_CLOSE_NS, 0);
+	flow_arm(f, FP_CLOSE_NS); /* arms it too where none was (an entry userspace wrote) */
 }
 
 /* lookup finds the flow of key k; *reason is MISS (not learned both ways, or of an older
