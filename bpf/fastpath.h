@@ -20,8 +20,8 @@
 #define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
 /* The flow table's compiled-in size; attach sizes it from the node's memory (flowsize.go). */
 #define FP_MAX_FLOWS 65536
-/* Flow lifetimes, enforced by each entry's own timer (flow_expire), so nothing walks the table:
- * a flow learned both ways lives FP_IDLE_NS past its last learning (an active flow re-learns
+/* Flow lifetimes, enforced in the kernel by one timer that sweeps the table once a second
+ * (prg_fastpath_sweep, sweep_one), so the agent never walks it: a flow learned both ways lives FP_IDLE_NS past its last learning (an active flow re-learns
  * every FP_REVALIDATE_NS); one the normal path never carried both ways (a flood to ports
  * nobody answers, a connection refused) FP_PENDING_NS past its last handover; a TCP connection
  * that sent FIN or RST FP_CLOSE_NS past it. */
@@ -149,7 +149,6 @@ struct fp_flow {
 	__u32 loc_ifindex;      /* FP_F_LOCAL: the receiving pod's host-side veth */
 	__u32 gen;              /* cfg.gen when made or last reset (see lookup) */
 	__u64 seen_ns;          /* last handover to the normal path, or FIN/RST (FP_F_CLOSING) */
-	struct bpf_timer timer; /* flow_expire: the entry's lifetime */
 };
 
 /* Which overlay this copy of the programs serves: its config (prg_fastpath_cfg[fp_ovl]), its
@@ -167,7 +166,7 @@ struct {
 } prg_fastpath_cfg SEC(".maps");
 
 /* A plain (preallocated) hash, not an LRU: an LRU lets one pod's new flows evict another's.
- * Entries go by their own timers (flow_expire), and each local address holds at most its budget
+ * Entries go by the sweep (sweep_one), and each local address holds at most its budget
  * (cfg.budget), so a pod flooding new flows fills only its own share. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -220,11 +219,10 @@ static __always_inline __u64 max3(__u64 a, __u64 b, __u64 c)
 	return m > c ? m : c;
 }
 
-/* flow_expire is an entry's timer: it deletes the entry once its lifetime (see FP_IDLE_NS) has
- * passed since its last activity, and otherwise waits the rest. */
-static int flow_expire(void *map, struct fp_key *k, struct fp_flow *f)
+/* sweep_one deletes entry f once its lifetime (see FP_IDLE_NS) has passed since its last
+ * activity, counting it down in its address's counter. */
+static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, __u64 *now)
 {
-	__u64 now = bpf_ktime_get_ns();
 	__u64 last, life;
 
 	if (f->flags & FP_F_CLOSING) {
@@ -235,29 +233,61 @@ static int flow_expire(void *map, struct fp_key *k, struct fp_flow *f)
 		life = (f->flags & (FP_F_OUT | FP_F_IN)) == (FP_F_OUT | FP_F_IN) || (f->flags & FP_F_ALIAS) ? FP_IDLE_NS
 													   : FP_PENDING_NS;
 	}
-	if (now < last + life) {
-		bpf_timer_start(&f->timer, last + life - now, 0);
+	if (*now < last + life)
 		return 0;
-	}
-	if (f->flags & FP_F_COUNTED) {
-		__u64 pk = pcnt_key(k);
+	__u32 counted = f->flags & FP_F_COUNTED;
+	__u64 pk = pcnt_key(k);
+	if (bpf_map_delete_elem(map, k))
+		return 0; /* the next sweep */
+	if (counted) {
 		__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
 		if (n && *n)
 			__sync_fetch_and_sub(n, 1);
 	}
-	bpf_map_delete_elem(map, k);
 	return 0;
 }
 
-/* flow_arm starts (or restarts) entry f's timer, to fire in ns. */
-static __always_inline void flow_arm(struct fp_flow *f, __u64 ns)
+/* The sweep's timer. One timer, not one per entry: a timer per entry costs an allocation per
+ * new flow, and under a burst of short connections those allocations fail (bpf_timer_init:
+ * -ENOMEM on 164 of 300 recycled entries in a test), leaving entries that never expire. */
+struct fp_sweep {
+	struct bpf_timer t;
+	__u32 armed;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_sweep);
+} prg_fastpath_sweep SEC(".maps");
+
+#define FP_SWEEP_NS (1000ULL * 1000000ULL)
+
+static int sweep(void *map, __u32 *key, struct fp_sweep *s)
 {
-	if (!bpf_timer_init(&f->timer, &prg_fastpath_flow, 1 /* CLOCK_MONOTONIC */))
-		bpf_timer_set_callback(&f->timer, flow_expire);
-	bpf_timer_start(&f->timer, ns, 0);
+	__u64 now = bpf_ktime_get_ns();
+	bpf_for_each_map_elem(&prg_fastpath_flow, sweep_one, &now, 0);
+	bpf_timer_start(&s->t, FP_SWEEP_NS, 0);
+	return 0;
 }
 
-/* flow_new adds entry nf under k, within k's local address's budget, and arms its timer. NULL
+/* sweep_arm starts the sweep with the first flow (a failed start is retried with the next). */
+static __always_inline void sweep_arm(void)
+{
+	__u32 zero = 0;
+	struct fp_sweep *s = bpf_map_lookup_elem(&prg_fastpath_sweep, &zero);
+	if (!s || s->armed)
+		return;
+	long r = bpf_timer_init(&s->t, &prg_fastpath_sweep, 1 /* CLOCK_MONOTONIC */);
+	if (r && r != -16 /* EBUSY: another CPU's */)
+		return;
+	if (!r && (bpf_timer_set_callback(&s->t, sweep) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
+		return;
+	s->armed = 1;
+}
+
+/* flow_new adds entry nf under k, within k's local address's budget. NULL
  * (counted under dir: budget, full) when it cannot. */
 static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct fp_key *k, struct fp_flow *nf, __u32 dir)
 {
@@ -288,8 +318,7 @@ static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct
 			count(dir, FP_R_FULL);
 		return f;
 	}
-	if (f)
-		flow_arm(f, FP_PENDING_NS);
+	sweep_arm();
 	return f;
 }
 
@@ -515,7 +544,6 @@ static __always_inline void closing(struct fp_key *k)
 		return;
 	f->seen_ns = bpf_ktime_get_ns();
 	__sync_fetch_and_or(&f->flags, FP_F_CLOSING);
-	flow_arm(f, FP_CLOSE_NS); /* arms it too where none was (an entry userspace wrote) */
 }
 
 /* lookup finds the flow of key k; *reason is MISS (not learned both ways, or of an older
@@ -550,10 +578,8 @@ static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_
  * (a reused port) is a flow again. */
 static __always_inline void syn_open(struct fp_flow *f)
 {
-	if (f && (f->flags & FP_F_CLOSING)) {
+	if (f && (f->flags & FP_F_CLOSING))
 		__sync_fetch_and_and(&f->flags, ~FP_F_CLOSING);
-		flow_arm(f, FP_PENDING_NS);
-	}
 }
 
 /* begin_out is the common start of the egress programs: parse, look up, hand over what cannot

@@ -76,7 +76,7 @@ static __always_inline struct fp_flow *learn_dnat(const struct fp_key *k, const 
 	struct fp_flow *a = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 	if (a && !(a->flags & FP_F_ALIAS))
 		return NULL; /* the translated key is a flow of its own: leave both to the normal path */
-	if (a) { /* rewritten in place: a replaced entry would lose its timer */
+	if (a) { /* rewritten in place */
 		a->nat_addr = ok.remote;
 		a->nat_port = ok.rport;
 		a->vtep = vtep;
@@ -87,9 +87,7 @@ static __always_inline struct fp_flow *learn_dnat(const struct fp_key *k, const 
 			     .seen_ns = bpf_ktime_get_ns()};
 	if (bpf_map_update_elem(&prg_fastpath_flow, k, &na, BPF_NOEXIST))
 		return NULL;
-	a = bpf_map_lookup_elem(&prg_fastpath_flow, k);
-	if (a)
-		flow_arm(a, FP_IDLE_NS);
+	sweep_arm();
 	return f;
 }
 

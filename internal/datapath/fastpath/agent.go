@@ -37,7 +37,7 @@ import (
 
 const (
 	resyncEvery = time.Second
-	// Flows expire by their own eBPF timers (bpf/fastpath.h: 60 s idle, 10 s never learned both
+	// Flows expire by an eBPF timer that sweeps the table each second (bpf/fastpath.h: 60 s idle, 10 s never learned both
 	// ways, 2 s after a TCP FIN/RST), not by a walk of the table here.
 )
 

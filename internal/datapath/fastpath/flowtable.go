@@ -17,12 +17,12 @@ import (
 // The flow table (prg_fastpath_flow) is a preallocated hash sized at attach from the node's
 // memory, shared fairly: each local address (a pod, or the node's own) may hold at most a budget
 // of entries, so a pod that floods new flows fills its own share and never evicts another pod's
-// flows (an LRU would). Entries expire by their own eBPF timers (bpf/fastpath.h, flow_expire),
-// and forgetting every flow is a generation change, so neither the agent nor status walks the
+// flows (an LRU would). Entries expire by an eBPF timer that sweeps the table in the kernel once a
+// second (bpf/fastpath.h, sweep_one), and forgetting every flow is a generation change, so neither the agent nor status walks the
 // table: their cost does not grow with it.
 
 const (
-	flowEntryBytes = 320     // an entry's kernel memory: key, value with its timer, hash element
+	flowEntryBytes = 320     // an entry's kernel memory: key, value, hash element, per-CPU free list
 	flowMemShare   = 1024    // the table takes at most 1/flowMemShare of the node's memory
 	minFlows       = 16384   // floor, also for small nodes
 	maxFlows       = 1 << 20 // ceiling

@@ -107,7 +107,6 @@ func (e *progEnv) learn2(t *testing.T, k fpFpKey) {
 	}
 	f.Flags |= fOut | fIn
 	f.OutNs, f.InNs = monoNs(), monoNs()
-	// An update replaces the element and with it the timer: the FIN arms a new one.
 	if err := e.o.PrgFastpathFlow.Update(k, f, ebpf.UpdateExist); err != nil {
 		t.Fatal(err)
 	}

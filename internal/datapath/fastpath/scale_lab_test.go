@@ -59,7 +59,7 @@ func TestLabShortAndManyFlows(t *testing.T) {
 		}
 		labtest.Eventually(t, 6*time.Second, "closed connections leave the flow table", func() (bool, string) {
 			v, err := Inspect(hosts[0])
-			return err == nil && v.Flows < 1000, fmt.Sprintf("%d flows cached", v.Flows)
+			return err == nil && v.Flows < 1000, fmt.Sprintf("%d flows cached; entries %s", v.Flows, entries(t, hosts[0]))
 		})
 	})
 
@@ -114,6 +114,7 @@ func TestLabShortAndManyFlows(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer closeAll(cl)
+		var learned0 uint64
 		for round := range 2 {
 			before, _ := Inspect(hosts[0])
 			retries, err := churnRound(cl, addr, 21000, sports, round)
@@ -123,13 +124,24 @@ func TestLabShortAndManyFlows(t *testing.T) {
 			after, _ := Inspect(hosts[0])
 			eg := after.Egress["hit"] - before.Egress["hit"]
 			adm := admitted(t, hosts[0], c11.AddrOnly())
-			t.Logf("round %d: %d flows answered byte-exact (%d resent); egress hits %d, budget-refused %d; h1-c1 holds %d flows (budget %d)",
-				round, cports*sports, retries, eg, after.Egress["budget"]-before.Egress["budget"], adm, after.Budget)
+			t.Logf("entries: %s", entries(t, hosts[0]))
+			diff := Direction{}
+			for r, n := range after.Egress {
+				if n != before.Egress[r] {
+					diff[r] = n - before.Egress[r]
+				}
+			}
+			t.Logf("round %d: %d flows answered byte-exact (%d resent); egress %v; h1-c1 holds %d flows (budget %d)",
+				round, cports*sports, retries, diff, adm, after.Budget)
 			if adm > after.Budget {
 				t.Fatalf("h1-c1 holds %d flows, above its budget %d", adm, after.Budget)
 			}
-			if round == 1 && float64(eg) < 0.99*float64(adm) {
-				t.Fatalf("round 1: %d egress hits for %d flows within the budget, want >= 99%%", eg, adm)
+			if round == 0 {
+				learned0 = diff["learned"]
+			}
+			// Every flow round 0 admitted and learned (the budget's share) hits in round 1.
+			if round == 1 && (learned0 < 1000 || float64(eg) < 0.99*float64(learned0)) {
+				t.Fatalf("round 1: %d egress hits for the %d flows learned within the budget, want >= 99%%", eg, learned0)
 			}
 		}
 		// Another pod's new flow is admitted and learned: the churn did not take its share.
@@ -356,4 +368,21 @@ func admitted(t *testing.T, host, addr string) int {
 		t.Fatal(err)
 	}
 	return int(n)
+}
+
+// entries says how many entries the flow table of host holds, by flags (a walk: for failures).
+func entries(t *testing.T, host string) string {
+	p, err := openPinned(host)
+	if err != nil {
+		return err.Error()
+	}
+	defer p.Close()
+	by := map[uint32]int{}
+	var k fpFpKey
+	var f fpFpFlow
+	n := 0
+	for it := p.PrgFastpathFlow.Iterate(); it.Next(&k, &f); n++ {
+		by[f.Flags]++
+	}
+	return fmt.Sprintf("%d (by flags %v)", n, by)
 }
