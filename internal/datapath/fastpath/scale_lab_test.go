@@ -139,9 +139,13 @@ func TestLabShortAndManyFlows(t *testing.T) {
 			if round == 0 {
 				learned0 = diff["learned"]
 			}
-			// Every flow round 0 admitted and learned (the budget's share) hits in round 1.
-			if round == 1 && (learned0 < 1000 || float64(eg) < 0.99*float64(learned0)) {
-				t.Fatalf("round 1: %d egress hits for the %d flows learned within the budget, want >= 99%%", eg, learned0)
+			// Every flow round 0 admitted and learned (the budget's share) is still cached in
+			// round 1: it hits, or, where round 0 took over 5 s (a loaded machine), takes its
+			// due re-learning ("stale"); none of them misses (the misses are the flows the
+			// budget refused).
+			if round == 1 && (learned0 < 1000 || float64(eg+diff["stale"]) < 0.99*float64(learned0) || diff["miss"] > diff["budget"]) {
+				t.Fatalf("round 1: %d egress hits and %d re-learned of the %d flows learned within the budget (want >= 99%%), %d misses for %d refused",
+					eg, diff["stale"], learned0, diff["miss"], diff["budget"])
 			}
 		}
 		// Another pod's new flow is admitted and learned: the churn did not take its share.
