@@ -22,8 +22,11 @@ const StyleRealFlannel = "real-flannel"
 // upRealFlannel brings up 2 nodes of the real flannel lab with s.Containers pods each, attaches
 // the stack on both nodes, and measures from node 1's first pod to node 2's first pod.
 func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
-	if s.ToR || s.NAPIThread {
-		return nil, fmt.Errorf("%s: the %s style takes no --tor or --napi-thread (its underlay is one bridge)", s.Config, StyleRealFlannel)
+	if s.ToR {
+		return nil, fmt.Errorf("%s: the %s style takes no --tor (its underlay is one veth pair between the two nodes)", s.Config, StyleRealFlannel)
+	}
+	if s.NAPIThread && len(s.RxCPUs) == 0 {
+		return nil, fmt.Errorf("%s: --napi-thread needs --rx-cpus (the CPUs its thread is pinned to)", s.Config)
 	}
 	if s.SameNode || s.ProxyMode != "" {
 		return nil, fmt.Errorf("%s: the %s style has no Services and measures across nodes: leave out --same-node and --via-service (the flannel style has both)", s.Config, StyleRealFlannel)
@@ -39,13 +42,20 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 		return nil, fmt.Errorf("%s: %w", s.Config, err)
 	}
 	tb := &Testbed{Config: s.Config, real: rf, Knobs: map[string]string{}}
-	// The run's receive arrangement, as peregrine's lab sets it on its hosts' eth0: RPS to the
-	// IRQ CPUs (a NIC's RSS), which the modes then leave alone.
+	// The run's receive arrangement, as peregrine's lab sets it on its hosts' eth0 (the lab's
+	// eth0 is already NIC-like: a veth pair, GRO, pfifo_fast): RPS to the IRQ CPUs (a NIC's RSS)
+	// and, with --napi-thread, the NAPI poll itself there, which the modes then leave alone.
 	if len(s.RxCPUs) > 0 {
 		for _, n := range rf.Nodes {
 			if err := lab.SetRPS(n.Netns, realflannel.UnderlayDev, s.RxCPUs); err != nil {
 				tb.Teardown()
 				return nil, fmt.Errorf("%s: RPS on %s: %w", s.Config, n.Netns, err)
+			}
+			if s.NAPIThread {
+				if err := lab.SetNAPIThread(n.Netns, realflannel.UnderlayDev, s.RxCPUs); err != nil {
+					tb.Teardown()
+					return nil, fmt.Errorf("%s: NAPI thread on %s: %w", s.Config, n.Netns, err)
+				}
 			}
 		}
 	}
