@@ -19,6 +19,15 @@ import (
 // ratio measured on it is a real CNI's.
 const StyleRealFlannel = "real-flannel"
 
+// StyleRealFlannelNoCsum is real flannel with flannel.1's outer UDP checksums off (noudpcsum;
+// flanneld leaves the kernel's default, udpcsum): what that one choice costs the normal path.
+const StyleRealFlannelNoCsum = "real-flannel-nocsum"
+
+// IsRealFlannel says whether a style runs on the real flannel lab.
+func IsRealFlannel(style string) bool {
+	return style == StyleRealFlannel || style == StyleRealFlannelNoCsum
+}
+
 // upRealFlannel brings up 2 nodes of the real flannel lab with s.Containers pods each, attaches
 // the stack on both nodes, and measures from node 1's first pod to node 2's first pod.
 func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
@@ -35,7 +44,7 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 	if s.Background {
 		pods = max(pods, 2)
 	}
-	spec := realflannel.Spec{Name: labName(s.Index), Nodes: 2, Pods: pods}
+	spec := realflannel.Spec{Name: labName(s.Index), Nodes: 2, Pods: pods, NoUDPCsum: s.Style == StyleRealFlannelNoCsum}
 	log("bringing up real flannel lab %s for %s", spec.Name, s.Config)
 	rf, err := realflannel.Up(ctx, spec, log)
 	if err != nil {

@@ -129,7 +129,18 @@ func (l *Lab) etcdClient() *http.Client {
 // startFlanneld runs node i's flanneld as kube-flannel's manifest does (--ip-masq): flanneld
 // masquerades only traffic leaving the flannel network, and its subnet file tells the CNI plugin
 // not to (without it, the bridge plugin would masquerade pod-to-pod traffic between nodes).
-func (l *Lab) startFlanneld(_ context.Context, i int) error {
+func (l *Lab) startFlanneld(ctx context.Context, i int) error {
+	if l.Spec.NoUDPCsum {
+		ns := nodeNetns(l.Spec.Name, i)
+		if out, _ := netnsutil.Run(ctx, ns, "ip", "-br", "link", "show", "flannel.1"); strings.TrimSpace(out) == "" {
+			// flanneld's own device (VNI 1, port 8472, local = eth0's address, no learning) but
+			// for the flag: vxlanLinksIncompat in flanneld ignores it, so flanneld adopts it.
+			if _, err := netnsutil.Run(ctx, ns, "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1",
+				"local", nthAddr(underlayCIDR, i).String(), "dev", UnderlayDev, "dstport", "8472", "nolearning", "noudpcsum"); err != nil {
+				return fmt.Errorf("%s: make flannel.1 with noudpcsum: %w", ns, err)
+			}
+		}
+	}
 	return start(nodeNetns(l.Spec.Name, i), l.nodeDir(i), "flanneld", l.Bin.Flanneld,
 		"-etcd-endpoints", l.etcdURL(), "-etcd-prefix", l.etcdPrefix(),
 		"-iface", UnderlayDev, "-subnet-file", l.subnetFile(i), "-ip-masq")

@@ -40,6 +40,12 @@ type Spec struct {
 	Name  string // the lab's name: namespaces prg-<Name>-*
 	Nodes int    // node namespaces prg-<Name>-n1..nN
 	Pods  int    // pods per node, prg-<Name>-nI-p1..pK, made by CNI ADD
+	// NoUDPCsum gives flannel.1 zero outer UDP checksums (noudpcsum) instead of the kernel's
+	// default that flanneld leaves (udpcsum: the outer checksum computed per segment): the lab
+	// makes flannel.1 before flanneld starts, as flanneld would but for that flag, and flanneld
+	// keeps a compatible device. For measuring what the checksum costs; flannel itself has no
+	// such setting.
+	NoUDPCsum bool
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,9}$`)
