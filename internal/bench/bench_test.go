@@ -19,7 +19,7 @@ import (
 )
 
 func TestParseConfigs(t *testing.T) {
-	cs, err := ParseConfigs("native, docker, flannel/rps")
+	cs, err := ParseConfigs("native, docker, flannel/rps, real-flannel-nocsum/vanilla, real-flannel/fastpath")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestParseConfigs(t *testing.T) {
 	for _, c := range cs {
 		names = append(names, c.Name())
 	}
-	if got := strings.Join(names, ","); got != "native,docker/vanilla,flannel/rps" {
+	if got := strings.Join(names, ","); got != "native,docker/vanilla,flannel/rps,real-flannel-nocsum/vanilla,real-flannel/fastpath" {
 		t.Fatalf("names = %s", got)
 	}
 	for in, want := range map[string]string{

@@ -55,9 +55,9 @@ func ParseConfig(s string) (Config, error) {
 	parts := strings.Split(s, "/")
 	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel:
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum:
 	default:
-		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, linux or native)", s, style, testbed.StyleRealFlannel)
+		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, %s, linux or native)", s, style, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum)
 	}
 	c := Config{Style: style, Mode: ModeVanilla}
 	var names []string

@@ -19,9 +19,10 @@ func newLabRealFlannelCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "real-flannel",
 		Short: "Bring up or remove N nodes x K pods on the real flannel binaries (etcd, flanneld VXLAN, CNI ADD/DEL)",
-		Long: `The real flannel lab: one etcd (Debian's etcd-server) as the subnet store in prg-<name>-ul,
-which also holds the underlay bridge; flanneld ` + realflannel.FlannelVersion + ` (VXLAN backend, --iface eth0) in
-every node namespace prg-<name>-nI; pods prg-<name>-nI-pJ made by cnitool ` + realflannel.CNIToolVersion + ` ADD through the
+		Long: `The real flannel lab: nodes prg-<name>-nI whose eth0 are NIC-like (GRO, pfifo_fast, checksums on
+the wire): with 2 nodes one veth pair between them and etcd (Debian's etcd-server, the subnet store) on
+node 1; with 3 or more a bridge in prg-<name>-ul, where etcd runs; flanneld ` + realflannel.FlannelVersion + ` (VXLAN backend, --iface eth0) in
+every node; pods prg-<name>-nI-pJ made by cnitool ` + realflannel.CNIToolVersion + ` ADD through the
 flannel CNI plugin ` + realflannel.CNIPluginsVersion + `, which delegates to bridge (cni0) and host-local.
 scripts/setup.sh builds the binaries once into ` + realflannel.CacheDir + `.
 Run-time state (pid files, logs, etcd's data, subnet files, CNI state) is in ` + realflannel.StateRoot + `/<name>;

@@ -19,11 +19,23 @@ import (
 // ratio measured on it is a real CNI's.
 const StyleRealFlannel = "real-flannel"
 
+// StyleRealFlannelNoCsum is real flannel with flannel.1's outer UDP checksums off (noudpcsum;
+// flanneld leaves the kernel's default, udpcsum): what that one choice costs the normal path.
+const StyleRealFlannelNoCsum = "real-flannel-nocsum"
+
+// IsRealFlannel says whether a style runs on the real flannel lab.
+func IsRealFlannel(style string) bool {
+	return style == StyleRealFlannel || style == StyleRealFlannelNoCsum
+}
+
 // upRealFlannel brings up 2 nodes of the real flannel lab with s.Containers pods each, attaches
 // the stack on both nodes, and measures from node 1's first pod to node 2's first pod.
 func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
-	if s.ToR || s.NAPIThread {
-		return nil, fmt.Errorf("%s: the %s style takes no --tor or --napi-thread (its underlay is one bridge)", s.Config, StyleRealFlannel)
+	if s.ToR {
+		return nil, fmt.Errorf("%s: the %s style takes no --tor (its underlay is one veth pair between the two nodes)", s.Config, StyleRealFlannel)
+	}
+	if s.NAPIThread && len(s.RxCPUs) == 0 {
+		return nil, fmt.Errorf("%s: --napi-thread needs --rx-cpus (the CPUs its thread is pinned to)", s.Config)
 	}
 	if s.SameNode || s.ProxyMode != "" {
 		return nil, fmt.Errorf("%s: the %s style has no Services and measures across nodes: leave out --same-node and --via-service (the flannel style has both)", s.Config, StyleRealFlannel)
@@ -32,20 +44,27 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 	if s.Background {
 		pods = max(pods, 2)
 	}
-	spec := realflannel.Spec{Name: labName(s.Index), Nodes: 2, Pods: pods}
+	spec := realflannel.Spec{Name: labName(s.Index), Nodes: 2, Pods: pods, NoUDPCsum: s.Style == StyleRealFlannelNoCsum}
 	log("bringing up real flannel lab %s for %s", spec.Name, s.Config)
 	rf, err := realflannel.Up(ctx, spec, log)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Config, err)
 	}
 	tb := &Testbed{Config: s.Config, real: rf, Knobs: map[string]string{}}
-	// The run's receive arrangement, as peregrine's lab sets it on its hosts' eth0: RPS to the
-	// IRQ CPUs (a NIC's RSS), which the modes then leave alone.
+	// The run's receive arrangement, as peregrine's lab sets it on its hosts' eth0 (the lab's
+	// eth0 is already NIC-like: a veth pair, GRO, pfifo_fast): RPS to the IRQ CPUs (a NIC's RSS)
+	// and, with --napi-thread, the NAPI poll itself there, which the modes then leave alone.
 	if len(s.RxCPUs) > 0 {
 		for _, n := range rf.Nodes {
 			if err := lab.SetRPS(n.Netns, realflannel.UnderlayDev, s.RxCPUs); err != nil {
 				tb.Teardown()
 				return nil, fmt.Errorf("%s: RPS on %s: %w", s.Config, n.Netns, err)
+			}
+			if s.NAPIThread {
+				if err := lab.SetNAPIThread(n.Netns, realflannel.UnderlayDev, s.RxCPUs); err != nil {
+					tb.Teardown()
+					return nil, fmt.Errorf("%s: NAPI thread on %s: %w", s.Config, n.Netns, err)
+				}
 			}
 		}
 	}

@@ -71,7 +71,7 @@ func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i)
 // Up builds the lab of s and attaches its modes on every host, in order. On failure nothing
 // is left behind.
 func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
-	if s.Style == StyleRealFlannel {
+	if IsRealFlannel(s.Style) {
 		return upRealFlannel(ctx, s, log)
 	}
 	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,

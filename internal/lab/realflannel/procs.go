@@ -31,7 +31,7 @@ func (l *Lab) subnetFile(i int) string  { return filepath.Join(l.nodeDir(i), "su
 // etcdPrefix is the lab's own key prefix: two labs never share a subnet store.
 func (l *Lab) etcdPrefix() string { return "/prg/" + l.Spec.Name + "/network" }
 
-func etcdURL() string { return "http://" + netip.AddrPortFrom(etcdAddr, 2379).String() }
+func (l *Lab) etcdURL() string { return "http://" + netip.AddrPortFrom(l.etcdAddr(), 2379).String() }
 
 func etcdVersion(ctx context.Context, bin string) string {
 	out, _ := exec.CommandContext(ctx, bin, "--version").Output()
@@ -65,11 +65,11 @@ func start(ns, dir, tag string, argv ...string) error {
 }
 
 func (l *Lab) startEtcd(ctx context.Context) error {
-	peer := "http://127.0.0.1:2380" // the underlay namespace's own loopback
+	peer := "http://127.0.0.1:2380" // its namespace's own loopback
 	name := NetName(l.Spec.Name)
-	if err := start(l.ulNetns(), l.Dir, "etcd", l.Bin.Etcd,
+	if err := start(l.etcdNetns(), l.Dir, "etcd", l.Bin.Etcd,
 		"--name", name, "--data-dir", filepath.Join(l.Dir, "etcd-data"),
-		"--listen-client-urls", etcdURL(), "--advertise-client-urls", etcdURL(),
+		"--listen-client-urls", l.etcdURL(), "--advertise-client-urls", l.etcdURL(),
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", name+"="+peer, "--initial-cluster-state", "new"); err != nil {
 		return err
@@ -77,7 +77,7 @@ func (l *Lab) startEtcd(ctx context.Context) error {
 	c := l.etcdClient()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		resp, err := c.Get(etcdURL() + "/health")
+		resp, err := c.Get(l.etcdURL() + "/health")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -99,7 +99,7 @@ func (l *Lab) startEtcd(ctx context.Context) error {
 		"key":   base64.StdEncoding.EncodeToString([]byte(l.etcdPrefix() + "/config")),
 		"value": base64.StdEncoding.EncodeToString([]byte(cfg)),
 	})
-	resp, err := c.Post(etcdURL()+"/v3/kv/put", "application/json", bytes.NewReader(body))
+	resp, err := c.Post(l.etcdURL()+"/v3/kv/put", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("write flannel's network config to etcd: %w", err)
 	}
@@ -111,9 +111,9 @@ func (l *Lab) startEtcd(ctx context.Context) error {
 	return nil
 }
 
-// etcdClient talks to etcd from inside the underlay namespace (its only listener is there).
+// etcdClient talks to etcd from inside its namespace (its only listener is there).
 func (l *Lab) etcdClient() *http.Client {
-	ul := l.ulNetns()
+	ul := l.etcdNetns()
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
 		err := netnsutil.Do(ul, func() error {
@@ -129,9 +129,20 @@ func (l *Lab) etcdClient() *http.Client {
 // startFlanneld runs node i's flanneld as kube-flannel's manifest does (--ip-masq): flanneld
 // masquerades only traffic leaving the flannel network, and its subnet file tells the CNI plugin
 // not to (without it, the bridge plugin would masquerade pod-to-pod traffic between nodes).
-func (l *Lab) startFlanneld(_ context.Context, i int) error {
+func (l *Lab) startFlanneld(ctx context.Context, i int) error {
+	if l.Spec.NoUDPCsum {
+		ns := nodeNetns(l.Spec.Name, i)
+		if out, _ := netnsutil.Run(ctx, ns, "ip", "-br", "link", "show", "flannel.1"); strings.TrimSpace(out) == "" {
+			// flanneld's own device (VNI 1, port 8472, local = eth0's address, no learning) but
+			// for the flag: vxlanLinksIncompat in flanneld ignores it, so flanneld adopts it.
+			if _, err := netnsutil.Run(ctx, ns, "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1",
+				"local", nthAddr(underlayCIDR, i).String(), "dev", UnderlayDev, "dstport", "8472", "nolearning", "noudpcsum"); err != nil {
+				return fmt.Errorf("%s: make flannel.1 with noudpcsum: %w", ns, err)
+			}
+		}
+	}
 	return start(nodeNetns(l.Spec.Name, i), l.nodeDir(i), "flanneld", l.Bin.Flanneld,
-		"-etcd-endpoints", etcdURL(), "-etcd-prefix", l.etcdPrefix(),
+		"-etcd-endpoints", l.etcdURL(), "-etcd-prefix", l.etcdPrefix(),
 		"-iface", UnderlayDev, "-subnet-file", l.subnetFile(i), "-ip-masq")
 }
 

@@ -20,11 +20,13 @@ import (
 // StateRoot holds every lab's run-time state, one directory per lab.
 const StateRoot = "/run/peregrine/realflannel"
 
-// Addresses: the underlay is one L2 segment (a bridge in the prg-<name>-ul namespace); node i
-// has 10.250.0.i, etcd listens on .254 there; flannel hands out /24s of 10.244.0.0/16.
+// Addresses: the underlay is one L2 segment; node i has 10.250.0.i. Two nodes are joined by a
+// veth pair, eth0 to eth0, as two NICs on a cable, and etcd listens on node 1's address (a
+// control-plane node). More nodes share a bridge in the prg-<name>-ul namespace, where etcd
+// listens on .254. flannel hands out /24s of 10.244.0.0/16.
 var (
 	underlayCIDR = netip.MustParsePrefix("10.250.0.0/24")
-	etcdAddr     = netip.MustParseAddr("10.250.0.254")
+	ulEtcdAddr   = netip.MustParseAddr("10.250.0.254")
 	// FlannelNetwork is the overlay's address range (flannel's "Network").
 	FlannelNetwork = netip.MustParsePrefix("10.244.0.0/16")
 )
@@ -38,6 +40,12 @@ type Spec struct {
 	Name  string // the lab's name: namespaces prg-<Name>-*
 	Nodes int    // node namespaces prg-<Name>-n1..nN
 	Pods  int    // pods per node, prg-<Name>-nI-p1..pK, made by CNI ADD
+	// NoUDPCsum gives flannel.1 zero outer UDP checksums (noudpcsum) instead of the kernel's
+	// default that flanneld leaves (udpcsum: the outer checksum computed per segment): the lab
+	// makes flannel.1 before flanneld starts, as flanneld would but for that flag, and flanneld
+	// keeps a compatible device. For measuring what the checksum costs; flannel itself has no
+	// such setting.
+	NoUDPCsum bool
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,9}$`)
@@ -91,8 +99,29 @@ type Lab struct {
 // Dir is the named lab's state directory.
 func Dir(name string) string { return filepath.Join(StateRoot, name) }
 
-func (l *Lab) nodeDir(i int) string       { return filepath.Join(l.Dir, "n"+strconv.Itoa(i)) }
-func (l *Lab) ulNetns() string            { return Prefix(l.Spec.Name) + "ul" }
+func (l *Lab) nodeDir(i int) string { return filepath.Join(l.Dir, "n"+strconv.Itoa(i)) }
+func (l *Lab) ulNetns() string      { return Prefix(l.Spec.Name) + "ul" }
+
+// Direct says whether the underlay is one veth pair between the two nodes (no bridge, no third
+// namespace): what a 2-node lab gets, so a benchmark on it measures flannel and not a software
+// switch. More nodes need a switch and share a bridge.
+func (s Spec) Direct() bool { return s.Nodes == 2 }
+
+// etcdNetns is where etcd runs and listens: node 1 on a direct underlay, else the bridge's namespace.
+func (l *Lab) etcdNetns() string {
+	if l.Spec.Direct() {
+		return nodeNetns(l.Spec.Name, 1)
+	}
+	return l.ulNetns()
+}
+
+// etcdAddr is etcd's only client address, reachable from every node over the underlay.
+func (l *Lab) etcdAddr() netip.Addr {
+	if l.Spec.Direct() {
+		return nthAddr(underlayCIDR, 1)
+	}
+	return ulEtcdAddr
+}
 func nodeNetns(name string, i int) string { return fmt.Sprintf("%sn%d", Prefix(name), i) }
 
 // Node returns node i (from 1).
@@ -134,11 +163,15 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (l *Lab, err erro
 	if b, err := json.Marshal(s); err == nil {
 		_ = os.WriteFile(filepath.Join(l.Dir, "spec.json"), b, 0o600)
 	}
-	log("underlay %s and %d node namespaces", l.ulNetns(), s.Nodes)
+	if s.Direct() {
+		log("underlay: %s and %s joined by a veth pair (eth0 to eth0)", nodeNetns(s.Name, 1), nodeNetns(s.Name, 2))
+	} else {
+		log("underlay: bridge in %s and %d node namespaces", l.ulNetns(), s.Nodes)
+	}
 	if err := l.buildUnderlay(ctx); err != nil {
 		return nil, err
 	}
-	log("etcd %s on %s:2379 in %s", etcdVersion(ctx, bin.Etcd), etcdAddr, l.ulNetns())
+	log("etcd %s on %s:2379 in %s", etcdVersion(ctx, bin.Etcd), l.etcdAddr(), l.etcdNetns())
 	if err := l.startEtcd(ctx); err != nil {
 		return nil, err
 	}
@@ -180,9 +213,63 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (l *Lab, err erro
 	return l, nil
 }
 
-// buildUnderlay makes the underlay namespace with its bridge and every node namespace with its
-// eth0 on that bridge. eth0 behaves like a NIC: full checksums on the wire, GRO on receive.
+// buildUnderlay makes every node namespace with its eth0 on the underlay: for two nodes a veth
+// pair between them, for more a bridge in a third namespace. eth0 behaves like a NIC (nicLike).
 func (l *Lab) buildUnderlay(ctx context.Context) error {
+	for i := 1; i <= l.Spec.Nodes; i++ {
+		if err := netnsutil.Create(nodeNetns(l.Spec.Name, i)); err != nil {
+			return err
+		}
+	}
+	if l.Spec.Direct() {
+		n1, n2 := nodeNetns(l.Spec.Name, 1), nodeNetns(l.Spec.Name, 2)
+		if err := runAll(ctx, "", [][]string{{"ip", "link", "add", UnderlayDev, "netns", n1, "type", "veth", "peer", "name", UnderlayDev, "netns", n2}}); err != nil {
+			return err
+		}
+	} else if err := l.bridgeUnderlay(ctx); err != nil {
+		return err
+	}
+	for i := 1; i <= l.Spec.Nodes; i++ {
+		ns := nodeNetns(l.Spec.Name, i)
+		addr := nthAddr(underlayCIDR, i)
+		if err := runAll(ctx, ns, [][]string{
+			{"ip", "link", "set", "lo", "up"},
+			{"ip", "addr", "add", netip.PrefixFrom(addr, underlayCIDR.Bits()).String(), "dev", UnderlayDev},
+			{"ip", "link", "set", UnderlayDev, "up"},
+		}); err != nil {
+			return err
+		}
+		if err := nicLike(ctx, ns); err != nil {
+			return err
+		}
+		if _, err := netnsutil.Sysctl(ns, "net.ipv4.ip_forward", "1"); err != nil {
+			return err
+		}
+		l.Nodes = append(l.Nodes, Node{Index: i, Netns: ns, Underlay: addr})
+	}
+	return nil
+}
+
+// nicLike makes a node's eth0 behave as peregrine's own lab makes its hosts' (internal/lab's
+// underlay): GRO on, which puts the veth in NAPI mode, so frames arrive through a NAPI poll with
+// GRO as from a NIC, not one by one through the per-CPU backlog; a pfifo_fast root qdisc, a
+// single-queue NIC's default, so a full peer ring pushes back instead of dropping; transmit
+// checksumming off, so every checksum is on the wire as a NIC's offload would have written it.
+// Where receive runs (the emulated IRQ core) is the benchmark's choice: lab.SetRPS and
+// lab.SetNAPIThread on eth0.
+func nicLike(ctx context.Context, ns string) error {
+	if _, err := netnsutil.Run(ctx, ns, "ethtool", "-K", UnderlayDev, "tx", "off", "gro", "on"); err != nil {
+		return fmt.Errorf("%s: GRO on and tx checksumming off on %s: %w", ns, UnderlayDev, err)
+	}
+	if _, err := netnsutil.Run(ctx, ns, "tc", "qdisc", "replace", "dev", UnderlayDev, "root", "pfifo_fast"); err != nil {
+		return fmt.Errorf("%s: pfifo_fast root qdisc on %s: %w", ns, UnderlayDev, err)
+	}
+	return nil
+}
+
+// bridgeUnderlay makes the underlay namespace with its bridge and puts every node's eth0 on it
+// (three nodes or more).
+func (l *Lab) bridgeUnderlay(ctx context.Context) error {
 	ul := l.ulNetns()
 	if err := netnsutil.Create(ul); err != nil {
 		return err
@@ -190,7 +277,7 @@ func (l *Lab) buildUnderlay(ctx context.Context) error {
 	cmds := [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "link", "add", "br0", "type", "bridge"},
-		{"ip", "addr", "add", netip.PrefixFrom(etcdAddr, underlayCIDR.Bits()).String(), "dev", "br0"},
+		{"ip", "addr", "add", netip.PrefixFrom(ulEtcdAddr, underlayCIDR.Bits()).String(), "dev", "br0"},
 		{"ip", "link", "set", "br0", "up"},
 	}
 	if err := runAll(ctx, ul, cmds); err != nil {
@@ -200,13 +287,8 @@ func (l *Lab) buildUnderlay(ctx context.Context) error {
 	// iptables; the underlay is a wire.
 	_, _ = netnsutil.Sysctl(ul, "net.bridge.bridge-nf-call-iptables", "0")
 	for i := 1; i <= l.Spec.Nodes; i++ {
-		ns := nodeNetns(l.Spec.Name, i)
-		if err := netnsutil.Create(ns); err != nil {
-			return err
-		}
-		addr := nthAddr(underlayCIDR, i)
 		port := "n" + strconv.Itoa(i)
-		if err := runAll(ctx, "", [][]string{{"ip", "link", "add", UnderlayDev, "netns", ns, "type", "veth", "peer", "name", port, "netns", ul}}); err != nil {
+		if err := runAll(ctx, "", [][]string{{"ip", "link", "add", UnderlayDev, "netns", nodeNetns(l.Spec.Name, i), "type", "veth", "peer", "name", port, "netns", ul}}); err != nil {
 			return err
 		}
 		if err := runAll(ctx, ul, [][]string{{"ip", "link", "set", port, "master", "br0", "up"}}); err != nil {
@@ -215,18 +297,6 @@ func (l *Lab) buildUnderlay(ctx context.Context) error {
 		if err := wireFIFO(ul, port); err != nil {
 			return err
 		}
-		if err := runAll(ctx, ns, [][]string{
-			{"ip", "link", "set", "lo", "up"},
-			{"ip", "addr", "add", netip.PrefixFrom(addr, underlayCIDR.Bits()).String(), "dev", UnderlayDev},
-			{"ip", "link", "set", UnderlayDev, "up"},
-		}); err != nil {
-			return err
-		}
-		_, _ = netnsutil.Run(ctx, ns, "ethtool", "-K", UnderlayDev, "tx", "off", "gro", "on")
-		if _, err := netnsutil.Sysctl(ns, "net.ipv4.ip_forward", "1"); err != nil {
-			return err
-		}
-		l.Nodes = append(l.Nodes, Node{Index: i, Netns: ns, Underlay: addr})
 	}
 	return nil
 }

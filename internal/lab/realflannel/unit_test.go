@@ -122,3 +122,23 @@ func TestCPUMask(t *testing.T) {
 		}
 	}
 }
+
+// TestEtcdPlacement: two nodes share a cable and etcd runs on node 1 (no third namespace, which
+// down would otherwise have to find); three or more share the bridge namespace, where etcd has
+// an address no node holds.
+func TestEtcdPlacement(t *testing.T) {
+	for _, c := range []struct {
+		nodes      int
+		direct     bool
+		netns, url string
+	}{
+		{1, false, "prg-rf-ul", "http://10.250.0.254:2379"},
+		{2, true, "prg-rf-n1", "http://10.250.0.1:2379"},
+		{3, false, "prg-rf-ul", "http://10.250.0.254:2379"},
+	} {
+		l := &Lab{Spec: Spec{Name: "rf", Nodes: c.nodes}}
+		if l.Spec.Direct() != c.direct || l.etcdNetns() != c.netns || l.etcdURL() != c.url {
+			t.Errorf("%d nodes: direct %v, etcd in %s at %s; want %v, %s, %s", c.nodes, l.Spec.Direct(), l.etcdNetns(), l.etcdURL(), c.direct, c.netns, c.url)
+		}
+	}
+}
