@@ -28,7 +28,7 @@ k() { nsenter --net=/run/netns/prg-k8s-n1 -- "$KUBECTL" --kubeconfig="$KC" "$@";
 onnode() { local i=$1; shift; nsenter --net=/run/netns/prg-k8s-n$i --mount=$K8S/mnt/n$i -- "$@"; }
 
 [[ -f $K8S/cluster.json ]] || die "no k8s lab: peregrine lab up --style k8s --no-agent --no-network-policy"
-for b in cilium-agent cilium-operator cilium-cni; do
+for b in cilium-agent cilium-cni; do
   [[ -x $CACHE/bin/$b ]] || die "$CACHE/bin/$b missing: run scripts/setup-cilium.sh"
 done
 command -v clang-19 >/dev/null || die "clang-19 missing: run scripts/setup-cilium.sh"
@@ -59,6 +59,8 @@ cleanup() {
     rm -f $K8S/n$i/cni-conf/05-cilium.conflist
   done
   rm -f $K8S/cni-bin/cilium-cni
+  # /run/cilium: the nodes' tmpfs mount point, made on the host's /run through their mount ns.
+  [[ -n ${made_run_cilium:-} ]] && rmdir /run/cilium 2>/dev/null
   for s in "${SYSCTLS[@]}"; do
     [[ $(cat /proc/sys/$s) == "${saved[$s]}" ]] || { say "host sysctl $s changed to $(cat /proc/sys/$s): restoring ${saved[$s]}"; echo "${saved[$s]}" >/proc/sys/$s; }
   done
@@ -118,6 +120,7 @@ done
 
 say "cilium in"
 ln -sf "$CACHE/bin/cilium-cni" $K8S/cni-bin/cilium-cni
+[[ -e /run/cilium ]] || made_run_cilium=1
 k apply -f "$CACHE/src/pkg/k8s/apis/cilium.io/client/crds/v2/" >/dev/null 2>&1 || true
 for i in "${NODES[@]}"; do
   # The agent writes two machine-wide sysctls (pkg/datapath/loader/base.go): it sets
@@ -131,14 +134,20 @@ for i in "${NODES[@]}"; do
 {"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni", "enable-debug": false}]}
 EOF
 done
-onnode 1 "$CACHE/bin/cilium-operator" --k8s-kubeconfig-path="$KC" --ipam=kubernetes --cluster-name=default \
+# The operator registers the CRDs (applied above as well, from the source's YAML, so the agent
+# never waits on it) and garbage-collects identities; with --ipam=kubernetes it hands out nothing.
+# Started with nsenter itself (not the onnode function, which would run in a subshell): $! is
+# then the daemon (nsenter execs it), and the cleanup's kill reaches it.
+if [[ -x $CACHE/bin/cilium-operator ]]; then
+nsenter --net=/run/netns/prg-k8s-n1 --mount=$K8S/mnt/n1 -- "$CACHE/bin/cilium-operator" --k8s-kubeconfig-path="$KC" --ipam=kubernetes --cluster-name=default \
   --identity-allocation-mode=crd --enable-metrics=false --operator-api-serve-addr=127.0.0.1:9234 \
   --operator-pprof=false --enable-gateway-api-secrets-sync=false --enable-ingress-controller=false \
   >"$OUT/operator.log" 2>&1 &
 pids+=($!)
+fi
 for i in "${NODES[@]}"; do
   # PATH: the agent runs "clang"/"llc" by name for its datapath; Cilium 1.20 wants LLVM >= 18.1.
-  onnode "$i" env PATH=/usr/lib/llvm-19/bin:$PATH K8S_NODE_NAME=prg-k8s-n$i "$CACHE/bin/cilium-agent" \
+  nsenter --net=/run/netns/prg-k8s-n$i --mount=$K8S/mnt/n$i -- env PATH=/usr/lib/llvm-19/bin:$PATH K8S_NODE_NAME=prg-k8s-n$i "$CACHE/bin/cilium-agent" \
     --k8s-kubeconfig-path="$KC" --routing-mode=tunnel --tunnel-protocol=vxlan --ipam=kubernetes \
     --enable-ipv4=true --enable-ipv6=false --kube-proxy-replacement=false --bpf-lb-sock=false \
     --enable-l7-proxy=false --enable-envoy-config=false --enable-hubble=false --enable-health-checking=false \
