@@ -81,7 +81,12 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   (cd "$CACHE/src" && /usr/bin/time -f "$n: %e s wall, %M KB peak" nice -n 19 \
     go build $tags -p 2 -ldflags "$ldflags" -o "$CACHE/bin/$n.tmp" "$pkg") 2>>"$CACHE/build.log" \
-    || { tail -20 "$CACHE/build.log" >&2; die "building $n failed (log: $CACHE/build.log)"; }
+    || { tail -5 "$CACHE/build.log" >&2
+         # The agent and its CNI plugin are what the lab runs; the rest is optional here.
+         # cilium-operator v1.20.2 imports sigs.k8s.io/mcs-api/controllers v0.5.2, which the
+         # module proxy refuses (403): it does not build from the proxy alone.
+         case $n in cilium-agent|cilium-cni) die "building $n failed (log: $CACHE/build.log)" ;; esac
+         say "warning: $n did not build (log: $CACHE/build.log); going on without it"; continue; }
   mv "$CACHE/bin/$n.tmp" "$CACHE/bin/$n"
   say "built $n in $(( $(date +%s) - start )) s"
 done
