@@ -55,7 +55,7 @@ cleanup() {
     onnode "$i" sh -c 'for t in filter nat mangle raw; do iptables-save -t $t | grep -q CILIUM || continue;
       iptables-save -t $t | grep -v CILIUM | iptables-restore -T $t; done' 2>/dev/null
     onnode "$i" sh -c 'rm -rf /sys/fs/bpf/cilium /sys/fs/bpf/tc/globals/cilium_* 2>/dev/null
-      umount /proc/sys/kernel/unprivileged_bpf_disabled /proc/sys/kernel/timer_migration /run/cilium 2>/dev/null; true'
+      umount /proc/sys/kernel/unprivileged_bpf_disabled /proc/sys/kernel/timer_migration /run/cilium/bpffs /run/cilium/cgroupv2 /run/cilium 2>/dev/null; true'
     rm -f $K8S/n$i/cni-conf/05-cilium.conflist
   done
   rm -f $K8S/cni-bin/cilium-cni
@@ -127,7 +127,12 @@ for i in "${NODES[@]}"; do
   # kernel.unprivileged_bpf_disabled=1, which cannot be undone until a reboot (the host has 2),
   # and kernel.timer_migration=0. In the node's mount namespace both files are covered by
   # files of its own, so the host's values never change.
+  # bpffs and cgroup2 of its own under /run/cilium: the node's /sys/fs/bpf is a mount over a
+  # covered one (the host's, under the node's own sysfs), and the agent refuses that ("multiple
+  # mount points detected at /sys/fs/bpf").
   onnode "$i" sh -c 'set -e; mkdir -p /run/cilium && mount -t tmpfs -o mode=755 prg-cilium-run /run/cilium
+    mkdir /run/cilium/bpffs /run/cilium/cgroupv2
+    mount -t bpf -o mode=700 prg-cilium-bpf /run/cilium/bpffs; mount -t cgroup2 prg-cilium-cg /run/cilium/cgroupv2
     for s in kernel/unprivileged_bpf_disabled kernel/timer_migration; do
       f=/run/cilium/sysctl-${s#*/}; cat /proc/sys/$s >$f; mount --bind $f /proc/sys/$s; done' || die "node $i: /run/cilium"
   cat >$K8S/n$i/cni-conf/05-cilium.conflist <<'EOF'
@@ -152,7 +157,7 @@ for i in "${NODES[@]}"; do
     --enable-ipv4=true --enable-ipv6=false --kube-proxy-replacement=false --bpf-lb-sock=false \
     --enable-l7-proxy=false --enable-envoy-config=false --enable-hubble=false --enable-health-checking=false \
     --enable-endpoint-health-checking=false --devices=eth0 --lib-dir="$CACHE/src" --state-dir=/run/cilium \
-    --bpf-root=/sys/fs/bpf --cgroup-root=/sys/fs/cgroup/unified --cni-exclusive=false \
+    --bpf-root=/run/cilium/bpffs --cgroup-root=/run/cilium/cgroupv2 --cni-exclusive=false \
     --identity-allocation-mode=crd --cluster-name=default --enable-policy=default \
     >"$OUT/agent-n$i.log" 2>&1 &
   pids+=($!)
