@@ -7,8 +7,8 @@
 #   sudo flock -o /tmp/prg-heavy.lock scripts/cilium-k8s-lab.sh [PEREGRINE] [OUTDIR]
 #
 # Order: flannel pods -> bench tcp/pingpong; stop flanneld, remove flannel's CNI config and
-# links on every node; start cilium-operator (node 1) and cilium-agent (every node) inside the
-# nodes' network and mount namespaces; new pods -> bench. Everything Cilium made is removed on
+# links on every node; apply the CRDs, start cilium-operator if built (node 1) and cilium-agent
+# (every node) inside the nodes' network and mount namespaces; new pods -> bench. Everything Cilium made is removed on
 # exit (also on failure): processes, /run/cilium mounts, its links, iptables chains and pins.
 # The lab itself is left up (lab down removes the nodes).
 set -uo pipefail

@@ -9,12 +9,14 @@
 #
 # Cache: /var/cache/peregrine/cilium-v1.20.2/{bin/,src/,SHA256SUMS,build.log}
 #   bin/cilium-agent     ./daemon
-#   bin/cilium-operator  ./operator, tag ipam_provider_operator (upstream's "operator-generic")
+#   bin/cilium-operator  ./operator, tag ipam_provider_operator (upstream's "operator-generic"):
+#                        v1.20.2 does NOT build from the proxy (sigs.k8s.io/mcs-api/controllers
+#                        v0.5.2 is refused); the lab applies the CRDs itself and runs without it
 #   bin/cilium-cni       ./plugins/cilium-cni
 #   bin/cilium-health    ./cilium-health (the agent's health endpoint responder; optional at run)
 #   bin/cilium-dbg       ./cilium-dbg (the "cilium" CLI inside the agent pod)
 #   src/                 the module, writable, with the gobgp replace; its bpf/ is what the agent
-#                        compiles at start (--bpf-root / CILIUM_BPF_DIR point at it)
+#                        compiles at start (the agent's --lib-dir points at it)
 set -euo pipefail
 
 VERSION=v1.20.2
@@ -33,7 +35,7 @@ check_only=false
 case "${1:-}" in
   --check) check_only=true ;;
   "") ;;
-  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
   *) die "unknown argument '$1' (use --check or nothing)" ;;
 esac
 [[ $(id -u) -eq 0 ]] || die "run as root: it writes $CACHE and may apt-get install ${CLANG_PKGS[*]}"
