@@ -23,6 +23,7 @@ import (
 // benchFlags are the options shared by every bench subcommand.
 type benchFlags struct {
 	sizes, flows, rx, sender, app string
+	modeCPUs                      string
 	hog                           string
 	duration                      time.Duration
 	reps, warmup, rate            int
@@ -57,6 +58,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 	}
 	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
 	f.StringVar(&b.app, "app-cpus", "", "CPUs of the receiving application (default 1)")
+	f.StringVar(&b.modeCPUs, "mode-cpus", "", "CPUs every attached mode may steer to, as attach's --cpus (falcon's set, rps's masks, mflow's splitting CPUs), e.g. 0-3: with --rx-cpus, --app-cpus and --sender-cpus inside or beside them a big machine measures as a smaller one (default: each mode's own, all online CPUs; mflow the first two)")
 	f.StringVar(&b.sender, "sender-cpus", "", "CPUs of the sender, the emulated remote host (default 2, or the last CPU)")
 	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
 	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
@@ -74,7 +76,7 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		flag string
 		src  string
 		dst  *[]int
-	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}} {
+	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}, {"--mode-cpus", b.modeCPUs, &o.ModeCPUs}} {
 		if x.src == "" {
 			continue
 		}
