@@ -25,7 +25,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 	}
 	for i, c := range o.Configs {
 		spec := testbed.Spec{Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
-			ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
+			ModeCPUs: o.ModeCPUs, ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
 			SameNode: o.Scenario.SameNode}
 		if o.Scenario.ViaService {
 			spec.ProxyMode = o.Scenario.ProxyMode

@@ -27,7 +27,11 @@ type Options struct {
 	// SenderCPUs the sending application or injector (the "remote host"); AppCPUs the receiving
 	// application. Defaults on a machine with 2+ CPUs: receive and app on CPU0, sender on CPU1.
 	RxCPUs, SenderCPUs, AppCPUs []int
-	NoStageProbe                bool
+	// ModeCPUs, set, are the CPUs every mode may steer to (attach's --cpus: falcon's set, rps's
+	// masks, mflow's splitting CPUs); empty = each mode's default (all online, mflow the first two).
+	// With them a big machine measures as an N-CPU one (scripts/device-bench.sh).
+	ModeCPUs     []int
+	NoStageProbe bool
 	// ToR builds every lab with a top-of-rack switch per host (lab.Spec.ToR; mode ezpath needs
 	// them); the results' underlay is then "tor".
 	ToR bool
@@ -115,7 +119,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
 			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate, "background": sc.Background, "hp_rt": sc.HPRealTime, "injector": sc.Injector, "rates": sc.Rates,
 				"same_node": sc.SameNode, "via_service": sc.ViaService, "proxy_mode": sc.ProxyMode}},
-		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs,
+		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs, StageCPUs: o.ModeCPUs,
 			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
 	}
 	if o.NAPIThread {

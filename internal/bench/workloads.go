@@ -114,7 +114,8 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 	case "nginx":
 		var r workload.WrkResult
 		r, err = workload.NginxConfig{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
-			Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli}.Run(ctx)
+			Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli,
+			Workers: len(p.appCPUs)}.Run(ctx) // one nginx worker per application CPU (--app-cpus 1-4: 4)
 		raw = r
 		m[results.MetricRequests] = r.RequestsPerSec
 		m[results.MetricLatencyAvg] = r.LatencyAvgUs

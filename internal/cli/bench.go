@@ -23,6 +23,7 @@ import (
 // benchFlags are the options shared by every bench subcommand.
 type benchFlags struct {
 	sizes, flows, rx, sender, app string
+	modeCPUs                      string
 	hog                           string
 	duration                      time.Duration
 	reps, warmup, rate            int
@@ -57,6 +58,7 @@ func (b *benchFlags) add(c *cobra.Command, withSweep bool) {
 	}
 	f.StringVar(&b.rx, "rx-cpus", "", "CPUs the underlay's receive is pinned to, the emulated NIC IRQ core (default 0)")
 	f.StringVar(&b.app, "app-cpus", "", "CPUs of the receiving application (default 1)")
+	f.StringVar(&b.modeCPUs, "mode-cpus", "", "CPUs every attached mode may steer to, as attach's --cpus (falcon's set, rps's masks, mflow's splitting CPUs), e.g. 0-3: with --rx-cpus, --app-cpus and --sender-cpus inside or beside them a big machine measures as a smaller one (default: each mode's own, all online CPUs; mflow the first two)")
 	f.StringVar(&b.sender, "sender-cpus", "", "CPUs of the sender, the emulated remote host (default 2, or the last CPU)")
 	f.StringVar(&b.out, "out", "results", "directory for result JSON files and the HTML report")
 	f.BoolVar(&b.noStage, "no-stage-probe", false, "do not load the eBPF stage probe (per-stage CPU attribution)")
@@ -74,7 +76,7 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		flag string
 		src  string
 		dst  *[]int
-	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}} {
+	}{{"--rx-cpus", b.rx, &o.RxCPUs}, {"--sender-cpus", b.sender, &o.SenderCPUs}, {"--app-cpus", b.app, &o.AppCPUs}, {"--mode-cpus", b.modeCPUs, &o.ModeCPUs}} {
 		if x.src == "" {
 			continue
 		}
@@ -312,6 +314,8 @@ func runBench(o bench.Options, b *benchFlags) error {
 
 func newBenchProjectCmd() *cobra.Command {
 	var cores string
+	var against []string
+	var asJSON bool
 	c := &cobra.Command{
 		Use:   "project RESULT.json|DIR...",
 		Short: "Model what a machine with more cores would do, from the per-stage costs a run measured",
@@ -326,6 +330,7 @@ recorded gets them from this build's modes, with a note.
 Placement classes:
 ` + bench.PlacementHelp(),
 		Example: `  peregrine bench project results/udp-inject-*.json --cores 1,2,4,8,16
+  peregrine bench project r2/ --against 4=r4/ --against 16=r16/   # the model from r2's costs vs runs at 4 and 16 CPUs
   peregrine bench run udp-inject --configs native,docker,docker/falcon --rates 100000,0 --out r && peregrine bench project r`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -345,11 +350,46 @@ Placement classes:
 			for _, n := range bench.FillPlacements(runs...) {
 				fmt.Fprintln(os.Stderr, "note: "+n)
 			}
+			if len(against) > 0 {
+				at, err := againstRuns(against)
+				if err != nil {
+					return err
+				}
+				rows := report.ModelCheck(runs, at)
+				if asJSON {
+					return report.WriteModelCheckJSON(os.Stdout, rows)
+				}
+				return report.WriteModelCheck(os.Stdout, rows)
+			}
+			if asJSON {
+				return fmt.Errorf("--json goes with --against (the model-vs-measured rows); the projection alone is a table")
+			}
 			return report.Project(os.Stdout, cs, runs...)
 		},
 	}
 	c.Flags().StringVar(&cores, "cores", "1,2,4,8,16", "receive core counts to project to")
+	c.Flags().StringArrayVar(&against, "against", nil, "N=RESULT.json|DIR: a run measured with N CPUs (bench --mode-cpus); prints the model's prediction at N from the given runs' stage costs next to what it measured, with the error (repeatable; --cores is then ignored)")
+	c.Flags().BoolVar(&asJSON, "json", false, "with --against: the rows as JSON")
 	return c
+}
+
+// againstRuns reads --against N=PATH values into runs by N.
+func againstRuns(vals []string) (map[int][]*results.Run, error) {
+	at := map[int][]*results.Run{}
+	for _, v := range vals {
+		ns, path, ok := strings.Cut(v, "=")
+		n, err := strconv.Atoi(ns)
+		if !ok || err != nil || n < 1 || n > 4096 || path == "" {
+			return nil, fmt.Errorf("--against %q: want N=RESULT.json or N=DIR with N the CPU count the run had (1..4096), e.g. --against 16=r16/", v)
+		}
+		runs, err := readRuns([]string{path})
+		if err != nil {
+			return nil, fmt.Errorf("--against %s: %w", v, err)
+		}
+		bench.FillPlacements(runs...)
+		at[n] = append(at[n], runs...)
+	}
+	return at, nil
 }
 
 // readRuns reads result files, or every *.json in the directories given.

@@ -70,7 +70,7 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 	}
 	for _, a := range s.Stack {
 		for _, n := range rf.Nodes {
-			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, Extra: maps.Clone(a.Extra)})
+			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, CPUs: s.ModeCPUs, Extra: maps.Clone(a.Extra)})
 			if err != nil {
 				tb.Teardown()
 				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)

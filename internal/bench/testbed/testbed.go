@@ -31,6 +31,7 @@ type Spec struct {
 	Stack      []Attach
 	Containers int   // per host
 	RxCPUs     []int // the underlay's receive (lab.Spec.RxCPUs); set, the modes leave it alone
+	ModeCPUs   []int // the CPUs the modes may steer to (datapath.Options.CPUs); empty = their default
 	ToR        bool  // a top-of-rack switch per host
 	NAPIThread bool  // the underlay's NAPI in a kernel thread on RxCPUs
 	// Background picks a second container pair (BGSender, BGReceiver) for background traffic.
@@ -85,7 +86,7 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 	for _, a := range s.Stack {
 		for _, h := range l.Hosts {
 			// Lab: a mode that programs the lab's own devices (its switches) is told which lab.
-			opts := datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, Lab: l.Spec.Name, Extra: maps.Clone(a.Extra)}
+			opts := datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, CPUs: s.ModeCPUs, Lab: l.Spec.Name, Extra: maps.Clone(a.Extra)}
 			st, err := datapath.Attach(ctx, h.Netns, a.Mode, opts)
 			if err != nil {
 				tb.Teardown()
