@@ -26,9 +26,9 @@ type ModelRow struct {
 	Config    string  `json:"config"`
 	Point     string  `json:"point"`
 	Placement string  `json:"placement"`
-	Cores     int     `json:"cores"`      // N: the CPUs the measured run gave the receiving host
-	BaseRun   string  `json:"base_run"`   // the run whose stage costs fed the model
-	BaseCPUs  int     `json:"base_cpus"`  // the CPUs of the base run's stage placement (its mode CPUs, else the machine's)
+	Cores     int     `json:"cores"`     // N: the CPUs the measured run gave the receiving host
+	BaseRun   string  `json:"base_run"`  // the run whose stage costs fed the model
+	BaseCPUs  int     `json:"base_cpus"` // the CPUs of the base run's stage placement (its mode CPUs, else the machine's)
 	Predicted float64 `json:"predicted_pps"`
 	// Measured is 0 and MeasuredRun "" where no run at N measured this config and point.
 	Measured     float64 `json:"measured_pps,omitempty"`

@@ -14,5 +14,6 @@ var (
 	_ datapath.Placer         = mode{}
 	_ datapath.Repairer       = mode{}
 	_ datapath.LiveConfigurer = mode{}
+	_ datapath.ModeCounters   = mode{}
 	_ datapath.Completer      = (*Config)(nil) // the config type's capability
 )
