@@ -51,10 +51,10 @@ func (c *Cluster) NodeOf(p Pod) int {
 	return i
 }
 
-// Metrics scrapes node i's agent (http://<node>:9465/metrics) and returns the samples of the
+// Metrics scrapes node i's agent (http://127.0.0.1:9465/metrics inside the node: the shipped config listens on loopback only) and returns the samples of the
 // series named name, keyed by their label text ({a="b",...}).
 func (c *Cluster) Metrics(ctx context.Context, i int, name string) (map[string]float64, error) {
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+nodeAddr(i).String()+":9465/metrics", nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://127.0.0.1:9465/metrics", nil)
 	resp, err := httpIn(i).Do(req)
 	if err != nil {
 		return nil, err
