@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -106,11 +108,11 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 					t.Fatalf("answered by %q (%v), not a backend of %s", name, err, svc.Name)
 				}
 				if done[k] {
-					c.Close()
+					closeSettled(c, r)
 					continue
 				}
 				n, err := streamEcho(c, r, 1500*time.Millisecond, uint64(try))
-				c.Close()
+				closeSettled(c, r)
 				if err != nil {
 					t.Fatalf("%s backend %s via %s: %v", k, name, svc.Target(), err)
 				}
@@ -208,4 +210,17 @@ func TestSameNodeServiceConntrackFlush(t *testing.T) {
 	if v.Egress["local"] < 1000 {
 		t.Fatalf("the stream hardly went pod to pod (local hits %d)", v.Egress["local"])
 	}
+}
+
+// closeSettled ends connection c (r reads it) and waits until its closing handshake is over:
+// the client's last ACK (of the server's FIN) is a plain ACK of a learned flow, which the
+// fast path carries, and must land in this connection's counter window, not the next one's.
+func closeSettled(c net.Conn, r *bufio.Reader) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, _ = io.Copy(io.Discard, r) // until the server's FIN
+	}
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // the ACK of that FIN leaves in softirq, after the wake-up
 }
