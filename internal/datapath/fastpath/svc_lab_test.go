@@ -349,7 +349,16 @@ func echoAcrossFlushes(t *testing.T, ns, target string, hosts []string, seed uin
 	}()
 	n, err := streamEcho(c, r, 13*time.Second, seed)
 	if err != nil {
-		t.Fatalf("after conntrack -F: %v", err)
+		// What each node's conntrack and fast path hold says which side lost the translation
+		// (a reply-first entry, an entry without DNAT, a flow still cached): rare, so say it all.
+		for _, h := range hosts {
+			out, _ := netnsutil.Run(context.Background(), h, "conntrack", "-L", "-p", "tcp")
+			t.Logf("%s conntrack after the failure:\n%s", h, out)
+			if v, err := Inspect(h); err == nil {
+				t.Logf("%s fast path: egress %v ingress %v", h, v.Egress, v.Ingress)
+			}
+		}
+		t.Fatalf("after conntrack -F: %v (%d bytes echoed before)", err, n)
 	}
 	return n
 }
