@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -21,6 +22,11 @@ import (
 func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 	testutil.RequireRoot(t)
 	const ns = "prgt-keep" // not prg-: no lab's
+	// `lab down --all` removes every lab on the machine, not only this test's: refuse to run
+	// beside another lab (a developer's, another test run's) rather than tear it down.
+	if others := otherLabNamespaces(t); len(others) > 0 {
+		t.Fatalf("other labs are up (%s): this test runs `lab down --all`, which would remove them; run it when no other lab is up", strings.Join(others, ", "))
+	}
 	testutil.TempNetns(t, ns)
 	if err := netnsutil.Do(ns, func() error {
 		// An underlay (a veth pair: the kernel may lack dummy devices) for a VXLAN device.
@@ -89,4 +95,20 @@ func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 			t.Errorf("%s: %q after detach, want %q", k, live, k.Old)
 		}
 	}
+}
+
+// otherLabNamespaces lists the named network namespaces that belong to a lab (lab.Prefix).
+func otherLabNamespaces(t *testing.T) []string {
+	t.Helper()
+	es, err := os.ReadDir("/run/netns")
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		if strings.HasPrefix(e.Name(), lab.Prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
