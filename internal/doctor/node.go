@@ -141,12 +141,15 @@ func capVerdict(eff uint64, k Version) (Status, string, string) {
 	if len(have) == 0 {
 		detail = "effective: none of NET_ADMIN SYS_ADMIN SYS_CHROOT BPF PERFMON SYS_RESOURCE"
 	}
-	fix := "run as root, or grant CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SYS_RESOURCE (deploy/kubernetes/daemonset.yaml)"
+	// SYS_RESOURCE matters only where BPF maps are charged to memlock (before 5.11): the
+	// shipped DaemonSet does not grant it, and the fix asks for it only there.
+	fix := "run as root, or grant CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN and CAP_SYS_CHROOT (deploy/kubernetes/daemonset.yaml)"
 	switch {
 	case !has(capNetAdmin) || !has(capSysAdmin) || !has(capSysChroot):
 		return Fail, detail + "; missing " + strings.Join(missing, " "), fix
 	case !k.AtLeast(5, 11) && !has(capSysResource):
-		return Warn, detail + "; kernels before 5.11 charge BPF maps to memlock, which needs SYS_RESOURCE to raise", fix
+		return Warn, detail + "; kernels before 5.11 charge BPF maps to memlock, which needs SYS_RESOURCE to raise",
+			"grant CAP_SYS_RESOURCE too (add it to the DaemonSet's capabilities), or run a kernel of 5.11 or later"
 	}
 	return OK, detail, ""
 }
