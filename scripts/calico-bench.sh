@@ -5,9 +5,11 @@
 # one `peregrine bench run tcp` between the two pods' namespaces (iperf3, --reps 1); the fast path
 # is attached to both nodes before its rep (and learned by 3 pings) and detached after, so the
 # two configs alternate on one lab. Fastpath reps also print the sending node's hit counters.
-# The underlay is made NIC-like as peregrine's own lab makes its eth0: GRO on (veth NAPI mode) and
-# receive steered to CPU 0 by RPS (the emulated NIC's IRQ core); PRG_CB_NICLIKE=0 leaves the
-# script's plain veth pair.
+# The underlay is made NIC-like as peregrine's own lab makes its eth0 (internal/lab: GRO, WireFrames,
+# RxCPUs): GRO on (veth NAPI mode), transmit checksum offload and with it TSO off (MTU-sized frames
+# with complete checksums on the "wire", as a real link carries), receive steered to CPU 0 by RPS
+# (the emulated NIC's IRQ core), a pfifo_fast qdisc (a veth with a qdisc stops its queue when the
+# peer's ring is full instead of dropping); PRG_CB_NICLIKE=0 leaves the script's plain veth pair.
 # Brings the lab up and takes it down (also on failure). Run under the shared lock:
 #   flock -o /tmp/prg-heavy.lock scripts/calico-bench.sh [REPS] [SECS]
 # PEREGRINE: the binary (default: go build into a temporary directory).
@@ -35,7 +37,8 @@ trap cleanup EXIT
 "$lab" up "$name" 1
 if [[ ${PRG_CB_NICLIKE:-1} != 0 ]]; then
 	for n in "${nodes[@]}"; do
-		ip netns exec "$n" ethtool -K eth0 gro on >/dev/null
+		ip netns exec "$n" ethtool -K eth0 gro on tx off >/dev/null
+		ip netns exec "$n" tc qdisc replace dev eth0 root pfifo_fast
 		ip netns exec "$n" sh -c 'echo 1 >/sys/class/net/eth0/queues/rx-0/rps_cpus'
 	done
 fi
@@ -53,10 +56,10 @@ EOF
 }
 
 hits() { # the fast path's counters as status prints them
-	"$pg" status | grep -iE 'egress|ingress' | grep -iE 'hit' || true
+	"$pg" status | grep -E 'fastpath (egress|ingress)' || true
 }
 
-echo "underlay: ${PRG_CB_NICLIKE:-1} (1: GRO + RPS to CPU 0); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "underlay: ${PRG_CB_NICLIKE:-1} (1: GRO on, tx checksums/TSO off, RPS to CPU 0, pfifo_fast); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 one >/dev/null # warm-up, discarded
 printf '%-9s %3s %8s %8s %12s\n' mode rep Gbps retrans cpu_ns/pkt
 : >"$tmp/results"
