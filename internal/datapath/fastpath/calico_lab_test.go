@@ -3,6 +3,7 @@ package fastpath
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // calicoLab builds scripts/handbuilt-calico.sh's layout with pods pods per node.
@@ -106,6 +108,8 @@ func TestCalicoLike(t *testing.T) {
 		t.Fatalf("same-node ping: want ttl=63 (one routed hop):\n%s", out)
 	}
 
+	calicoIdentity(t, hosts[0])
+
 	// Detach leaves nothing: no program on any device, no pin, no record.
 	for _, h := range hosts {
 		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
@@ -141,4 +145,58 @@ func TestNoPodsWarns(t *testing.T) {
 	if !found {
 		t.Fatalf("attach with no pods gave no warning naming what it looked for: %q", st.Topology.Notes)
 	}
+}
+
+// calicoIdentity checks who a pod is on node host of TestCalicoLike's lab: the host's /32 route,
+// not the pod's word. A pod that puts its neighbour's address (10.65.1.2) on its own eth0 changes
+// nothing; a second /32 route to another veth for that address (a higher metric: the normal path
+// still delivers by the first) makes it doubly claimed, so it is refused and its traffic is left to
+// the normal path (counted no-pod), which still delivers it.
+func calicoIdentity(t *testing.T, host string) {
+	t.Helper()
+	pods := func() map[string]string {
+		v, err := Inspect(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, p := range v.Overlays[0].Pods {
+			m[p.Addr] = p.Veth
+		}
+		return m
+	}
+	in := func() Direction {
+		v, err := Inspect(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Ingress
+	}
+	before := pods()
+	victim, other := before["10.65.1.2"], before["10.65.1.3"]
+	if victim == "" || other == "" || victim == other {
+		t.Fatalf("pods of %s: %v", host, before)
+	}
+	run(t, "prg-fca-n1-p2", "ip", "addr", "add", "10.65.1.2/32", "dev", "eth0")
+	time.Sleep(1500 * time.Millisecond) // the agent re-reads every second
+	if now := pods(); now["10.65.1.2"] != victim {
+		t.Fatalf("a pod claiming its neighbour's address on its eth0 moved it: %v -> %v", before, now)
+	}
+	i0 := in()
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.2")
+	if i1 := in(); i1["hit"] <= i0["hit"] {
+		t.Fatalf("10.65.1.2 lost the fast path after a pod's false claim: ingress %v -> %v", i0, i1)
+	}
+	run(t, host, "ip", "route", "add", "10.65.1.2/32", "dev", other, "scope", "link", "metric", "100")
+	labtest.Eventually(t, 2500*time.Millisecond, "the doubly routed address refused", func() (bool, string) {
+		now := pods()
+		_, held := now["10.65.1.2"]
+		return !held && now["10.65.1.3"] == other, fmt.Sprint(now)
+	})
+	i0 = in()
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.2")
+	if i1 := in(); i1["hit"] != i0["hit"] || i1["no-pod"] <= i0["no-pod"] {
+		t.Fatalf("a doubly routed address still delivered by the fast path: ingress %v -> %v", i0, i1)
+	}
+	run(t, host, "ip", "route", "del", "10.65.1.2/32", "dev", other, "metric", "100")
 }
