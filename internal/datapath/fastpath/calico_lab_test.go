@@ -109,6 +109,7 @@ func TestCalicoLike(t *testing.T) {
 	}
 
 	calicoIdentity(t, hosts[0])
+	calicoNewPod(t, hosts[0])
 
 	// Detach leaves nothing: no program on any device, no pin, no record.
 	for _, h := range hosts {
@@ -199,4 +200,61 @@ func calicoIdentity(t *testing.T, host string) {
 		t.Fatalf("a doubly routed address still delivered by the fast path: ingress %v -> %v", i0, i1)
 	}
 	run(t, host, "ip", "route", "del", "10.65.1.2/32", "dev", other, "metric", "100")
+}
+
+// calicoNewPod adds a pod to node host after attach, as the Calico CNI plugin does (a cali veth
+// with the gateway MAC and proxy ARP, a /32 route), and removes it: the agent serves it within
+// its resync, with the fast path, and forgets it when its veth goes.
+func calicoNewPod(t *testing.T, host string) {
+	t.Helper()
+	const ns, veth, addr = "prg-fca-n1-p9", "caliprgnew9", "10.65.1.10"
+	pods := func() map[string]string {
+		v, err := Inspect(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, p := range v.Overlays[0].Pods {
+			m[p.Addr] = p.Veth
+		}
+		return m
+	}
+	run(t, "", "ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = netnsutil.Delete(ns) })
+	for _, c := range [][]string{
+		{host, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{host, "ip", "link", "set", veth, "address", "ee:ee:ee:ee:ee:ee", "mtu", "1450", "up"},
+		{host, "sysctl", "-qw", "net.ipv4.conf." + veth + ".proxy_arp=1", "net.ipv4.neigh." + veth + ".proxy_delay=0"},
+		{host, "ip", "route", "add", addr + "/32", "dev", veth, "scope", "link"},
+		{ns, "ip", "addr", "add", addr + "/32", "dev", "eth0"},
+		{ns, "ip", "link", "set", "eth0", "mtu", "1450", "up"},
+		{ns, "ip", "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
+		{ns, "ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
+	} {
+		run(t, c[0], c[1:]...)
+	}
+	labtest.Eventually(t, 2500*time.Millisecond, "the new pod served", func() (bool, string) {
+		now := pods()
+		return now[addr] == veth, fmt.Sprint(now)
+	})
+	v0, err := Inspect(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", addr)
+	v1, err := Inspect(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1.Ingress["hit"] <= v0.Ingress["hit"] || v1.Egress["hit"] <= v0.Egress["hit"] {
+		t.Fatalf("a pod added after attach took no fast path: egress %v -> %v, ingress %v -> %v", v0.Egress, v1.Egress, v0.Ingress, v1.Ingress)
+	}
+	if err := netnsutil.Delete(ns); err != nil {
+		t.Fatal(err)
+	}
+	labtest.Eventually(t, 5*time.Second, "the removed pod forgotten", func() (bool, string) {
+		now := pods()
+		_, held := now[addr]
+		return !held, fmt.Sprint(now)
+	})
 }
