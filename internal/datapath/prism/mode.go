@@ -35,7 +35,7 @@ type Config struct {
 	HPCPUs       string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
 	Conntrack    bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
 	Reverify     time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
-	NAPIThreaded bool          `json:"napi_threaded,omitempty" opt:"napi_threaded" help:"poll the underlay devices' NAPI (the NIC stage HP and bulk share) in kernel threads instead of softirqs (sysfs threaded=1, restored on detach), so the scheduler can run a latency application ahead of a bulk burst"`
+	NAPIThreaded bool          `json:"napi_threaded,omitempty" opt:"napi_threaded" help:"experimental, off by default: poll the underlay devices' NAPI (the NIC stage HP and bulk share) in kernel threads instead of softirqs (sysfs threaded=1, restored on detach); on 2 vCPUs it made HP p99 under bulk 7.5x worse (docs/results.md), so it waits for a many-core measurement"`
 
 	Rules     []Rule     `json:"rules"`
 	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
