@@ -11,7 +11,10 @@
 #               by side (native too at the largest N). N CPUs = the modes' CPUs 0..N-1 (bench --mode-cpus),
 #               the IRQ core CPU0, the receiving application CPU N-1; the sender (the remote host) on the
 #               machine's last CPU
-#   prism       HP ping-pong p99 under a bulk TCP background, vanilla vs prism, at the largest N
+#   prism       HP ping-pong p99 under a bulk TCP background, vanilla vs prism vs prism with threaded
+#               underlay NAPI (napi_threaded: 7.5x worse on 2 vCPUs; does a core of its own change that?), largest N
+#   handoff     UDP 64 B, the cpumap hand-off (GRO on the remote CPU, Linux 6.15+) against RPS's, at the
+#               largest N: falcon vs falcon@split_cpus (cpumap NIC stage), mflow device (RPS) vs full-path
 #   nginx       4 workers (--app-cpus 1-4 where the machine has 6+ CPUs, else one), native, flannel,
 #               fastpath, falcon
 #   model       `peregrine bench project --against`: the model's prediction at every N from the N=2 run's
@@ -33,7 +36,7 @@
 # The device tool (see docs/bench.md, "The device run"):
 #   run  command: scripts/device-bench.sh   carry: [".devpack"]   timeout_s: 540
 # Smoke test here (scripts/test.sh runs it through internal/bench's TestDeviceBenchSmoke):
-#   scripts/device-bench.sh --cpus 2 --ns 2 --duration 1 --reps 1 --budget 120
+#   scripts/device-bench.sh --cpus 2 --ns 2 --duration 1 --reps 1 --budget 180
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +48,7 @@ BUDGET=450
 PRG=""
 OUTDIR=${OUT:-$ROOT/device-out}
 PREFLIGHT_ONLY=0
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--cpus) CPUS=$2; shift 2 ;;
@@ -167,7 +170,13 @@ plan() {
 	# Priority: the targets (largest N), the model's base (N=2), the latency and web steps, the rest.
 	add_n "$NMAX" tcp 65536; add_n "$NMAX" udp-inject 64
 	for n in "${NS[@]}"; do [ "$n" = 2 ] && [ "$NMAX" != 2 ] && { add_n 2 tcp 65536; add_n 2 udp-inject 64; }; done
-	STEPS+=("prism-n$NMAX|$(est 2 "$reps")|$NMAX|bench run pingpong --configs flannel,flannel/prism --background tcp --hp-rt --rx-cpus 0 --app-cpus $((NMAX > 1 ? NMAX - 1 : 0)) --sender-cpus $LAST --mode-cpus $(cpulist "$NMAX")")
+	STEPS+=("prism-n$NMAX|$(est 3 "$reps")|$NMAX|bench run pingpong --configs flannel,flannel/prism,flannel/prism@napi_threaded=true --background tcp --hp-rt --rx-cpus 0 --app-cpus $((NMAX > 1 ? NMAX - 1 : 0)) --sender-cpus $LAST --mode-cpus $(cpulist "$NMAX")")
+	# Hand-off mechanism, side by side: falcon's RPS hand-offs vs the same plus a cpumap split of the
+	# NIC stage (GRO on the remote CPU since Linux 6.15), mflow's RPS (device) vs cpumap (full-path) split.
+	# Its results go to their own folder (n<N>-handoff): the model reads only the main steps.
+	local sc=1
+	[ "$NMAX" -gt 2 ] && sc=$((NMAX - 2))
+	STEPS+=("handoff-n$NMAX|$(est 4 "$reps")|$NMAX-handoff|bench run udp-inject --configs flannel/falcon,flannel/falcon@split_cpus=$sc,flannel/mflow@split_at=device,flannel/mflow --flows 1 --sizes 64 --rx-cpus 0 --app-cpus $((NMAX > 1 ? NMAX - 1 : 0)) --sender-cpus $LAST --mode-cpus $(cpulist "$NMAX")")
 	local app=1
 	[ "$ONLINE" -ge 6 ] && [ "$CPUS" -ge 6 ] && app=1-4
 	STEPS+=("nginx-n$NMAX|$(est 4 "$reps")|$NMAX|bench run nginx --configs native,flannel,flannel/fastpath,flannel/falcon --rx-cpus 0 --app-cpus $app --sender-cpus $LAST --mode-cpus $(cpulist "$NMAX")")

@@ -77,7 +77,7 @@ func TestDeviceBenchSmoke(t *testing.T) {
 	out := t.TempDir()
 	start := time.Now()
 	cmd := exec.Command(filepath.Join(root, "scripts", "device-bench.sh"), "--peregrine", bin,
-		"--cpus", "2", "--ns", "2", "--duration", "1", "--reps", "1", "--budget", "150", "--out", out)
+		"--cpus", "2", "--ns", "2", "--duration", "1", "--reps", "1", "--budget", "180", "--out", out)
 	cmd.Env = append(os.Environ(), "OUT=") // the device tool's variable must not leak in
 	b, err := cmd.CombinedOutput()
 	t.Logf("device-bench.sh ran %s", time.Since(start).Round(time.Second))
@@ -88,7 +88,7 @@ func TestDeviceBenchSmoke(t *testing.T) {
 	if s.Preflight != "ok" {
 		t.Fatalf("preflight %q, missing %v", s.Preflight, s.Missing)
 	}
-	want := []string{"tcp-n2", "udp-inject-n2", "prism-n2", "nginx-n2"}
+	want := []string{"tcp-n2", "udp-inject-n2", "prism-n2", "handoff-n2", "nginx-n2"}
 	if len(s.Steps) != len(want) {
 		t.Fatalf("steps %+v, want %v", s.Steps, want)
 	}

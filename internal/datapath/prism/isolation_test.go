@@ -371,3 +371,19 @@ func TestIsolationUpdatesAreAtomic(t *testing.T) {
 		check(c) // b keeps LP packets on CPU 0 (hash 0); a steers them away: a's classes are gone
 	}
 }
+
+// napi_threaded is a plain bool option: anything else is refused before anything changes.
+func TestNAPIThreadedOption(t *testing.T) {
+	c, err := ParseConfig(nil, map[string]string{OptRules: hpRules, "napi_threaded": "true"})
+	if err != nil || !c.NAPIThreaded {
+		t.Fatalf("napi_threaded=true: %+v %v", c.NAPIThreaded, err)
+	}
+	if c, err := ParseConfig(nil, map[string]string{OptRules: hpRules}); err != nil || c.NAPIThreaded {
+		t.Fatalf("default: napi_threaded %v %v, want off", c.NAPIThreaded, err)
+	}
+	for _, bad := range []string{"maybe", "2", "", "1; rm -rf /"} {
+		if _, err := ParseConfig(nil, map[string]string{OptRules: hpRules, "napi_threaded": bad}); err == nil {
+			t.Errorf("napi_threaded=%q accepted", bad)
+		}
+	}
+}

@@ -29,12 +29,13 @@ const Name = "prism"
 // Config is prism's settings: the declared options and the rules and CPU plan Complete derives
 // from them (saved in the record as JSON).
 type Config struct {
-	RuleText  []string      `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
-	RulesFile string        `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
-	Agent     bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
-	HPCPUs    string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
-	Conntrack bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
-	Reverify  time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
+	RuleText     []string      `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
+	RulesFile    string        `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
+	Agent        bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
+	HPCPUs       string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
+	Conntrack    bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
+	Reverify     time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
+	NAPIThreaded bool          `json:"napi_threaded,omitempty" opt:"napi_threaded" help:"experimental, off by default: poll the underlay devices' NAPI (the NIC stage HP and bulk share) in kernel threads instead of softirqs (sysfs threaded=1, restored on detach); on 2 vCPUs it made HP p99 under bulk 7.5x worse (docs/results.md), so it waits for a many-core measurement"`
 
 	Rules     []Rule     `json:"rules"`
 	Isolation *isoConfig `json:"isolation,omitempty"` // hp_cpus; nil without it
@@ -136,16 +137,30 @@ func ruleNumber(err error) string {
 }
 
 // Knobs: the sync mode changes no sysfs knob; HP isolation (--hp-cpus) sets the VXLAN devices'
-// RPS. Bad rules and CPU lists are refused here, before anything is changed.
+// RPS and napi_threaded the underlay's threaded NAPI. Bad rules and CPU lists are refused here,
+// before anything is changed.
 func (mode) Knobs(t *datapath.Topology, o datapath.Options) ([]datapath.Knob, error) {
 	if err := bpfobj.CheckNoPins(Name, datapath.ModePinDir(t.Host, Name)); err != nil {
 		return nil, err
 	}
 	c, err := configOf(o)
-	if err != nil || c.Isolation == nil {
+	if err != nil {
 		return nil, err
 	}
-	return isoKnobs(t, c.Isolation)
+	var ks []datapath.Knob
+	if c.Isolation != nil {
+		if ks, err = isoKnobs(t, c.Isolation); err != nil {
+			return nil, err
+		}
+	}
+	if c.NAPIThreaded {
+		nk, err := napiKnobs(t)
+		if err != nil {
+			return nil, err
+		}
+		ks = append(ks, nk...)
+	}
+	return ks, nil
 }
 
 func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options, st *datapath.State) error {
