@@ -78,6 +78,7 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 			nss = append(nss, ov.VX.Dev.Netns)
 		}
 	}
+	a.ctNS = nss // before anything can forget a flow: forget marks TCP entries liberal there
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the netfilter subscriptions end with the loop
 	// A rule change forgets every flow at once, not at the next round of the loop (up to
@@ -126,6 +127,7 @@ type agent struct {
 	expired time.Time                  // when idle flows were last forgotten
 	mu      sync.Mutex                 // guards neigh (one watcher per namespace)
 	neigh   map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
+	ctNS    []string                   // namespaces whose conntrack entries forget makes liberal (ctliberal.go)
 }
 
 func monoNs() uint64 {
@@ -333,12 +335,17 @@ func (a *agent) forget(drop func(fpFpKey, *fpFpFlow) bool) int {
 	var k fpFpKey
 	var f fpFpFlow
 	var del []fpFpKey
+	var tcp []ctTuple
 	it := a.p.PrgFastpathFlow.Iterate()
 	for it.Next(&k, &f) {
 		if drop(k, &f) {
 			del = append(del, k)
+			if t, ok := learnedTCP(k, &f); ok {
+				tcp = append(tcp, t)
+			}
 		}
 	}
+	a.liberalBeforeForget(tcp)
 	n := 0
 	for _, k := range del {
 		if err := a.p.PrgFastpathFlow.Delete(k); err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {

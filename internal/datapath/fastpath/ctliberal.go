@@ -25,6 +25,43 @@ const ctLiberalEvery = time.Second
 
 const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 
+// A forgotten TCP flow meets the same check sooner: its next packet takes the normal path
+// with sequence numbers as far beyond conntrack's window as the fast path carried it, and a
+// flow forgotten within ctLiberalEvery of its learn (a rule change, which on a Kubernetes node
+// comes in bursts every few seconds: kube-proxy's and the policy controller's syncs) was not
+// marked yet. Dropped as INVALID, that packet is never learned again, nor is its peer's
+// retransmission: the connection stalls for good (measured on the k8s lab: "i/o timeout" of a
+// Service connection while kube-proxy restarted). So forget marks the entries of the TCP
+// flows it removes first (liberalBeforeForget), synchronously, before their map entries go.
+
+// learnedTCP is the conntrack tuple of a TCP flow the fast path carried in either direction
+// (ok false for any other entry).
+func learnedTCP(k fpFpKey, f *fpFpFlow) (ctTuple, bool) {
+	if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) == 0 {
+		return ctTuple{}, false
+	}
+	return ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6}, true
+}
+
+// liberalBeforeForget marks the conntrack entries of tuples ts liberal in the agent's
+// namespaces (where they are not liberal already); an entry that is gone is no error.
+func (a *agent) liberalBeforeForget(ts []ctTuple) {
+	if len(ts) == 0 {
+		return
+	}
+	for _, ns := range a.ctNS {
+		if v, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil || strings.TrimSpace(v) == "1" {
+			continue
+		}
+		s, err := openCTSock(ns)
+		if err != nil {
+			continue // liberalTCP says once that it cannot mark there
+		}
+		_ = markLiberal(s, ts)
+		s.Close()
+	}
+}
+
 // liberalTCP marks the conntrack entries of learned TCP flows in namespaces nss until ctx ends.
 func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 	socks := map[string]*ctSock{}

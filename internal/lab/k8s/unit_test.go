@@ -150,3 +150,20 @@ func TestImageArchive(t *testing.T) {
 		t.Errorf("layer holds %v", seen)
 	}
 }
+
+func TestParseFastPathHits(t *testing.T) {
+	st := `fastpath on this node: attached since 2026-11-28 08:57:42
+  fastpath egress : hits 2800 (693 to pods on this node), misses 1063, learned 69, fallbacks 304 (stale 1)
+  fastpath ingress: hits 2307, misses 61, learned 21, fallbacks 40 (stale 1, proto 39)
+  overlay 0: routed layout
+    egress hits 2800, misses 1063, fallbacks 304; ingress hits 2307, misses 61, fallbacks 40
+`
+	if h, err := parseFastPathHits(st); err != nil || h != 5107 {
+		t.Fatalf("parseFastPathHits = %v, %v; want 5107 (egress + ingress totals, not the overlay line)", h, err)
+	}
+	for _, bad := range []string{"", "nothing attached (modes: fastpath)\n", "  fastpath egress : hits 5, misses 0\n", "  fastpath egress : hits x\n  fastpath ingress: hits 1\n"} {
+		if h, err := parseFastPathHits(bad); err == nil {
+			t.Errorf("parseFastPathHits(%q) = %v, want an error", bad, h)
+		}
+	}
+}
