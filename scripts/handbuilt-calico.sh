@@ -8,7 +8,7 @@
 # /26 block blackholed, the other node's block routed via its tunnel address onlink over
 # vxlan.calico with static neighbour and FDB entries; a default route on eth0 (proxy ARP answers
 # only for addresses the node routes). No bridge anywhere.
-# Used by the fast path's tests: attach must refuse this layout with a reason, not "attach" to it.
+# Used by the fast path's tests (TestCalicoLike: the fast path serves this layout) and scripts/calico-bench.sh.
 #
 #   scripts/handbuilt-calico.sh up [NAME] [PODS]   # default NAME: cal, PODS 1 per node: prg-NAME-nN-pK at 10.65.N.(K+1)
 #   scripts/handbuilt-calico.sh down [NAME]

@@ -244,7 +244,7 @@ func (a *agent) sync(st *datapath.State) {
 	perOv := map[int][]endpoints.Endpoint{}
 	nsByInode := map[uint32]string{}
 	for _, ov := range next {
-		e, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+		e, _ := discoverPods(t, ov)
 		perOv[ov.Index] = e
 		eps = append(eps, e...)
 		nsByInode[ov.VX.Inode] = ov.VX.Dev.Netns

@@ -11,24 +11,24 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// noPods says what attach looked for when an overlay has no pod the fast path can serve, or
-// refuses the layout when its pods are of a kind the fast path does not handle: Calico's
-// (each pod on an unbridged veth, cali*, reached by a /32 route, behind a proxy-ARP gateway
-// 169.254.1.1 and the MAC ee:ee:ee:ee:ee:ee). The fast path learns how the kernel delivers a
-// flow to a pod's bridge port; a layout with no bridge would take the fast path on no flow, and
-// attaching to it would only look like success.
+// noPods says what attach looked for when an overlay has no pod the fast path can serve. Pods
+// come in two kinds: on a bridge (flannel's cni0, docker's br0) and, for a routed overlay, on
+// unbridged veths reached by a /32 route (Calico's cali*: layout_calico.go). Unbridged /32 veths
+// that discovery could not serve (their pod end is in no named namespace) are named.
 func noPods(ov *overlay) (string, error) {
 	rp, err := routedPods(ov.VX.Dev.Netns)
 	if err != nil {
 		return "", fmt.Errorf("fastpath: %s: %w", ov.VX.Dev, err)
 	}
 	if len(rp) > 0 {
-		return "", fmt.Errorf("fastpath: %s: the pods of %s are on unbridged veths reached by /32 routes (%s: Calico's routed layout); the fast path serves pods on a bridge (flannel's cni0, docker's br0) and does not handle this layout: nothing was changed (other overlays: --%s)",
-			ov.VX.Dev, netnsutil.Label(ov.VX.Dev.Netns), strings.Join(rp, ", "), strings.ReplaceAll(OptVXLANDev, "_", "-"))
+		return fmt.Sprintf("%s: no pods found: the unbridged veths with /32 routes in %s (%s) have their pod end in no named namespace (under %s), so their pods' MACs are unknown; they take the normal path",
+			ov.VX.Dev, netnsutil.Label(ov.VX.Dev.Netns), strings.Join(rp, ", "), netnsutil.RunDir), nil
 	}
 	where := "veths on a bridge in " + netnsutil.Label(ov.VX.Dev.Netns)
 	if ov.Layout == LayoutBridged {
 		where = fmt.Sprintf("veths on %s's bridge %s in %s", ov.VX.Dev.Name, ov.VX.Dev.Master, netnsutil.Label(ov.VX.Dev.Netns))
+	} else {
+		where += " or unbridged veths with a /32 route (Calico's cali*)"
 	}
 	return fmt.Sprintf("%s: no pods found (looked for %s, each with its peer in a named namespace or a container's); the agent picks up pods that appear later", ov.VX.Dev, where), nil
 }

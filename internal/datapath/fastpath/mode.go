@@ -102,7 +102,7 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	perOv := make([][]endpoints.Endpoint, len(ovs))
 	for _, ov := range ovs {
 		ov.OneWay = c.OneWay
-		e, epNotes := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+		e, epNotes := discoverPods(t, ov) // layout_calico.go: bridge ports and routed /32 pods
 		notes = append(notes, epNotes...)
 		if len(e) == 0 {
 			w, err := noPods(ov)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
-	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 )
 
 // What the node agent asks of a live fastpath attachment (datapath.Repairer, Upgrader).
@@ -75,7 +74,7 @@ func (mode) Repair(_ context.Context, st *datapath.State) ([]string, error) {
 	}
 	if t, err := datapath.Discover(st.Target, st.Options.Underlay); err == nil {
 		for _, ov := range ovs {
-			eps, _ := endpoints.Discover(t, []endpoints.VXLAN{ov.VX})
+			eps, _ := discoverPods(t, ov)
 			_, err = attachPods(p, st.Target, ov, eps)
 			errs = append(errs, err)
 		}
