@@ -104,6 +104,14 @@ func TestLabShortAndManyFlows(t *testing.T) {
 		// the flows within h1-c1's budget hit; h1-c2 still gets its own new flow learned.
 		addr := netip.MustParseAddr(c21.AddrOnly())
 		const cports, sports = 400, 250
+		// h1-c1 starts with no entries: the earlier subtests' connections of h1-c1 (crr's,
+		// the flood's iperf stream) leave 2 s after their close, and one leaving during round 0
+		// frees a slot that a refused flow's reply then takes on ingress (admitted, its egress
+		// not learned: a miss in round 1 that the budget did not refuse).
+		labtest.Eventually(t, 5*time.Second, "h1-c1's earlier connections leave the flow table", func() (bool, string) {
+			n := admitted(t, hosts[0], c11.AddrOnly())
+			return n == 0, fmt.Sprintf("h1-c1 holds %d flows; entries %s", n, entries(t, hosts[0]))
+		})
 		stop, err := echoServers(c21.Netns, addr, 21000, sports)
 		if err != nil {
 			t.Fatal(err)
@@ -149,6 +157,12 @@ func TestLabShortAndManyFlows(t *testing.T) {
 			}
 		}
 		// Another pod's new flow is admitted and learned: the churn did not take its share.
+		// The other pod is the flood's: its own unanswered flows hold its budget until they
+		// expire (FP_PENDING_NS, 10 s after the flood), which the churn may not outlast.
+		labtest.Eventually(t, 12*time.Second, "h1-c2's flood leaves the flow table", func() (bool, string) {
+			n := admitted(t, hosts[0], c12.AddrOnly())
+			return n == 0, fmt.Sprintf("h1-c2 holds %d flows", n)
+		})
 		stop2, err := echoServers(c22.Netns, netip.MustParseAddr(c22.AddrOnly()), 22000, 1)
 		if err != nil {
 			t.Fatal(err)
