@@ -58,7 +58,7 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	struct fp_flow *f = begin_out(ctx, &p, &k);
+	struct fp_flow *f = begin_out(ctx, cfg, &p, &k);
 	if (!f)
 		return TCX_NEXT;
 	if (f->out_ifindex != ctx->ifindex)
@@ -303,7 +303,7 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	outer(ctx, cfg, &o);
 	if (!o.vxlan || o.saddr != cfg->vtep)
 		return TCX_NEXT;
-	if (parse(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p))
+	if (parse(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
@@ -349,10 +349,10 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	if (ctx->tc_index == PRG_TC_INDEX_LEARN || handed) /* handovers': give it back */
 		ctx->tc_index = 0;
 	struct fp_cfg *cfg = fp_config();
-	if (!cfg || parse(ctx, 0, &p))
+	if (!cfg || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	if (!(cfg->flags & FP_C_DOCKER))
-		local_learn(ctx, &p, handed); /* same node: fastpath_local.h */
+		local_learn(ctx, cfg, &p, handed); /* same node: fastpath_local.h */
 	key_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
@@ -380,7 +380,7 @@ int prg_fastpath_dtx(struct __sk_buff *ctx)
 
 	if (!cfg || !(cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
-	struct fp_flow *f = begin_out(ctx, &p, &k);
+	struct fp_flow *f = begin_out(ctx, cfg, &p, &k);
 	if (!f)
 		return TCX_NEXT;
 	/* The bridge sent this flow to the VXLAN device with this very Ethernet header. */
@@ -407,7 +407,7 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 	}
 	if (ctx->tc_index == FP_TC_INDEX_OUT) /* handover_out's (the docker layout learns by key) */
 		ctx->tc_index = 0;
-	if (!fp_config() || parse(ctx, 0, &p))
+	if (!fp_config() || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);

@@ -18,7 +18,19 @@
 /* uapi's BPF_F_ADJ_ROOM_ENCAP_L2(len): a macro, so vmlinux.h lacks it. */
 #define FP_ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
 #define FP_TMPL_LEN 64  /* outer Ethernet 14 + FP_ENCAP_LEN */
+/* The flow table's compiled-in size; attach sizes it from the node's memory (flowsize.go). */
 #define FP_MAX_FLOWS 65536
+/* Flow lifetimes, enforced in the kernel by one timer that sweeps the table once a second
+ * (prg_fastpath_sweep, sweep_one), so the agent never walks it: a flow learned both ways lives FP_IDLE_NS past its last learning (an active flow re-learns
+ * every FP_REVALIDATE_NS); one the normal path never carried both ways (a flood to ports
+ * nobody answers, a connection refused) FP_PENDING_NS past its last handover; a TCP connection
+ * that sent FIN or RST FP_CLOSE_NS past it. */
+#define FP_IDLE_NS (60ULL * 1000000000ULL)
+#define FP_PENDING_NS (10ULL * 1000000000ULL)
+#define FP_CLOSE_NS (2ULL * 1000000000ULL)
+/* Per-pod flow counters (prg_fastpath_pcnt): pods, and the other local addresses flows are
+ * keyed by. */
+#define FP_MAX_PCNT 16384
 /* The largest IPv4 packet whose tot_len holds its length. BIG TCP (option big_tcp) builds larger
  * GSO packets and sets their tot_len to 0 (the kernel's iph_set_totlen): egress reads them with
  * parse_big and encapsulates them with an outer tot_len 0 too; ingress leaves such frames to the
@@ -52,6 +64,8 @@
 #define FP_F_LOCAL 32 /* same node: egress delivers to a local pod (fastpath_local.h) */
 #define FP_F_SNAT 64  /* same node: egress rewrites the source to nat_addr:nat_port (a Service
 		       * backend's reply, as conntrack reverses the DNAT) */
+#define FP_F_CLOSING 128 /* TCP FIN or RST seen (seen_ns): the entry goes FP_CLOSE_NS later */
+#define FP_F_COUNTED 256 /* counted in prg_fastpath_pcnt under its local address */
 
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
@@ -80,6 +94,8 @@ enum {
 	FP_R_BIG,    /* above 64 KiB and not a BIG TCP packet the fast path reads (egress), or any
 		      * frame above 64 KiB (ingress): normal path */
 	FP_R_LOCAL,  /* egress: of the hits, those delivered to a pod on this node (also counted as hit) */
+	FP_R_BUDGET, /* a new flow of a local address holding its budget of flows: normal path */
+	FP_R_FULL,   /* a new flow while the flow table is full: normal path */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -97,6 +113,11 @@ struct fp_cfg {
 	__u16 port_min;   /* UDP source port range [min, max), host order, as udp_flow_src_port */
 	__u16 port_max;
 	__u8 vx_mac[6];   /* the VXLAN device's MAC (a routed device only accepts frames to it) */
+	__u16 pad;
+	__u32 gen;        /* flows of another generation are not learned: the agent forgets every
+			   * flow of the overlay at once by changing it (no walk of the table) */
+	__u32 budget;     /* flows one local address may hold (0: no limit); a new flow beyond it
+			   * stays on the normal path, counted "budget" */
 };
 
 struct fp_key {
@@ -126,6 +147,8 @@ struct fp_flow {
 	__u16 nat_port;         /* network order, as nat_addr */
 	__u16 pad;
 	__u32 loc_ifindex;      /* FP_F_LOCAL: the receiving pod's host-side veth */
+	__u32 gen;              /* cfg.gen when made or last reset (see lookup) */
+	__u64 seen_ns;          /* last handover to the normal path, or FIN/RST (FP_F_CLOSING) */
 };
 
 /* Which overlay this copy of the programs serves: its config (prg_fastpath_cfg[fp_ovl]), its
@@ -142,12 +165,24 @@ struct {
 	__type(value, struct fp_cfg);
 } prg_fastpath_cfg SEC(".maps");
 
+/* A plain (preallocated) hash, not an LRU: an LRU lets one pod's new flows evict another's.
+ * Entries go by the sweep (sweep_one), and each local address holds at most its budget
+ * (cfg.budget), so a pod flooding new flows fills only its own share. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, FP_MAX_FLOWS);
 	__type(key, struct fp_key);
 	__type(value, struct fp_flow);
 } prg_fastpath_flow SEC(".maps");
+
+/* Flows per local address (key: pcnt_key), for the budget and for status (its sum is the number
+ * of flows, read without walking the flow table). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_PCNT);
+	__type(key, __u64);
+	__type(value, __u32);
+} prg_fastpath_pcnt SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -173,6 +208,134 @@ static __always_inline struct fp_cfg *fp_config(void)
 	return c && (c->flags & FP_C_ON) ? c : NULL;
 }
 
+static __always_inline __u64 pcnt_key(const struct fp_key *k)
+{
+	return ((__u64)k->ovl << 32) | k->local;
+}
+
+static __always_inline __u64 max3(__u64 a, __u64 b, __u64 c)
+{
+	__u64 m = a > b ? a : b;
+	return m > c ? m : c;
+}
+
+/* sweep_one deletes entry f once its lifetime (see FP_IDLE_NS) has passed since its last
+ * activity, counting it down in its address's counter. */
+static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, __u64 *now)
+{
+	__u64 last, life;
+
+	if (f->flags & FP_F_CLOSING) {
+		last = f->seen_ns;
+		life = FP_CLOSE_NS;
+	} else {
+		last = max3(f->out_ns, f->in_ns, f->seen_ns);
+		life = (f->flags & (FP_F_OUT | FP_F_IN)) == (FP_F_OUT | FP_F_IN) || (f->flags & FP_F_ALIAS) ? FP_IDLE_NS
+													   : FP_PENDING_NS;
+	}
+	if (*now < last + life)
+		return 0;
+	__u32 counted = f->flags & FP_F_COUNTED;
+	__u64 pk = pcnt_key(k);
+	if (bpf_map_delete_elem(map, k))
+		return 0; /* the next sweep */
+	if (counted) {
+		__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+		if (n && *n)
+			__sync_fetch_and_sub(n, 1);
+	}
+	return 0;
+}
+
+/* The sweep's timer. One timer, not one per entry: a timer per entry costs an allocation per
+ * new flow, and under a burst of short connections those allocations fail (bpf_timer_init:
+ * -ENOMEM on 164 of 300 recycled entries in a test), leaving entries that never expire. */
+struct fp_sweep {
+	struct bpf_timer t;
+	__u32 armed;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_sweep);
+} prg_fastpath_sweep SEC(".maps");
+
+#define FP_SWEEP_NS (1000ULL * 1000000ULL)
+
+static int sweep(void *map, __u32 *key, struct fp_sweep *s)
+{
+	__u64 now = bpf_ktime_get_ns();
+	bpf_for_each_map_elem(&prg_fastpath_flow, sweep_one, &now, 0);
+	bpf_timer_start(&s->t, FP_SWEEP_NS, 0);
+	return 0;
+}
+
+/* sweep_arm starts the sweep with the first flow (a failed start is retried with the next). */
+static __always_inline void sweep_arm(void)
+{
+	__u32 zero = 0;
+	struct fp_sweep *s = bpf_map_lookup_elem(&prg_fastpath_sweep, &zero);
+	if (!s || s->armed)
+		return;
+	long r = bpf_timer_init(&s->t, &prg_fastpath_sweep, 1 /* CLOCK_MONOTONIC */);
+	if (r && r != -16 /* EBUSY: another CPU's */)
+		return;
+	if (!r && (bpf_timer_set_callback(&s->t, sweep) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
+		return;
+	s->armed = 1;
+}
+
+/* flow_new adds entry nf under k, within k's local address's budget. NULL
+ * (counted under dir: budget, full) when it cannot. */
+static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct fp_key *k, struct fp_flow *nf, __u32 dir)
+{
+	__u64 pk = pcnt_key(k);
+	__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+	if (!n) {
+		__u32 zero = 0;
+		bpf_map_update_elem(&prg_fastpath_pcnt, &pk, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+		if (!n) {
+			count(dir, FP_R_FULL);
+			return NULL;
+		}
+	}
+	if (cfg->budget && *n >= cfg->budget) {
+		count(dir, FP_R_BUDGET);
+		return NULL;
+	}
+	__sync_fetch_and_add(n, 1);
+	nf->gen = cfg->gen;
+	nf->seen_ns = bpf_ktime_get_ns();
+	nf->flags |= FP_F_COUNTED;
+	long err = bpf_map_update_elem(&prg_fastpath_flow, k, nf, BPF_NOEXIST);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	if (err) {
+		__sync_fetch_and_sub(n, 1);
+		if (!f) /* not a race with another CPU's insert: the table is full */
+			count(dir, FP_R_FULL);
+		return f;
+	}
+	sweep_arm();
+	return f;
+}
+
+/* flow_reset makes an entry of an older generation (the agent forgot the overlay's flows) a
+ * fresh one: nothing learned. Aliases carry no generation (their flow does). */
+static __always_inline void flow_reset(struct fp_flow *f, __u32 gen)
+{
+	if (f->gen == gen || (f->flags & FP_F_ALIAS))
+		return;
+	f->flags &= FP_F_COUNTED;
+	f->out_ns = 0;
+	f->in_ns = 0;
+	f->out_ttl_seen = 0;
+	f->in_ttl_seen = 0;
+	f->gen = gen;
+}
+
 /* The inner packet, as far as the caches look at it. */
 struct fp_pkt {
 	struct ethhdr eth;
@@ -180,7 +343,12 @@ struct fp_pkt {
 	__u16 sport, dport; /* network order */
 	__u8 proto, ttl, tos;
 	__u8 hdrs; /* IPv4 + L4 header bytes (for the MTU check of GSO segments) */
+	__u8 ctl;  /* TCP: the SYN/FIN/RST bits (FP_TCP_*) */
 };
+
+#define FP_TCP_FIN 1
+#define FP_TCP_SYN 2
+#define FP_TCP_RST 4
 
 /* parse_at reads the inner Ethernet/IPv4/L4 headers at off with the shared parser (parse.h)
  * and adds what the fast path needs beyond it. 0, or the FP_R_* reason the packet stays on the
@@ -207,6 +375,7 @@ static __always_inline int parse_at(const struct prg_pkt *pk, __u32 off, struct 
 	p->saddr = h.flow.saddr[0];
 	p->daddr = h.flow.daddr[0];
 	p->proto = h.flow.proto;
+	p->ctl = 0;
 	p->ttl = h.ttl;
 	p->tos = ip->tos;
 	p->sport = h.flow.sport;
@@ -215,8 +384,9 @@ static __always_inline int parse_at(const struct prg_pkt *pk, __u32 off, struct 
 		__u8 *t = prg_at(pk, h.l4_off, 14); /* ports, seq, ack, data offset, flags */
 		if (!t)
 			return PRG_SHORT;
-		if (t[13] & 0x07) /* FIN, SYN, RST: conntrack must see them */
-			return FP_R_PROTO;
+		/* FIN, SYN, RST: conntrack must see them; the callers keep them on the normal
+		 * path (a SYN is learned from there). */
+		p->ctl = t[13] & 0x07;
 		p->hdrs = sizeof(*ip) + (t[12] >> 4) * 4;
 		return 0;
 	}
@@ -268,8 +438,7 @@ static __always_inline int parse_big(struct __sk_buff *ctx, struct fp_pkt *p)
 	__builtin_memcpy(&p->eth, eth, sizeof(p->eth));
 	if (p->eth.h_dest[0] & 1)
 		return FP_R_L2;
-	if (t[13] & 0x07)
-		return FP_R_PROTO;
+	p->ctl = t[13] & 0x07;
 	p->saddr = ip->saddr;
 	p->daddr = ip->daddr;
 	p->proto = PRG_IPPROTO_TCP;
@@ -312,8 +481,13 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
 {
+	struct fp_cfg *cfg = fp_config();
+	if (!cfg)
+		return TCX_NEXT;
 	if (f) {
+		flow_reset(f, cfg->gen);
 		f->out_ttl_seen = p->ttl;
+		f->seen_ns = bpf_ktime_get_ns();
 		/* The flow now leaves a pod through another veth (a replaced pod with the same
 		 * address): the egress direction was learned on the old one, so it is no longer
 		 * learned until the normal path carries the flow from this veth. */
@@ -323,7 +497,7 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 		}
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
-		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+		flow_new(cfg, k, &nf, FP_DIR_TX);
 	}
 	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
 	__u32 zero = 0;
@@ -341,30 +515,48 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f, struct fp_key *k,
 				       const struct fp_pkt *p, __u32 vtep, __u32 reason)
 {
+	struct fp_cfg *cfg = fp_config();
+	if (!cfg)
+		return TCX_NEXT;
 	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
 	 * from the VXLAN device past it, and its flow would never be learned). */
 	if (!ctx->tc_index)
 		ctx->tc_index = PRG_TC_INDEX_LEARN;
 	if (f) {
+		flow_reset(f, cfg->gen);
 		f->in_ttl_seen = p->ttl;
+		f->seen_ns = bpf_ktime_get_ns();
 	} else {
 		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
-		bpf_map_update_elem(&prg_fastpath_flow, k, &nf, BPF_NOEXIST);
+		flow_new(cfg, k, &nf, FP_DIR_RX);
 	}
 	count(FP_DIR_RX, reason);
 	return TCX_NEXT;
 }
 
-/* lookup_fresh finds the flow of key k; *reason is MISS (not learned both ways) or STALE (this
- * direction is due for re-learning) when it cannot take the fast path. */
-static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 *reason)
+/* closing: a TCP FIN or RST of the flow of key k (normal path: conntrack sees the connection
+ * close). The flow's entry goes FP_CLOSE_NS later, unless a SYN reopens it: short connections
+ * leave the table as fast as they come. */
+static __always_inline void closing(struct fp_key *k)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	if (!f || (f->flags & (FP_F_ALIAS | FP_F_CLOSING)))
+		return;
+	f->seen_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_or(&f->flags, FP_F_CLOSING);
+}
+
+/* lookup finds the flow of key k; *reason is MISS (not learned both ways, or of an older
+ * generation) or STALE (this direction is due for re-learning) when it cannot take the fast
+ * path. */
+static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 gen, __u32 *reason)
 {
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 	if (!f) {
 		*reason = FP_R_MISS;
 		return NULL;
 	}
-	if ((f->flags & need) != need) {
+	if ((f->flags & need) != need || f->gen != gen) {
 		*reason = FP_R_MISS;
 		return f;
 	}
@@ -379,9 +571,21 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 n
 
 static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p);
 
+/* syn_out/syn_in: a connection's SYN (or SYN-ACK) takes the normal path, which conntrack and
+ * the firewall decide on, and is learned at its far end like any handed-over packet: a
+ * connection is fast from its first packet after the handshake (the third ACK, the request),
+ * not only after its first data went both ways. A new connection on the key of a closing one
+ * (a reused port) is a flow again. */
+static __always_inline void syn_open(struct fp_flow *f)
+{
+	if (f && (f->flags & FP_F_CLOSING))
+		__sync_fetch_and_and(&f->flags, ~FP_F_CLOSING);
+}
+
 /* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
  * take the fast path. NULL: the packet goes the normal path (counted). */
-static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct fp_pkt *p, struct fp_key *k)
+static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const struct fp_cfg *cfg, struct fp_pkt *p,
+						 struct fp_key *k)
 {
 	__u32 r = parse(ctx, 0, p);
 	if (r == FP_R_NOTIP && ctx->len > FP_IP_MAX + sizeof(struct ethhdr))
@@ -391,7 +595,18 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, struct f
 		return NULL;
 	}
 	key_out(k, p);
-	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, &r);
+	if (p->ctl) {
+		if (p->ctl == FP_TCP_SYN) { /* SYN, SYN-ACK: learned from the normal path */
+			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+			syn_open(f);
+			handover_out(f, k, p, ctx, FP_R_PROTO);
+		} else {
+			closing(k);
+			count(FP_DIR_TX, FP_R_PROTO);
+		}
+		return NULL;
+	}
+	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
 	if (r == FP_R_STALE && f && (f->flags & FP_F_SNAT))
 		r = local_reply_due(f, p); /* fastpath_local.h */
 	if (r != FP_R_HIT) {
@@ -413,7 +628,24 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		return NULL;
 	}
 	key_in(k, p);
-	struct fp_flow *f = lookup(k, 0, need, &r);
+	if (p->ctl) {
+		struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+		if (f && (f->flags & FP_F_ALIAS)) {
+			/* A Service backend's SYN-ACK, FIN or RST: the pod's flow, by the Service address. */
+			k->remote = f->nat_addr;
+			k->rport = f->nat_port;
+			f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+		}
+		if (p->ctl == FP_TCP_SYN) {
+			syn_open(f);
+			handover_in(ctx, f, k, p, vtep, FP_R_PROTO);
+		} else {
+			closing(k);
+			count(FP_DIR_RX, FP_R_PROTO);
+		}
+		return NULL;
+	}
+	struct fp_flow *f = lookup(k, 0, need, cfg->gen, &r);
 	if (f && (f->flags & FP_F_ALIAS)) {
 		/* A reply from a Service's backend: the flow is the pod's, keyed by the Service
 		 * address it sent to, and the normal path (and its learner) sees the reply with
@@ -422,7 +654,7 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		__u16 be_port = k->rport;
 		k->remote = f->nat_addr;
 		k->rport = f->nat_port;
-		f = lookup(k, 0, need, &r);
+		f = lookup(k, 0, need, cfg->gen, &r);
 		if (f && (!(f->flags & FP_F_DNAT) || f->nat_addr != be_addr || f->nat_port != be_port)) {
 			/* The flow is no longer translated to this backend: relearn from the normal path. */
 			count(FP_DIR_RX, FP_R_STALE);

@@ -48,7 +48,7 @@ static __always_inline int local_reverse(const struct fp_key *ok, const struct f
 
 /* local_learn is the receive learner's half for frames a local pod sent (handed: the sender's
  * veth marked it, so prg_fastpath_ho holds the key it had there). */
-static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_pkt *p, int handed)
+static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_cfg *cfg, const struct fp_pkt *p, int handed)
 {
 	struct fp_key k = {}, ki = {};
 	__u32 nat_addr = 0, fl = 0;
@@ -102,13 +102,13 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_p
 	struct fp_flow *r = bpf_map_lookup_elem(&prg_fastpath_flow, &ki);
 	if (!r) {
 		struct fp_flow nf = {};
-		bpf_map_update_elem(&prg_fastpath_flow, &ki, &nf, BPF_NOEXIST);
-		r = bpf_map_lookup_elem(&prg_fastpath_flow, &ki);
+		r = flow_new(cfg, &ki, &nf, FP_DIR_RX);
 		if (!r)
 			return;
 	}
 	if (r->flags & FP_F_ALIAS)
 		return;
+	flow_reset(r, cfg->gen);
 	__builtin_memcpy(r->in_mac, p->eth.h_dest, 6);
 	__builtin_memcpy(r->in_mac + 6, p->eth.h_source, 6);
 	r->in_ifindex = ctx->ifindex;

@@ -73,9 +73,21 @@ static __always_inline struct fp_flow *learn_dnat(const struct fp_key *k, const 
 		return NULL;
 	}
 	/* The translated view points back at the flow, for the replies (begin_in). */
-	struct fp_flow a = {.flags = FP_F_ALIAS, .nat_addr = ok.remote, .nat_port = ok.rport, .vtep = vtep};
-	if (bpf_map_update_elem(&prg_fastpath_flow, k, &a, BPF_ANY))
+	struct fp_flow *a = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	if (a && !(a->flags & FP_F_ALIAS))
+		return NULL; /* the translated key is a flow of its own: leave both to the normal path */
+	if (a) { /* rewritten in place */
+		a->nat_addr = ok.remote;
+		a->nat_port = ok.rport;
+		a->vtep = vtep;
+		a->seen_ns = bpf_ktime_get_ns();
+		return f;
+	}
+	struct fp_flow na = {.flags = FP_F_ALIAS, .nat_addr = ok.remote, .nat_port = ok.rport, .vtep = vtep,
+			     .seen_ns = bpf_ktime_get_ns()};
+	if (bpf_map_update_elem(&prg_fastpath_flow, k, &na, BPF_NOEXIST))
 		return NULL;
+	sweep_arm();
 	return f;
 }
 

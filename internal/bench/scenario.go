@@ -82,6 +82,8 @@ var scenarios = map[string]scenarioDef{
 		"sockperf under-load at a fixed message rate: latency percentiles"},
 	"memcached": {results.WorkloadMemcached, results.MetricRequests, []int{64}, []int{8},
 		"memcached with a 90/10 get/set load client: ops/s, average and p99 latency"},
+	"crr": {"tcp-crr", results.MetricRequests, []int{1024}, []int{1},
+		"TCP_CRR: connect, 64 B request, response of the size, close, again (our Go client and server); connections/s and connect-to-close latency percentiles"},
 	"nginx": {results.WorkloadNginx, results.MetricRequests, []int{1024}, []int{16},
 		"nginx serving a static file to wrk: requests/s and latency percentiles"},
 }

@@ -121,6 +121,8 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		m[results.MetricLatencyAvg] = r.LatencyAvgUs
 		m[results.MetricLatencyP50] = r.P50Us
 		m[results.MetricLatencyP99] = r.P99Us
+	case "crr":
+		raw, err = s.crr(ctx, p, size, flows, m)
 	default:
 		return nil, nil, fmt.Errorf("scenario %q has no workload", s.Name)
 	}

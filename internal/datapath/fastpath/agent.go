@@ -37,7 +37,8 @@ import (
 
 const (
 	resyncEvery = time.Second
-	idleAfter   = 60 * time.Second // flows neither direction learned for this long are dropped
+	// Flows expire by an eBPF timer that sweeps the table each second (bpf/fastpath.h: 60 s idle, 10 s never learned both
+	// ways, 2 s after a TCP FIN/RST), not by a walk of the table here.
 )
 
 // agentKit starts, stops and describes the node agent (internal/datapath/agentproc).
@@ -65,7 +66,14 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	}
 	defer p.Close()
 	a := &agent{target: target, p: p, lg: lg, flush: make(chan string, 1), neigh: map[string]string{},
-		only: c.VXLANDev, oneWay: c.OneWay, noted: map[string]bool{}}
+		only: c.VXLANDev, oneWay: c.OneWay, noted: map[string]bool{}, gens: map[int]uint32{}}
+	for _, ov := range ovs { // the generation attach (or a predecessor) wrote: its flows stay
+		var cur fpFpCfg
+		if p.PrgFastpathCfg.Lookup(uint32(ov.Index), &cur) == nil && cur.Flags&cOn != 0 {
+			a.gens[ov.Index] = cur.Gen
+			a.budget = cur.Budget
+		}
+	}
 	a.ovs.Store(&ovs)
 	w := datapath.Watch{Neighs: true, Routes: true, Event: a.event, NeighsSubscribed: a.learnNeighs,
 		Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Sync: a.syncAll, Log: lg}
@@ -82,9 +90,9 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the netfilter subscriptions end with the loop
 	// A rule change forgets every flow at once, not at the next round of the loop (up to
-	// resyncEvery later): the bound is the debounce and a map walk.
+	// resyncEvery later): the bound is the debounce and a config write per overlay.
 	watchNetfilter(ctx, nss, lg, resyncEvery, func(why string) {
-		lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true }))
+		a.forgetAll(why)
 	})
 	a.followPolicy(ctx, nss) // conntrack deletions, ipsets, conntrack's TCP window (policy.go)
 	return w.Run(ctx, nss)
@@ -99,41 +107,82 @@ func (a *agent) syncAll(context.Context) error {
 	}
 	select {
 	case why := <-a.flush:
-		n := a.forget(func(fpFpKey, *fpFpFlow) bool { return true })
-		a.lg.Printf("%s: forgot %d flows", why, n)
+		a.forgetAll(why)
 	default:
-	}
-	if time.Since(a.expired) >= resyncEvery {
-		a.expired = time.Now()
-		now := monoNs()
-		a.forget(func(_ fpFpKey, f *fpFpFlow) bool {
-			last := max(f.OutNs, f.InNs)
-			return last != 0 && now-last > uint64(idleAfter)
-		})
 	}
 	a.sync(cur)
 	return nil
 }
 
 type agent struct {
-	target  string
-	p       *pinned
-	lg      *log.Logger
-	ovs     atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
-	only    []string                   // option vxlan_dev
-	oneWay  bool                       // option one_way
-	noted   map[string]bool            // overlays the agent logged it cannot serve
-	flush   chan string                // why every flow must go (a watched device or neighbour changed)
-	expired time.Time                  // when idle flows were last forgotten
-	mu      sync.Mutex                 // guards neigh (one watcher per namespace)
-	neigh   map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
-	ctNS    []string                   // namespaces whose conntrack entries forget makes liberal (ctliberal.go)
+	target string
+	p      *pinned
+	lg     *log.Logger
+	ovs    atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
+	only   []string                   // option vxlan_dev
+	oneWay bool                       // option one_way
+	noted  map[string]bool            // overlays the agent logged it cannot serve
+	flush  chan string                // why every flow must go (a watched device or neighbour changed)
+	cfgMu  sync.Mutex                 // guards gens, budget and the config writes
+	gens   map[int]uint32             // each overlay's flow generation (cfg.gen)
+	budget uint32                     // flows per local address (cfg.budget)
+	mu     sync.Mutex                 // guards neigh (one watcher per namespace)
+	neigh  map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
+	ctNS   []string                   // namespaces whose conntrack entries forget makes liberal (ctliberal.go)
 }
 
-func monoNs() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
-	return uint64(ts.Nano())
+// putCfg writes an overlay's config with the current budget; forget gives it a new flow
+// generation, which forgets every flow of the overlay at once (no walk of the table).
+func (a *agent) putCfg(ov *overlay, forget bool) error {
+	a.cfgMu.Lock()
+	defer a.cfgMu.Unlock()
+	c := ov.cfg()
+	if forget || a.gens[ov.Index] == 0 {
+		a.gens[ov.Index] = nextGen()
+	}
+	c.Gen, c.Budget = a.gens[ov.Index], a.budget
+	return a.p.PrgFastpathCfg.Put(uint32(ov.Index), c)
+}
+
+// forgetAll forgets every flow of every overlay: a new generation each. The learned TCP
+// flows' conntrack entries are made liberal first (one walk, ctliberal.go): a forgotten flow's
+// next packet meets conntrack far beyond the window it last saw, which strict tracking calls
+// INVALID and kube-proxy drops, stalling the connection for good.
+func (a *agent) forgetAll(why string) {
+	var tcp []ctTuple
+	walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
+		if t, ok := learnedTCP(k, f); ok {
+			tcp = append(tcp, t)
+		}
+	})
+	a.liberalBeforeForget(tcp)
+	var n []string
+	for _, ov := range *a.ovs.Load() {
+		if err := a.putCfg(ov, true); err != nil {
+			a.lg.Printf("%s: write config of %s: %v", why, ov.VX.Dev, err)
+			continue
+		}
+		n = append(n, ov.VX.Dev.String())
+	}
+	a.lg.Printf("%s: forgot every flow of %s", why, strings.Join(n, ", "))
+}
+
+// setBudget divides the flow table among the live pods; the configs follow when it changed.
+func (a *agent) setBudget(pods int, ovs []*overlay) {
+	b := flowBudget(a.p.PrgFastpathFlow.MaxEntries(), pods)
+	a.cfgMu.Lock()
+	same := b == a.budget
+	a.budget = b
+	a.cfgMu.Unlock()
+	if same {
+		return
+	}
+	for _, ov := range ovs {
+		if err := a.putCfg(ov, false); err != nil {
+			a.lg.Printf("write config: %v", err)
+		}
+	}
+	a.lg.Printf("flow budget: %d flows per pod (%d live, table %d)", b, pods, a.p.PrgFastpathFlow.MaxEntries())
 }
 
 func (a *agent) flushFor(why string) {
@@ -184,19 +233,19 @@ func (a *agent) sync(st *datapath.State) {
 		if ov.cfg() == prev.cfg() {
 			continue
 		}
-		if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+		if err := a.putCfg(ov, true); err != nil {
 			a.lg.Printf("write config: %v", err)
 			continue
 		}
 		changedSet = true
-		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == ov.Index })
-		a.lg.Printf("overlay changed (%s mtu %d vtep %s port %d vni %d): config rewritten, forgot %d flows",
-			ov.VX.Dev, ov.MTU, ov.VTEP, ov.Port, ov.VNI, n)
+		a.lg.Printf("overlay changed (%s mtu %d vtep %s port %d vni %d): config rewritten, its flows forgotten",
+			ov.VX.Dev, ov.MTU, ov.VTEP, ov.Port, ov.VNI)
 	}
 	for _, gone := range byDev {
 		// Its device is gone (the kernel removed its links with it): off, flows forgotten.
 		_ = a.p.PrgFastpathCfg.Put(uint32(gone.Index), fpFpCfg{})
 		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == gone.Index })
+		a.p.forgetCounts(func(ovl int, _ uint32) bool { return ovl == gone.Index })
 		a.lg.Printf("overlay %s is gone: config off, forgot %d flows", gone.VX.Dev, n)
 		changedSet = true
 	}
@@ -216,6 +265,9 @@ func (a *agent) sync(st *datapath.State) {
 	if err != nil {
 		a.lg.Printf("endpoints: %v", err)
 	}
+	if err == nil {
+		a.setBudget(rep.Live, next)
+	}
 	if len(rep.Changed) > 0 {
 		changed := map[uint32]bool{}
 		for _, k := range rep.Changed {
@@ -224,6 +276,7 @@ func (a *agent) sync(st *datapath.State) {
 			}
 		}
 		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return changed[k.Local] })
+		a.p.forgetCounts(func(_ int, local uint32) bool { return changed[local] })
 		a.lg.Printf("endpoints: %d live, %d added, %d updated, %d gone: forgot %d flows", rep.Live, rep.Added, rep.Updated, rep.Gone, n)
 	}
 	for _, ov := range next {
@@ -274,7 +327,7 @@ func (a *agent) add(ov *overlay, used map[int]bool) bool {
 		}
 		a.p.more[ov.Index] = pp
 	}
-	if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+	if err := a.putCfg(ov, true); err != nil {
 		return fail("write config", err)
 	}
 	if err := attachOverlay(a.p, a.target, ov); err != nil {

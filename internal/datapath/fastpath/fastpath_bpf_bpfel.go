@@ -35,7 +35,9 @@ type fpFpCfg struct {
 	PortMin    uint16
 	PortMax    uint16
 	VxMac      [6]uint8
-	_          [2]byte
+	Pad        uint16
+	Gen        uint32
+	Budget     uint32
 }
 
 type fpFpFlow struct {
@@ -56,7 +58,8 @@ type fpFpFlow struct {
 	NatPort    uint16
 	Pad        uint16
 	LocIfindex uint32
-	_          [4]byte
+	Gen        uint32
+	SeenNs     uint64
 }
 
 type fpFpHo struct {
@@ -73,6 +76,16 @@ type fpFpKey struct {
 	Proto  uint8
 	Ovl    uint8
 	Pad    [2]uint8
+}
+
+type fpFpSweep struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Opaque [2]uint64
+	}
+	Armed uint32
+	_     [4]byte
 }
 
 type fpPrgPod struct {
@@ -100,8 +113,10 @@ const (
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
 	fpMapPrgFastpathHo      = "prg_fastpath_ho"
+	fpMapPrgFastpathPcnt    = "prg_fastpath_pcnt"
 	fpMapPrgFastpathPort    = "prg_fastpath_port"
 	fpMapPrgFastpathStat    = "prg_fastpath_stat"
+	fpMapPrgFastpathSweep   = "prg_fastpath_sweep"
 	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx    = "prg_fastpath_drx"
 	fpProgPrgFastpathDtx    = "prg_fastpath_dtx"
@@ -167,12 +182,14 @@ type fpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpMapSpecs struct {
-	PrgFastpathCfg  *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp   *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo   *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPort *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathCfg   *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathEp    *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow  *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo    *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt  *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort  *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat  *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,12 +219,14 @@ func (o *fpObjects) Close() error {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpMaps struct {
-	PrgFastpathCfg  *ebpf.Map `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp   *ebpf.Map `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow *ebpf.Map `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo   *ebpf.Map `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPort *ebpf.Map `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathCfg   *ebpf.Map `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathEp    *ebpf.Map `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow  *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo    *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt  *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort  *ebpf.Map `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat  *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 }
 
 func (m *fpMaps) Close() error {
@@ -216,8 +235,10 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
 		m.PrgFastpathHo,
+		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
+		m.PrgFastpathSweep,
 	)
 }
 

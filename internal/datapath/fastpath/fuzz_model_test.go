@@ -23,8 +23,14 @@ type fzPkt struct {
 
 const fzParsed = 0
 
-// fzParse is parse_at: 0 and the inner packet, or a non-zero reason it takes the normal path.
-func fzParse(b []byte, off int) (fzPkt, int) {
+// fzParse is parse_at as the fast path's programs take it: 0 and the inner packet, or a
+// non-zero reason it takes the normal path (a TCP SYN, FIN or RST among them).
+func fzParse(b []byte, off int) (fzPkt, int) { return fzParseCtl(b, off, 7) }
+
+// fzParseLearn is parse_at as the learners take it: a SYN is learned from, FIN and RST are not.
+func fzParseLearn(b []byte, off int) (fzPkt, int) { return fzParseCtl(b, off, 5) }
+
+func fzParseCtl(b []byte, off int, ctlStop uint8) (fzPkt, int) {
 	var p fzPkt
 	h, r := flow.ParseFrame(b, off, 0)
 	if r != flow.OK || h.Family != 4 {
@@ -39,7 +45,7 @@ func fzParse(b []byte, off int) (fzPkt, int) {
 	switch p.proto {
 	case 6:
 		t := fzAt(b, h.L4, 14)
-		if t == nil || t[13]&7 != 0 {
+		if t == nil || t[13]&ctlStop != 0 {
 			return p, 3
 		}
 		p.hdrs = 20 + (t[12]>>4)*4
@@ -187,7 +193,7 @@ func sameEncap(out, want []byte) error {
 // (out) or ingress key; ok when the normal path has seen the flow at a TTL no lower than the
 // frame's, so the learner may complete that direction.
 func (e *fzEnv) learnable(b []byte, off int, out bool) (p fzPkt, k fpFpKey, f fpFpFlow, ok bool) {
-	p, r := fzParse(b, off)
+	p, r := fzParseLearn(b, off)
 	if r != fzParsed {
 		return p, fpFpKey{}, fpFpFlow{}, false
 	}

@@ -160,8 +160,9 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 	if _, err := endpoints.Sync(p.tables(), eps, time.Now()); err != nil {
 		return fmt.Errorf("fastpath: %w", err)
 	}
+	budget := flowBudget(p.PrgFastpathFlow.MaxEntries(), len(eps))
 	for _, ov := range ovs {
-		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), ov.cfg()); err != nil {
+		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), cfgWith(ov, budget)); err != nil {
 			return fmt.Errorf("fastpath: write config: %w", err)
 		}
 		if err := attachOverlay(p, st.Target, ov); err != nil {

@@ -37,8 +37,15 @@ func loadObjects() (*fpObjects, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("fastpath: raise memlock limit: %w", err)
 	}
+	spec, err := loadFp()
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: %w", err)
+	}
+	if err := sizeFlowTable(spec); err != nil {
+		return nil, err
+	}
 	var o fpObjects
-	if err := loadFpObjects(&o, nil); err != nil {
+	if err := spec.LoadAndAssign(&o, nil); err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("fastpath: verifier rejected a program: %+v", verr)
@@ -51,7 +58,7 @@ func loadObjects() (*fpObjects, error) {
 func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{"prg_fastpath_cfg": &m.PrgFastpathCfg, "prg_fastpath_flow": &m.PrgFastpathFlow,
 		"prg_fastpath_stat": &m.PrgFastpathStat, "prg_fastpath_ep": &m.PrgFastpathEp, "prg_fastpath_port": &m.PrgFastpathPort,
-		"prg_fastpath_ho": &m.PrgFastpathHo}
+		"prg_fastpath_ho": &m.PrgFastpathHo, "prg_fastpath_pcnt": &m.PrgFastpathPcnt, "prg_fastpath_sweep": &m.PrgFastpathSweep}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
@@ -74,6 +81,10 @@ func loadOverlayPrograms(m *fpMaps, ovl int) (*fpPrograms, error) {
 	}
 	if err := v.Set(uint32(ovl)); err != nil {
 		return nil, fmt.Errorf("fastpath: set fp_ovl: %w", err)
+	}
+	// The flow table was sized at attach (sizeFlowTable): the spec must say the same.
+	if fm := spec.Maps["prg_fastpath_flow"]; fm != nil && m.PrgFastpathFlow != nil {
+		fm.MaxEntries = m.PrgFastpathFlow.MaxEntries()
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, mp := range mapsOf(m) {

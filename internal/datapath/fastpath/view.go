@@ -10,7 +10,7 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
-	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local"}
+	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -49,8 +49,12 @@ type View struct {
 	Ingress   Direction        `json:"ingress"` // packets arriving for pods
 	SkipsOut  string           `json:"egress_skips"`
 	SkipsIn   string           `json:"ingress_skips"`
-	Flows     int              `json:"flows"`         // cached flows
-	Both      int              `json:"flows_learned"` // of which learned both ways
+	Flows     int              `json:"flows"`         // cached flows (the per-address counters' sum)
+	Both      int              `json:"flows_learned"` // of which learned both ways (estimated from a sample when above it)
+	Sampled   bool             `json:"flows_learned_sampled,omitempty"`
+	Table     int              `json:"flow_table"`    // the flow table's size (from the node's memory)
+	Budget    int              `json:"flow_budget"`   // flows one pod may hold (0: no limit)
+	TopPod    int              `json:"flows_top_pod"` // the most flows one address holds
 	Endpoints []endpoints.View `json:"endpoints"`
 	Overlays  []OverlayView    `json:"overlays"` // each overlay served; Egress/Ingress/Flows above are their sums
 	Agent     string           `json:"agent"`
@@ -101,29 +105,52 @@ func Inspect(target string) (*View, error) {
 		byIndex[ov.Index] = len(v.Overlays)
 		v.Overlays = append(v.Overlays, ow)
 	}
-	var k fpFpKey
-	var f fpFpFlow
-	it := p.PrgFastpathFlow.Iterate()
-	for it.Next(&k, &f) {
-		if f.Flags&fAlias != 0 {
-			continue // a Service flow's translated view, not a flow of its own
-		}
-		both := f.Flags&(fOut|fIn) == fOut|fIn
-		v.Flows++
-		if both {
-			v.Both++
-		}
-		if i, ok := byIndex[int(k.Ovl)]; ok {
-			v.Overlays[i].Flows++
-			if both {
-				v.Overlays[i].Both++
-			}
+	// Counted, not walked: the per-address counters, and a bounded sample for the share
+	// learned both ways, so status and /metrics cost the same at 10 or 1 000 000 flows.
+	per, top, err := p.flowCounts()
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: read flow counters: %w", err)
+	}
+	both, seen, err := p.learnedSample(flowSample)
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: sample flows: %w", err)
+	}
+	v.Table = int(p.PrgFastpathFlow.MaxEntries())
+	for o, n := range per {
+		v.Flows += n
+		v.TopPod = max(v.TopPod, top[o])
+		if i, ok := byIndex[o]; ok {
+			v.Overlays[i].Flows = n
+			v.Overlays[i].Both = share(both[o], seen[o], n)
 		}
 	}
-	if err := it.Err(); err != nil {
-		return nil, err
+	nb, ns := 0, 0
+	for o := range seen {
+		nb, ns = nb+both[o], ns+seen[o]
+	}
+	v.Both = share(nb, ns, v.Flows)
+	v.Sampled = ns >= flowSample
+	for _, ov := range ovs {
+		var c fpFpCfg
+		if p.PrgFastpathCfg.Lookup(uint32(ov.Index), &c) == nil && c.Flags&cOn != 0 {
+			v.Budget = int(c.Budget)
+		}
 	}
 	return v, nil
+}
+
+// flowSample bounds the entries status reads to tell the share learned both ways.
+const flowSample = 4096
+
+// share scales both of seen sampled entries to n flows (exact when every flow was seen).
+func share(both, seen, n int) int {
+	if seen == 0 {
+		return 0
+	}
+	if seen >= n {
+		return both
+	}
+	return int(int64(both) * int64(n) / int64(seen))
 }
 
 // livePods are the held endpoints of an overlay's domain, with their veths' names as the
@@ -220,8 +247,18 @@ func (v *View) Format() string {
 			live++
 		}
 	}
-	fmt.Fprintf(&b, "  fastpath: %d overlay(s); %d flows cached, %d learned both ways; %d pods; agent %s\n",
-		len(v.Overlays), v.Flows, v.Both, live, v.Agent)
+	est := ""
+	if v.Sampled {
+		est = "~"
+	}
+	fmt.Fprintf(&b, "  fastpath: %d overlay(s); %d flows cached, %s%d learned both ways; %d pods; agent %s\n",
+		len(v.Overlays), v.Flows, est, v.Both, live, v.Agent)
+	budget := "no limit"
+	if v.Budget > 0 {
+		budget = fmt.Sprintf("%d per pod", v.Budget)
+	}
+	fmt.Fprintf(&b, "  flow table: %d entries (from the node's memory), budget %s, most held by one address %d\n",
+		v.Table, budget, v.TopPod)
 	for _, d := range []struct {
 		name string
 		c    Direction

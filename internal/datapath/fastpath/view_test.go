@@ -19,8 +19,16 @@ func TestFormatLocalAndNAT(t *testing.T) {
 	if !strings.Contains(out, "fastpath ingress: hits 60, misses 0") {
 		t.Fatalf("ingress line:\n%s", out)
 	}
-	if Reasons[len(Reasons)-1] != "local" {
-		t.Fatalf("Reasons must follow FP_R_* (FP_R_LOCAL last): %v", Reasons)
+	if Reasons[len(Reasons)-1] != "full" {
+		t.Fatalf("Reasons must follow FP_R_* (FP_R_FULL last): %v", Reasons)
+	}
+	// The counter array is sized by FP_R_N: as many reasons as the programs count.
+	spec, err := loadFp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := spec.Maps["prg_fastpath_stat"].MaxEntries; got != uint32(maxOverlays*2*len(Reasons)) {
+		t.Fatalf("prg_fastpath_stat holds %d counters, Reasons names %d per direction and overlay", got, len(Reasons))
 	}
 }
 

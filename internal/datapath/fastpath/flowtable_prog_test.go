@@ -1,0 +1,136 @@
+package fastpath
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// A pod's new flows beyond its budget stay on the normal path (counted "budget") and take no
+// entry; another pod's new flow still gets one.
+func TestFlowBudget(t *testing.T) {
+	e := newProgEnv(t)
+	e.cfg.Budget = 4
+	if err := e.o.PrgFastpathCfg.Put(uint32(0), e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		f := podFrame()
+		f.sport = uint16(41000 + i)
+		if ret, _ := e.run(t, e.o.PrgFastpathTx, f.bytes(), 0); ret != tcxNext {
+			t.Fatalf("flow %d: verdict %d, want the normal path", i, int32(ret))
+		}
+	}
+	out, _ := e.counters(t)
+	if out["miss"] != 10 || out["budget"] != 6 {
+		t.Fatalf("counters %v: want 10 misses, 6 refused by the budget", out)
+	}
+	var n uint32
+	if err := e.o.PrgFastpathPcnt.Lookup(uint64(word(podA)), &n); err != nil || n != 4 {
+		t.Fatalf("pod A's counter: %d (%v), want 4", n, err)
+	}
+	other := podFrame()
+	other.saddr = netip.MustParseAddr("10.244.1.9")
+	e.run(t, e.o.PrgFastpathTx, other.bytes(), 0)
+	var f fpFpFlow
+	if err := e.o.PrgFastpathFlow.Lookup(keyOf(other.saddr, podB, 40000, 5201, 6), &f); err != nil || f.Flags&fCounted == 0 {
+		t.Fatalf("another pod's new flow: %v %+v", err, f)
+	}
+}
+
+// A SYN (and a SYN-ACK) takes the normal path and records what the learner needs: the
+// connection is learned from its handshake. A FIN marks the entry closing; it goes 2 s later.
+func TestSynLearnedFinCloses(t *testing.T) {
+	e := newProgEnv(t)
+	k := keyOf(podA, podB, 40000, 5201, 6)
+	syn := podFrame()
+	syn.tcpFlags = 0x02
+	syn.payload = nil
+	if ret, _ := e.run(t, e.o.PrgFastpathTx, syn.bytes(), 0); ret != tcxNext {
+		t.Fatalf("SYN: verdict %d", int32(ret))
+	}
+	var f fpFpFlow
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.OutTtlSeen != 64 || f.Flags&(fOut|fIn) != 0 {
+		t.Fatalf("SYN handed over: %v %+v, want an entry waiting for the egress learner", err, f)
+	}
+	out, _ := e.counters(t)
+	if out["proto"] != 1 || out["hit"] != 0 {
+		t.Fatalf("SYN counted %v, want proto 1", out)
+	}
+	e.learn(t, k, 1) // learned both ways, as the learners would after the handshake
+	data := podFrame()
+	if ret, _ := e.run(t, e.o.PrgFastpathTx, data.bytes(), 0); ret != tcActRedirect {
+		t.Fatalf("data after the handshake: verdict %d, want the fast path", int32(ret))
+	}
+	fin := podFrame()
+	fin.tcpFlags = 0x11
+	if ret, _ := e.run(t, e.o.PrgFastpathTx, fin.bytes(), 0); ret != tcxNext {
+		t.Fatalf("FIN: verdict %d", int32(ret))
+	}
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Flags&fClosing == 0 {
+		t.Fatalf("after FIN: %v %+v, want closing", err, f)
+	}
+	e.o.PrgFastpathFlow.Delete(k)
+	e.run(t, e.o.PrgFastpathTx, syn.bytes(), 0) // a fresh, counted entry with its timer
+	e.learn2(t, k)
+	e.run(t, e.o.PrgFastpathTx, fin.bytes(), 0)
+	var n0 uint32 // the first entry, replaced and deleted from userspace above, stays counted
+	if err := e.o.PrgFastpathPcnt.Lookup(uint64(word(podA)), &n0); err != nil || n0 == 0 {
+		t.Fatalf("pod A's counter: %d (%v)", n0, err)
+	}
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		err := e.o.PrgFastpathFlow.Lookup(k, &f)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("closed connection's entry still there 4 s after its FIN: %+v", f)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var n uint32
+	if err := e.o.PrgFastpathPcnt.Lookup(uint64(word(podA)), &n); err != nil || n != n0-1 {
+		t.Fatalf("pod A's counter after the expiry: %d (%v), want %d", n, err, n0-1)
+	}
+}
+
+// learn2 marks an existing (program-made) entry learned both ways in place, keeping its timer.
+func (e *progEnv) learn2(t *testing.T, k fpFpKey) {
+	t.Helper()
+	var f fpFpFlow
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil {
+		t.Fatal(err)
+	}
+	f.Flags |= fOut | fIn
+	f.OutNs, f.InNs = monoNs(), monoNs()
+	if err := e.o.PrgFastpathFlow.Update(k, f, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A new generation (the agent forgetting every flow) makes learned flows miss, and their next
+// handover resets them.
+func TestGenerationForgets(t *testing.T) {
+	e := newProgEnv(t)
+	k := keyOf(podA, podB, 40000, 5201, 6)
+	e.learn(t, k, 1)
+	data := podFrame()
+	if ret, _ := e.run(t, e.o.PrgFastpathTx, data.bytes(), 0); ret != tcActRedirect {
+		t.Fatalf("learned: verdict %d", int32(ret))
+	}
+	e.cfg.Gen = 7
+	if err := e.o.PrgFastpathCfg.Put(uint32(0), e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := e.run(t, e.o.PrgFastpathTx, data.bytes(), 0); ret != tcxNext {
+		t.Fatalf("after a new generation: verdict %d, want the normal path", int32(ret))
+	}
+	var f fpFpFlow
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Gen != 7 || f.Flags&(fOut|fIn) != 0 || f.OutTtlSeen == 0 {
+		t.Fatalf("after the handover: %v %+v, want a reset entry of generation 7 waiting for the learner", err, f)
+	}
+}
