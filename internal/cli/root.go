@@ -47,7 +47,8 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd(), newEzpathCmd(), newPdCmd(), newOptionsCmd(), newDoctorCmd(), newUninstallCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newMetricsCmd(), newPdCmd(), newOptionsCmd(), newDoctorCmd(), newUninstallCmd())
+	root.AddCommand(modeCommands()...)
 	return root
 }
 
