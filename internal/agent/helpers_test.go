@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "agent" {
 		os.Exit(runAsAgent(os.Args[2:]))
 	}
+	datapath.UseRuntime(datapath.Runtime{NodeAgentRunning: NodeAgentRunning}) // as the CLI's Main
 	agentproc.TestMain(m)
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 // Version is set at build time (-ldflags "-X ...cli.Version=...").
@@ -54,6 +56,7 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 
 // Main runs the CLI and returns the process exit code.
 func Main(args []string) int {
+	datapath.UseRuntime(hostRuntime())
 	root := newRoot()
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
