@@ -22,9 +22,9 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runAsAgent(os.Args[2:]))
 	}
 	datapath.UseRuntime(datapath.Runtime{NodeAgentRunning: NodeAgentRunning}) // as the CLI's Main
-	agentproc.TestMain(m)
+	agenttest.Main(m)
 }
 
 func runAsAgent(args []string) int {

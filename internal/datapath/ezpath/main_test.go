@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 )
 
 // The tests attach modes whose agents are started as this test binary; their racks are labs,
@@ -18,5 +18,5 @@ func TestMain(m *testing.M) {
 		}
 		return r, nil
 	}})
-	agentproc.TestMain(m)
+	agenttest.Main(m)
 }
