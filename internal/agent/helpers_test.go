@@ -22,9 +22,9 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
@@ -34,7 +34,8 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "agent" {
 		os.Exit(runAsAgent(os.Args[2:]))
 	}
-	agentproc.TestMain(m)
+	datapath.UseRuntime(datapath.Runtime{NodeAgentRunning: NodeAgentRunning}) // as the CLI's Main
+	agenttest.Main(m)
 }
 
 func runAsAgent(args []string) int {

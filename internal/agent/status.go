@@ -81,16 +81,15 @@ func (s *Status) Running() bool {
 	return agentproc.IsNodeAgent(s.PID) || time.Since(s.Updated) < max(3*s.Interval, 10*time.Second)
 }
 
-func init() {
-	// A mode's record names the node agent hosting its agent by PID; across PID namespaces
-	// the status file's heartbeat tells instead.
-	agentproc.NodeAgentRunning = func(pid int, target string) bool {
-		if agentproc.IsNodeAgent(pid) {
-			return true
-		}
-		s, err := ReadStatus(target)
-		return err == nil && s != nil && s.Running()
+// NodeAgentRunning tells whether the node agent with pid, managing target, runs: a mode's
+// record names the node agent hosting its agent by PID; across PID namespaces the status file's
+// heartbeat tells instead. The program hands it to the modes in its datapath.Runtime.
+func NodeAgentRunning(pid int, target string) bool {
+	if agentproc.IsNodeAgent(pid) {
+		return true
 	}
+	s, err := ReadStatus(target)
+	return err == nil && s != nil && s.Running()
 }
 
 // Managing is the running node agent that manages target, or nil.

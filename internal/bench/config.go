@@ -17,6 +17,10 @@ import (
 // ModeVanilla is "nothing attached": the kernel as it comes.
 const ModeVanilla = "vanilla"
 
+// DefaultCompareModes is `bench compare`'s --modes default: the kernel as it comes against its
+// usual tuning (RPS on every stage device). Mode names are the bench's data; the CLI names none.
+const DefaultCompareModes = ModeVanilla + ",rps"
+
 // Config is one column of a comparison: a lab style with zero or more datapath modes stacked
 // on it, each with its options (attach flags, e.g. falcon's split_cpus or mflow's batch).
 type Config struct {

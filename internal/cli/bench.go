@@ -210,7 +210,7 @@ func newBenchCompareCmd() *cobra.Command {
 		},
 	}
 	b.add(c, true)
-	c.Flags().StringVar(&modes, "modes", "vanilla,rps", "datapath modes to compare (vanilla = nothing attached)")
+	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached)")
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them) or real-flannel-nocsum (the same with flannel.1's outer UDP checksums off)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP (kube-proxy style rules, lab up --services; flannel style, TCP) whose one backend is the receiver, instead of the receiver's own address (no native baseline: the first mode is the baseline)")

@@ -49,6 +49,30 @@ func (t *targetFlags) resolve() ([]string, *lab.Lab, error) {
 	return nss, l, nil
 }
 
+// modeCommands is every mode's own command tree (datapath.Commander: `peregrine prism ...`),
+// declared in the mode's package; the CLI lends them its target flags.
+func modeCommands() []*cobra.Command {
+	host := datapath.CLIHost{
+		AddTargetFlags: func(c *cobra.Command) func() ([]string, error) {
+			tf := &targetFlags{}
+			tf.add(c)
+			return func() ([]string, error) {
+				nss, _, err := tf.resolve()
+				return nss, err
+			}
+		},
+		DefaultLab: lab.DefaultName,
+		PrintJSON:  printJSON,
+	}
+	var cs []*cobra.Command
+	for _, m := range datapath.Modes() {
+		if cm, ok := m.(datapath.Commander); ok {
+			cs = append(cs, cm.Commands(host))
+		}
+	}
+	return cs
+}
+
 func modeList() string {
 	var b strings.Builder
 	for _, m := range datapath.Modes() {

@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 // Version is set at build time (-ldflags "-X ...cli.Version=...").
@@ -47,12 +49,14 @@ objects under /sys/fs/bpf/peregrine), so "peregrine lab down --all" can always c
 		SilenceErrors: true,
 		Version:       Version,
 	}
-	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newPrismCmd(), newMetricsCmd(), newEzpathCmd(), newPdCmd(), newOptionsCmd(), newDoctorCmd(), newUninstallCmd())
+	root.AddCommand(newLabCmd(), newAttachCmd(), newDetachCmd(), newStatusCmd(), newBenchCmd(), newReportCmd(), newAgentCmd(), newMetricsCmd(), newPdCmd(), newOptionsCmd(), newDoctorCmd(), newUninstallCmd())
+	root.AddCommand(modeCommands()...)
 	return root
 }
 
 // Main runs the CLI and returns the process exit code.
 func Main(args []string) int {
+	datapath.UseRuntime(hostRuntime())
 	root := newRoot()
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

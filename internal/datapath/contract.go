@@ -2,6 +2,9 @@ package datapath
 
 import (
 	"context"
+	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/peregrine-net/peregrine/internal/datapath/option"
 )
@@ -107,4 +110,25 @@ type ModeCounters interface {
 // on the parsed config, before anything is discovered or changed.
 type Completer interface {
 	Complete(o Options) error
+}
+
+// Commander is a mode with a command tree of its own under the CLI's root (`peregrine prism
+// rules|add|del|sync`, `peregrine ezpath offload|unoffload|flows`): the CLI adds the tree
+// Commands returns, so only the mode's package names the mode. The commands are declared in the
+// mode package itself (they are thin over its exported API); what they need of the CLI comes in
+// host, so the mode depends on neither the CLI nor the lab.
+type Commander interface {
+	Commands(host CLIHost) *cobra.Command
+}
+
+// CLIHost is what the CLI lends a mode's commands.
+type CLIHost struct {
+	// AddTargetFlags adds the flags every command on attachments shares (--netns, --lab,
+	// --name) to c and returns what resolves them, when the command runs, into the host
+	// namespaces to work on.
+	AddTargetFlags func(c *cobra.Command) (resolve func() ([]string, error))
+	// DefaultLab is the lab name a --name flag defaults to.
+	DefaultLab string
+	// PrintJSON writes v for machines, as every --json of the CLI does.
+	PrintJSON func(w io.Writer, v any) error
 }

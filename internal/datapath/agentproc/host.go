@@ -151,10 +151,15 @@ func IsNodeAgent(pid int) bool {
 	return false
 }
 
-// NodeAgentRunning tells whether the node agent with pid, managing target, runs. The node
-// agent's package replaces it to also read its status file's heartbeat (an agent in another PID
-// namespace, where pid means nothing).
-var NodeAgentRunning = func(pid int, target string) bool { return IsNodeAgent(pid) }
+// NodeAgentRunning tells whether the node agent with pid, managing target, runs: as the
+// process's datapath.Runtime says (the CLI's adds the node agent's status file heartbeat, for an
+// agent in another PID namespace, where pid means nothing), by the PID alone without one.
+func NodeAgentRunning(pid int, target string) bool {
+	if f := datapath.CurrentRuntime().NodeAgentRunning; f != nil {
+		return f(pid, target)
+	}
+	return IsNodeAgent(pid)
+}
 
 // slogWriter hands a hosted agent's log lines to slog, with its mode and target.
 type slogWriter struct{ mode, target string }

@@ -142,9 +142,10 @@ func RunIfAgent() {
 	}
 }
 
-// TestMain is the TestMain of a test package that attaches modes with agents: a process the
-// tests started as an agent runs it (RunIfAgent), the test binary itself runs the tests. It takes
-// *testing.M (as its Run) so the CLI does not link the testing package.
+// TestMain is the TestMain of a test package that attaches modes with agents.
+//
+// Deprecated: use internal/testutil/agenttest.Main (test-only). Kept only until
+// internal/datapath/fastpath's lab_test.go switches (it is being reworked on another branch).
 func TestMain(m interface{ Run() int }) {
 	RunIfAgent()
 	os.Exit(m.Run())

@@ -13,15 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/endpoints"
 	"github.com/peregrine-net/peregrine/internal/datapath/fastpath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
 // Issue 28, item 2, for the fast path (prism has its own, internal/datapath/prism): pod B adds
 // pod A's address to its eth0 (arp_ignore=8: the normal path still delivers to A). The hijacker

@@ -13,5 +13,6 @@ var (
 	_ datapath.BenchDefaulter = mode{}
 	_ datapath.Placer         = mode{}
 	_ datapath.ModeCounters   = mode{}
+	_ datapath.Commander      = mode{}
 	_ datapath.Completer      = (*Config)(nil) // the config type's capability
 )

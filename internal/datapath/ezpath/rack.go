@@ -3,7 +3,6 @@ package ezpath
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -14,38 +13,9 @@ import (
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
-// Rack is the hardware EZPath offloads to, as the mode needs to see it: hosts (from 1) with a
-// top-of-rack switch each, the tenants' overlays (from 1) and their containers. A `lab up --tor`
-// lab implements it (lab.Rack); the program that links ezpath in hands it a way to open one by
-// name (UseRacks), so the mode does not depend on the lab.
-type Rack interface {
-	Name() string  // for messages (the lab's name)
-	Style() string // the overlay's style: ezpath offloads "docker" (one L2 overlay per tenant)
-	HasToR() bool
-	Hosts() int
-	Tenants() int
-	MTU() int // the underlay's
-	VXLANPort() int
-	TenantVNI(t int) uint32
-	HostNs(i int) string
-	ToRNs(i int) string
-	OverlayNs(i, t int) string // tenant t's bridge namespace on host i
-	ToRPorts() (up, down string)
-	ToRAddr(i int) netip.Addr  // ToR i's own address: its VTEP
-	HostAddr(i int) netip.Addr // host i's underlay address
-	ToRUpMAC(i int) net.HardwareAddr
-	Containers() int
-	// Container is the k-th container (from 0): its short name, host, tenant, overlay address
-	// and its port (bridge-side veth) in its overlay namespace.
-	Container(k int) (name string, host, tenant int, addr netip.Prefix, port string, err error)
-}
-
-// openRackFn opens a rack by name; UseRacks sets it.
-var openRackFn func(name string) (Rack, error)
-
-// UseRacks tells ezpath how to open the rack a config names (Config.Lab). The CLI passes the
-// lab's (lab.OpenRack); a test binary that attaches ezpath does the same in TestMain.
-func UseRacks(open func(name string) (Rack, error)) { openRackFn = open }
+// Rack is the hardware EZPath offloads to (datapath.Rack): the program that links ezpath hands
+// a way to open one by name in its datapath.Runtime, so the mode does not depend on the lab.
+type Rack = datapath.Rack
 
 // styleDocker is the only overlay style the offload supports (one L2 overlay per tenant).
 const styleDocker = "docker"
@@ -99,10 +69,11 @@ func (r *rack) tenantOfVNI(vni uint32) int {
 }
 
 func openRack(labName string) (*rack, error) {
-	if openRackFn == nil {
-		return nil, errors.New("ezpath: this program cannot open racks (no UseRacks): the offload needs a lab built with `peregrine lab up --tor`")
+	open := datapath.CurrentRuntime().OpenRack
+	if open == nil {
+		return nil, errors.New("ezpath: this program cannot open racks (no OpenRack in its datapath.Runtime): the offload needs a lab built with `peregrine lab up --tor`")
 	}
-	hw, err := openRackFn(labName)
+	hw, err := open(labName)
 	if err != nil {
 		return nil, err
 	}

@@ -8,13 +8,13 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 )
 
 // The tests attach modes whose agents are started as this test binary.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
 const (
 	tcxNext  = 0xffffffff // TCX_NEXT (-1) as the run's return value

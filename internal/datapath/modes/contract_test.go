@@ -24,6 +24,7 @@ var capabilities = []reflect.Type{
 	reflect.TypeFor[datapath.LiveConfigurer](),
 	reflect.TypeFor[datapath.Upgrader](),
 	reflect.TypeFor[datapath.ModeCounters](),
+	reflect.TypeFor[datapath.Commander](),
 }
 
 // Every capability a registered mode implements is asserted in its package's contract.go (so the

@@ -7,13 +7,13 @@ import (
 	"testing"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The tests attach modes whose agents are started as this test binary.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
 // withFalcon builds a one-container docker lab called name and attaches falcon to its
 // receiving host (keeping the underlay, on cpus when given). It returns the lab, that host, the

@@ -15,5 +15,6 @@ var (
 	_ datapath.Repairer       = mode{}
 	_ datapath.LiveConfigurer = mode{}
 	_ datapath.ModeCounters   = mode{}
+	_ datapath.Commander      = mode{}
 	_ datapath.Completer      = (*Config)(nil) // the config type's capability
 )

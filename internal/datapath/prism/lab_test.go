@@ -17,15 +17,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The tests attach modes whose agents are started as this test binary.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
 const (
 	hpPort = 11111

@@ -14,7 +14,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/datapath/falcon"
 	"github.com/peregrine-net/peregrine/internal/datapath/fastpath"
 	_ "github.com/peregrine-net/peregrine/internal/datapath/modes" // every mode, for Attach
@@ -22,11 +21,12 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab/realflannel"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The modes' node agents re-execute this test binary: agentproc runs them instead of the tests.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
 // requireRealFlannel skips when the real flannel binaries are absent and the run is not the
 // full suite's (scripts/test.sh runs setup.sh, which builds them, and sets PEREGRINE_TEST_ROOT).

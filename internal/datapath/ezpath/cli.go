@@ -1,4 +1,4 @@
-package cli
+package ezpath
 
 import (
 	"fmt"
@@ -9,11 +9,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/peregrine-net/peregrine/internal/datapath/ezpath"
-	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
-func newEzpathCmd() *cobra.Command {
+// The mode's own commands, `peregrine ezpath ...` (datapath.Commander): move container pairs
+// between the overlay and the switch path, list the flows the switches count.
+
+// Commands is the `peregrine ezpath` command tree.
+func (mode) Commands(host datapath.CLIHost) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ezpath",
 		Short: "EZPath: move container pairs between the overlay and the ToR switch path, list flows",
@@ -39,11 +42,11 @@ is ambiguous there, and a pair must be of one tenant.`,
   sudo peregrine attach ezpath --lab --name tn --policy manual
   sudo peregrine ezpath offload --lab --name tn h1-t2-c1 h2-t2-c1`,
 	}
-	c.AddCommand(newEzpathOffloadCmd(true), newEzpathOffloadCmd(false), newEzpathFlowsCmd())
+	c.AddCommand(newOffloadCmd(host, true), newOffloadCmd(host, false), newFlowsCmd(host))
 	return c
 }
 
-func newEzpathOffloadCmd(on bool) *cobra.Command {
+func newOffloadCmd(host datapath.CLIHost, on bool) *cobra.Command {
 	var name string
 	var useLab bool
 	var drain time.Duration
@@ -64,13 +67,13 @@ lab with one tenant (with tenants every address belongs to each tenant: names on
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !useLab {
-				return fmt.Errorf("ezpath works on a lab's switches: add --lab (and --name if the lab is not %q)", lab.DefaultName)
+				return fmt.Errorf("ezpath works on a lab's switches: add --lab (and --name if the lab is not %q)", host.DefaultLab)
 			}
 			var err error
 			if on {
-				err = ezpath.Offload(name, args[0], args[1], "manual")
+				err = Offload(name, args[0], args[1], "manual")
 			} else {
-				err = ezpath.Unoffload(name, args[0], args[1], drain)
+				err = Unoffload(name, args[0], args[1], drain)
 			}
 			if err != nil {
 				return err
@@ -84,14 +87,14 @@ lab with one tenant (with tenants every address belongs to each tenant: names on
 		},
 	}
 	c.Flags().BoolVar(&useLab, "lab", false, "work on a lab (see --name)")
-	c.Flags().StringVar(&name, "name", lab.DefaultName, "the lab's name")
+	c.Flags().StringVar(&name, "name", host.DefaultLab, "the lab's name")
 	if !on {
-		c.Flags().DurationVar(&drain, "drain", ezpath.DefaultDrain, "wait between removing the hosts' rules and the switch entries")
+		c.Flags().DurationVar(&drain, "drain", DefaultDrain, "wait between removing the hosts' rules and the switch entries")
 	}
 	return c
 }
 
-func newEzpathFlowsCmd() *cobra.Command {
+func newFlowsCmd(host datapath.CLIHost) *cobra.Command {
 	var name string
 	var asJSON bool
 	c := &cobra.Command{
@@ -101,16 +104,16 @@ func newEzpathFlowsCmd() *cobra.Command {
   sudo peregrine ezpath flows --name tr --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			views, err := ezpath.Flows(name, time.Second)
+			views, err := Flows(name, time.Second)
 			if err != nil {
 				return err
 			}
-			led, err := ezpath.ReadLedger(name)
+			led, err := ReadLedger(name)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(os.Stdout, map[string]any{"flows": views, "pairs": led.Pairs, "refused": led.Refused})
+				return host.PrintJSON(os.Stdout, map[string]any{"flows": views, "pairs": led.Pairs, "refused": led.Refused})
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "FLOW\tSRC\tDST\tRATE\tSTATE\tWHERE\tCLASS\tNOTE")
@@ -130,7 +133,7 @@ func newEzpathFlowsCmd() *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&name, "name", lab.DefaultName, "the lab's name")
+	c.Flags().StringVar(&name, "name", host.DefaultLab, "the lab's name")
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines")
 	return c
 }

@@ -1,4 +1,4 @@
-package cli
+package prism
 
 import (
 	"errors"
@@ -9,8 +9,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/peregrine-net/peregrine/internal/datapath/prism" // registers mode "prism"
+	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
+
+// The mode's own commands, `peregrine prism ...` (datapath.Commander): list and change the
+// rules of live attachments, and sync their endpoint maps.
 
 const ruleSyntax = `A rule is "key=value" criteria separated by spaces or commas; every criterion given must
 hold, and the first matching rule counts the packet. Keys:
@@ -23,7 +27,8 @@ hold, and the first matching rule counts the packet. Keys:
 "all" alone makes everything high priority. IP fragments never match port criteria (only the
 first fragment carries ports; all fragments of a datagram stay on one path).`
 
-func newPrismCmd() *cobra.Command {
+// Commands is the `peregrine prism` command tree.
+func (mode) Commands(host datapath.CLIHost) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "prism",
 		Short: "List and change the high-priority rules of mode prism, live",
@@ -39,13 +44,13 @@ FORWARD chain and conntrack: policies there do not apply to HP flows.
 
 ` + ruleSyntax,
 	}
-	c.AddCommand(newPrismRulesCmd(), newPrismAddCmd(), newPrismDelCmd(), newPrismSyncCmd())
+	c.AddCommand(newRulesCmd(host), newAddCmd(host), newDelCmd(host), newSyncCmd(host))
 	return c
 }
 
-func newPrismRulesCmd() *cobra.Command {
-	var tf targetFlags
+func newRulesCmd(host datapath.CLIHost) *cobra.Command {
 	var asJSON, endpoints bool
+	var resolve func() ([]string, error)
 	c := &cobra.Command{
 		Use:   "rules",
 		Short: "List the rules with their HP packet counters",
@@ -53,23 +58,23 @@ func newPrismRulesCmd() *cobra.Command {
   sudo peregrine prism rules --netns prg-lab-h2 --endpoints`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			targets, _, err := tf.resolve()
+			targets, err := resolve()
 			if err != nil {
 				return err
 			}
-			var views []*prism.View
+			var views []*View
 			for _, t := range targets {
-				v, err := prism.Inspect(t)
+				v, err := Inspect(t)
 				if err != nil {
 					return err
 				}
 				views = append(views, v)
 			}
 			if asJSON {
-				return printJSON(os.Stdout, views)
+				return host.PrintJSON(os.Stdout, views)
 			}
 			for _, v := range views {
-				fmt.Printf("%s:\n", label(v.Target))
+				fmt.Printf("%s:\n", netnsutil.Label(v.Target))
 				tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "  ID\tRULE\tHP PACKETS\tHP BYTES")
 				for _, r := range v.Rules {
@@ -95,15 +100,15 @@ func newPrismRulesCmd() *cobra.Command {
 			return nil
 		},
 	}
-	tf.add(c)
+	resolve = host.AddTargetFlags(c)
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON for machines")
 	c.Flags().BoolVar(&endpoints, "endpoints", false, "also list the endpoint map (container address -> veth)")
 	return c
 }
 
-func newPrismAddCmd() *cobra.Command {
-	var tf targetFlags
+func newAddCmd(host datapath.CLIHost) *cobra.Command {
 	var file string
+	var resolve func() ([]string, error)
 	var replace bool
 	c := &cobra.Command{
 		Use:   "add RULE...",
@@ -121,77 +126,76 @@ func newPrismAddCmd() *cobra.Command {
 				}
 				text += "\n" + string(b)
 			}
-			if _, err := prism.ParseRules(text); err != nil {
+			if _, err := ParseRules(text); err != nil {
 				return err
 			}
 			if !replace && strings.TrimSpace(text) == "" {
 				return errors.New("no rule given")
 			}
-			change := prism.AddRules
+			change := AddRules
 			if replace {
-				change = prism.ReplaceRules
+				change = ReplaceRules
 			}
-			return eachTarget(&tf, func(t string) (string, error) {
+			return eachTarget(resolve, func(t string) (string, error) {
 				rs, err := change(t, text)
 				return fmt.Sprintf("%d rules installed", len(rs)), err
 			})
 		},
 	}
-	tf.add(c)
+	resolve = host.AddTargetFlags(c)
 	c.Flags().StringVar(&file, "file", "", "read rules from a file (one per line, '#' comments)")
 	c.Flags().BoolVar(&replace, "replace", false, "install exactly the rules given (unchanged rules keep their counters)")
 	return c
 }
 
-func newPrismDelCmd() *cobra.Command {
-	return changeEachCmd(&cobra.Command{
+func newDelCmd(host datapath.CLIHost) *cobra.Command {
+	return changeEachCmd(host, &cobra.Command{
 		Use:   "del ID|RULE...",
 		Short: "Delete rules by ID or by their text, live",
 		Example: `  sudo peregrine prism del --lab 2
   sudo peregrine prism del --lab "proto=tcp dport=11211"`,
 		Args: cobra.MinimumNArgs(1),
 	}, func(t string, args []string) (string, error) {
-		ids, err := prism.DelRules(t, args)
+		ids, err := DelRules(t, args)
 		return fmt.Sprintf("deleted rules %v", ids), err
 	})
 }
 
-func newPrismSyncCmd() *cobra.Command {
-	return changeEachCmd(&cobra.Command{
+func newSyncCmd(host datapath.CLIHost) *cobra.Command {
+	return changeEachCmd(host, &cobra.Command{
 		Use:   "sync",
 		Short: "Bring the endpoint map up to date now (the agent does it on every link change)",
 		Args:  cobra.NoArgs,
 	}, func(t string, _ []string) (string, error) {
-		a, u, g, err := prism.Sync(t)
+		a, u, g, err := Sync(t)
 		return fmt.Sprintf("endpoints %d added, %d updated, %d gone", a, u, g), err
 	})
 }
 
 // changeEachCmd completes c into a command that takes the target flags and makes change, with
 // the command's arguments, in each target namespace (eachTarget).
-func changeEachCmd(c *cobra.Command, change func(ns string, args []string) (string, error)) *cobra.Command {
-	var tf targetFlags
+func changeEachCmd(host datapath.CLIHost, c *cobra.Command, change func(ns string, args []string) (string, error)) *cobra.Command {
+	resolve := host.AddTargetFlags(c)
 	c.RunE = func(cmd *cobra.Command, args []string) error {
-		return eachTarget(&tf, func(t string) (string, error) { return change(t, args) })
+		return eachTarget(resolve, func(t string) (string, error) { return change(t, args) })
 	}
-	tf.add(c)
 	return c
 }
 
-// eachTarget runs change in each namespace tf names, in order, and prints what it did there
+// eachTarget runs change in each namespace resolve names, in order, and prints what it did there
 // after the namespace's label; the first error stops it, prefixed with the namespace it
 // happened in (the namespaces before it keep their change).
-func eachTarget(tf *targetFlags, change func(ns string) (done string, err error)) error {
-	targets, _, err := tf.resolve()
+func eachTarget(resolve func() ([]string, error), change func(ns string) (done string, err error)) error {
+	targets, err := resolve()
 	if err != nil {
 		return err
 	}
 	for _, t := range targets {
 		done, err := change(t)
 		if err != nil {
-			return fmt.Errorf("%s: %w", label(t), err)
+			return fmt.Errorf("%s: %w", netnsutil.Label(t), err)
 		}
-		fmt.Printf("%s: %s\n", label(t), done)
+		fmt.Printf("%s: %s\n", netnsutil.Label(t), done)
 	}
 	return nil
 }
