@@ -126,6 +126,7 @@ type agent struct {
 	expired time.Time                  // when idle flows were last forgotten
 	mu      sync.Mutex                 // guards neigh (one watcher per namespace)
 	neigh   map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
+	lib     liberal                    // conntrack entries made liberal (ctliberal.go)
 }
 
 func monoNs() uint64 {
@@ -333,12 +334,15 @@ func (a *agent) forget(drop func(fpFpKey, *fpFpFlow) bool) int {
 	var k fpFpKey
 	var f fpFpFlow
 	var del []fpFpKey
+	var flows []fpFpFlow
 	it := a.p.PrgFastpathFlow.Iterate()
 	for it.Next(&k, &f) {
 		if drop(k, &f) {
 			del = append(del, k)
+			flows = append(flows, f)
 		}
 	}
+	a.liberalBeforeForget(del, flows) // ctliberal.go: or their next packets may be INVALID
 	n := 0
 	for _, k := range del {
 		if err := a.p.PrgFastpathFlow.Delete(k); err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
