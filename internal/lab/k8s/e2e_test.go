@@ -721,7 +721,6 @@ func TestK8sServicesFastPath(t *testing.T) {
 // TestK8sServicesNFTables: the same through kube-proxy's nftables mode (restarted in it, its
 // iptables rules cleaned up first), then back to iptables for the tests after.
 func TestK8sServicesNFTables(t *testing.T) {
-	t.Skip("known failure: before the 2026-11-28 fixes on branch k8s3 (namespace identity, liberal-before-forget) a ClusterIP stream stalled (i/o timeout) in kube-proxy's nftables mode; being re-verified (issue 27 stays open)")
 	f := getFixture(t)
 	c := f.c
 	needAgent(t, c)
