@@ -49,7 +49,7 @@ func Open(name string) (*NS, error) {
 	return &NS{name: name, f: f}, nil
 }
 
-// Path is where the namespace was opened from ("/proc/self/ns/net" for the process's own).
+// Path is where the namespace was opened from ("/proc/thread-self/ns/net" for the process's own).
 func (ns *NS) Path() string { return Path(ns.name) }
 
 // Name is the name (or path) it was opened by.

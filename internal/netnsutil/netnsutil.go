@@ -24,11 +24,14 @@ import (
 const RunDir = "/var/run/netns"
 
 // Path returns the filesystem path of a namespace given by name or by path.
-// An empty name means the namespace of the calling process.
+// An empty name means the namespace of the calling process: the calling thread's, which
+// outside Do is the process's own. Not /proc/self/ns/net: that is the main thread's, and Go
+// runs any goroutine there, Do's too, so while one is inside a pod's namespace it names the
+// pod's (the node agent then took its own link pins for missing ones).
 func Path(name string) string {
 	switch {
 	case name == "":
-		return "/proc/self/ns/net"
+		return "/proc/thread-self/ns/net"
 	case strings.Contains(name, "/"):
 		return name
 	default:

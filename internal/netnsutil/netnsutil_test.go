@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
@@ -66,5 +67,47 @@ func TestWithSysfsAndDoLeaveNoThreadBehind(t *testing.T) {
 	}
 	if ino, _ := netnsutil.Inode(fmt.Sprintf("/proc/%d/ns/net", os.Getpid())); ino != rootNet {
 		t.Errorf("main thread is in namespace %d, want %d", ino, rootNet)
+	}
+}
+
+// Regression: Path("") was /proc/self/ns/net, the namespace of the process's main thread. Go
+// runs any goroutine on the main thread, Do's included, so while one was inside a pod's
+// namespace there, every stat of the "own" namespace (record keys, link pin names, endpoint
+// domains) named the pod's: the k8s node agent's Repair then found its NIC link pin "missing"
+// and failed to attach it again (tcx: file exists). Path("") must name the namespace of the
+// calling thread, which for every goroutine outside Do is the process's own.
+func TestOwnNamespaceWhileDoRuns(t *testing.T) {
+	const ns = "prg-tnsown"
+	testutil.TempNetns(t, ns)
+	own, err := netnsutil.Inode(fmt.Sprintf("/proc/self/task/%d/ns/net", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = netnsutil.Do(ns, func() error { time.Sleep(200 * time.Microsecond); return nil })
+			}
+		}()
+	}
+	wrong := 0
+	for i := 0; i < 20000; i++ {
+		if ino, err := netnsutil.Inode(netnsutil.Path("")); err != nil || ino != own {
+			wrong++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if wrong > 0 {
+		t.Errorf("Path(\"\") named another namespace than the caller's %d times in 20000 while Do ran", wrong)
 	}
 }

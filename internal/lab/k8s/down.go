@@ -114,7 +114,8 @@ func Down(log func(string, ...any)) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	errs = append(errs, cerr, restoreSysctls())
-	for _, d := range []string{"/run/netns", "/run/peregrine"} {
+	for i := len(madeMountPoints) - 1; i >= 0; i-- {
+		d := madeMountPoints[i]
 		marker := filepath.Join(StateRoot, "made"+strings.ReplaceAll(d, "/", "_"))
 		if _, err := os.Stat(marker); err == nil {
 			_ = os.Remove(d) // only if still empty: someone else may use it by now

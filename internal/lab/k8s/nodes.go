@@ -101,12 +101,16 @@ func runIn(ctx context.Context, ns string, cmds [][]string) error {
 	return nil
 }
 
+// madeMountPoints are the mount points makeMountNS needs on the host, parents first; those it
+// creates, Down removes again (children first, and only while empty).
+var madeMountPoints = []string{"/run/netns", "/run/peregrine", "/var/lib/kubelet", "/var/lib/kubelet/device-plugins"}
+
 // makeMountNS gives node i a mount namespace of its own, kept by a bind mount of its file:
 // a sysfs of the node's network namespace on /sys (the agent's rps knobs are the node's
 // devices'), with the host's cgroup hierarchies and a bpffs of the node's own under it; tmpfs
-// on /run/netns (the node's pods' namespaces), /run/peregrine (the agent's records) and
-// /var/log (kubelet's /var/log/containers). Everything is made private first, then rshared
-// inside: the node's mounts reach its containers (HostToContainer) and never the host.
+// on /run/netns (the node's pods' namespaces), /run/peregrine (the agent's records),
+// /var/log (kubelet's /var/log/containers) and /var/lib/kubelet/device-plugins. Everything
+// is made private first, then rshared inside: the node's mounts reach its containers (HostToContainer) and never the host.
 func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 	f := MountNS(i)
 	if err := os.WriteFile(f, nil, 0o600); err != nil {
@@ -116,7 +120,7 @@ func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 	if err := os.MkdirAll(newsys, 0o755); err != nil {
 		return err
 	}
-	for _, d := range []string{"/run/netns", "/run/peregrine"} {
+	for _, d := range madeMountPoints {
 		if _, err := os.Stat(d); os.IsNotExist(err) {
 			// A mount point must exist on the host; Down removes it again if the lab made it.
 			if err := os.MkdirAll(d, 0o755); err != nil {
@@ -135,6 +139,10 @@ func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 		"mount -t tmpfs -o mode=755 prg-k8s-netns /run/netns",
 		"mount -t tmpfs -o mode=755 prg-k8s-run /run/peregrine",
 		"mount -t tmpfs -o mode=755 prg-k8s-log /var/log",
+		// kubelet binds its device plugin socket at a fixed path, whatever its --root-dir:
+		// two nodes' kubelets starting together on the host's directory removed each
+		// other's socket (bind: address already in use, kubelet exits).
+		"mount -t tmpfs -o mode=755 prg-k8s-dp /var/lib/kubelet/device-plugins",
 		"mkdir -p /var/log/containers /var/log/pods",
 		// The host's copies of the other nodes' mount namespace files: a node must not hold
 		// another's namespace alive.
