@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"bufio"
 	"context"
 	"flag"
@@ -194,6 +195,11 @@ func linkIDs(t *testing.T, target, mode string) map[string]link.ID {
 	out := map[string]link.ID{}
 	for _, e := range ents {
 		l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			// Unpinned between the listing and the open: the agent's Repair removes the pin
+			// of a link detached by hand before it attaches the piece again.
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
