@@ -1,9 +1,9 @@
 package agent
 
 import (
-	"errors"
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
