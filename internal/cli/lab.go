@@ -180,7 +180,7 @@ func newLabDownCmd() *cobra.Command {
 				return err
 			}
 			if all {
-				if err := lab.DownAll(stderrLog, datapath.ForgetNamespaces); err != nil {
+				if err := lab.DownAll(stderrLog, datapath.ForgetNamespaces, downK8s); err != nil {
 					return err
 				}
 				fmt.Fprintln(os.Stderr, "removed every lab namespace and link, with their attachments, pins and records (attachments to other namespaces are kept)")
@@ -366,3 +366,7 @@ func newLabExecCmd() *cobra.Command {
 
 // parseCPUList parses "0,2-3" into CPU numbers (cpuset.Parse: ascending, distinct).
 func parseCPUList(s string) ([]int, error) { return cpuset.Parse(s) }
+
+// downK8s is the k8s cluster's part of `lab down --all`, run before the namespace sweep would
+// pull the namespaces from under its daemons and leave their mounts, cgroups and sysctls.
+func downK8s(log lab.Logf) error { return k8s.Down(log) }

@@ -20,10 +20,6 @@ import (
 // (a lab nothing was attached to).
 type Forget func(namespaces []string, all bool) error
 
-// DownAllFirst are the teardowns of labs that live in other packages (which import this one,
-// so it cannot call them): DownAll runs each before its namespace sweep.
-var DownAllFirst []func(Logf) error
-
 func listOurNamespaces() ([]string, error) { return netnsutil.List(Prefix) }
 
 // Down removes a lab: its processes, namespaces (and with them every link inside) and records,
@@ -46,16 +42,19 @@ func Down(name string, log Logf, forget Forget) error {
 
 // DownAll removes everything peregrine made that a crash could leave behind: every namespace
 // with our prefix, every lab record, root-namespace links with our prefix, and (through forget)
-// every pinned object and datapath record.
-func DownAll(log Logf, forget Forget) error {
+// every pinned object and datapath record. first are the teardowns of labs that live in
+// packages importing this one (the k8s cluster: its mounts, cgroups and sysctls), which the
+// caller passes because this package cannot call them: each runs before the namespace sweep
+// would pull the namespaces from under their daemons.
+func DownAll(log Logf, forget Forget, first ...func(Logf) error) error {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
 	// Real flannel labs first: their own down also stops etcd and flanneld by pid file and
 	// removes their state directories and CNI state, which the namespace sweep would not.
-	// Likewise the labs registered in DownAllFirst (the k8s cluster: mounts, cgroups, sysctls).
+	// Likewise the labs the caller names in first.
 	rfErr := realflannel.DownAll(log)
-	for _, f := range DownAllFirst {
+	for _, f := range first {
 		rfErr = errors.Join(rfErr, f(log))
 	}
 	nss, err := listOurNamespaces()

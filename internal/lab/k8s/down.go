@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -137,10 +136,4 @@ func cgroupsLeft() bool {
 		}
 	}
 	return false
-}
-
-// `peregrine lab down --all` removes the cluster too, before its namespace sweep would pull the
-// namespaces from under the daemons and leave their mounts, cgroups and sysctls behind.
-func init() {
-	lab.DownAllFirst = append(lab.DownAllFirst, func(log lab.Logf) error { return Down(log) })
 }
