@@ -82,7 +82,7 @@ func ping(t *testing.T, l *lab.Lab, from, to string) {
 	t.Helper()
 	src, _ := l.Node(from)
 	dst, _ := l.Node(to)
-	if out, err := netnsutil.Run(context.Background(), src.Netns, "ping", "-c", "3", "-i", "0.2", "-W", "1", dst.AddrOnly()); err != nil {
+	if out, err := netnsutil.Run(context.Background(), src.Netns, "ping", "-c", "3", "-i", "0.2", "-w", "5", dst.AddrOnly()); err != nil {
 		t.Fatalf("ping %s -> %s: %v\n%s", from, to, err, out)
 	}
 }

@@ -103,9 +103,9 @@ func TestCalicoLike(t *testing.T) {
 		t.Fatalf("fast path dropped packets: egress %v ingress %v", eg, in)
 	}
 	// ICMP both ways, and pods of one node (routed through the node, TTL lowered once).
-	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.2")
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.65.1.2")
 	l0, _ := both()
-	out := run(t, "prg-fca-n1-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.3")
+	out := run(t, "prg-fca-n1-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.65.1.3")
 	if strings.Count(out, "ttl=63") != 5 {
 		t.Fatalf("same-node ping: want 5 replies at ttl=63 (one routed hop):\n%s", out)
 	}
@@ -131,7 +131,7 @@ func TestCalicoLike(t *testing.T) {
 			t.Fatalf("%s: pins left: %v", h, m)
 		}
 	}
-	run(t, "prg-fca-n1-p1", "ping", "-c", "2", "-W", "1", "10.65.2.2")
+	run(t, "prg-fca-n1-p1", "ping", "-c", "2", "-w", "5", "10.65.2.2")
 }
 
 // TestNoPodsWarns: an overlay with no pod at all attaches (pods may come later) but says so,
@@ -189,7 +189,7 @@ func calicoIdentity(t *testing.T, host string) {
 		t.Fatalf("a pod claiming its neighbour's address on its eth0 moved it: %v -> %v", before, now)
 	}
 	i0 := in()
-	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.2")
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.65.1.2")
 	if i1 := in(); i1["hit"] <= i0["hit"] {
 		t.Fatalf("10.65.1.2 lost the fast path after a pod's false claim: ingress %v -> %v", i0, i1)
 	}
@@ -200,7 +200,7 @@ func calicoIdentity(t *testing.T, host string) {
 		return !held && now["10.65.1.3"] == other, fmt.Sprint(now)
 	})
 	i0 = in()
-	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.65.1.2")
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.65.1.2")
 	if i1 := in(); i1["hit"] != i0["hit"] || i1["no-pod"] <= i0["no-pod"] {
 		t.Fatalf("a doubly routed address still delivered by the fast path: ingress %v -> %v", i0, i1)
 	}
@@ -246,7 +246,7 @@ func calicoNewPod(t *testing.T, host string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", addr)
+	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", addr)
 	v1, err := Inspect(host)
 	if err != nil {
 		t.Fatal(err)

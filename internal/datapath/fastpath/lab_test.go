@@ -123,7 +123,7 @@ func TestLabFastPath(t *testing.T) {
 
 			// TCP, UDP and ICMP with the fast path on both hosts.
 			attachAll(t, hosts)
-			run(t, c11.Netns, "ping", "-c", "5", "-i", "0.1", "-W", "1", dst)
+			run(t, c11.Netns, "ping", "-c", "5", "-i", "0.1", "-w", "5", dst)
 			run(t, c21.Netns, "iperf3", "-s", "-D", "-1", "-p", "5302")
 			waitListening(t, c21.Netns, 5302)
 			run(t, c11.Netns, "iperf3", "-c", dst, "-p", "5302", "-t", "1")
@@ -152,7 +152,7 @@ func TestLabFastPath(t *testing.T) {
 				recreatePod(t, l, spec)
 				// The agent has a second to notice; the next packets must reach the new pod.
 				before, _ := hitsIn(t, hosts[1])
-				run(t, c11.Netns, "ping", "-c", "10", "-i", "0.2", "-W", "1", dst)
+				run(t, c11.Netns, "ping", "-c", "10", "-i", "0.2", "-w", "5", dst)
 				after, _ := hitsIn(t, hosts[1])
 				if after <= before {
 					t.Fatalf("re-created pod never got fast-path packets (ingress hits %d -> %d)", before, after)
@@ -307,7 +307,7 @@ func TestHandBuiltOverlay(t *testing.T) {
 		t.Fatalf("build the overlay: %v\n%s", err, out)
 	}
 	attachAll(t, hosts)
-	run(t, "prg-fph-n1-p1", "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.244.2.2")
+	run(t, "prg-fph-n1-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.244.2.2")
 	run(t, "prg-fph-n2-p1", "iperf3", "-s", "-D", "-1", "-p", "5304")
 	waitListening(t, "prg-fph-n2-p1", 5304)
 	run(t, "prg-fph-n1-p1", "iperf3", "-c", "10.244.2.2", "-p", "5304", "-t", "1")
@@ -385,7 +385,7 @@ func TestInvalidation(t *testing.T) {
 		{"mtu", [][]string{{"ip", "link", "set", "eth0", "mtu", "1400"}, {"ip", "link", "set", "eth0", "mtu", fmt.Sprint(l.Spec.MTU)}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-W", "1", dst)
+			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-w", "5", dst)
 			if learned() == 0 {
 				t.Fatalf("no flow learned before the change")
 			}
@@ -399,7 +399,7 @@ func TestInvalidation(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-W", "1", dst)
+			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-w", "5", dst)
 		})
 	}
 }

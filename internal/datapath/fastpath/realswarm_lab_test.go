@@ -135,7 +135,7 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 			t.Fatalf("attach %s (no --underlay: discovery must find eth0 behind docker's vxlan0): %v", h, err)
 		}
 	}
-	nsRun(t, c1, "ping", "-c", "5", "-i", "0.1", "-W", "1", dst)
+	nsRun(t, c1, "ping", "-c", "5", "-i", "0.1", "-w", "5", dst)
 	nsRun(t, c2, "iperf3", "-s", "-D", "-1", "-p", "5307")
 	waitListeningAt(t, c2, 5307)
 	nsRun(t, c1, "iperf3", "-c", dst, "-p", "5307", "-t", "1")
@@ -178,7 +178,7 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nsRun(t, c1, "ping", "-c", "5", "-i", "0.1", "-W", "1", "10.252.0.29")
+	nsRun(t, c1, "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.252.0.29")
 	v1, err := Inspect(nodes[1])
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +196,7 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 		}
 	}
 	// The overlay still works on the normal path.
-	nsRun(t, c1, "ping", "-c", "2", "-i", "0.1", "-W", "1", dst)
+	nsRun(t, c1, "ping", "-c", "2", "-i", "0.1", "-w", "5", dst)
 	if d := time.Since(start); d > 90*time.Second {
 		t.Errorf("took %.0f s, the budget is 90 s", d.Seconds())
 	}

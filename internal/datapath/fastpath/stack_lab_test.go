@@ -34,7 +34,7 @@ func TestStackedUnderPrism(t *testing.T) {
 	attachAll(t, hosts[1:])
 
 	dst := strings.Split(l.Containers[2].Addr, "/")[0]
-	run(t, l.Containers[0].Netns, "ping", "-c", "30", "-i", "0.05", "-W", "1", dst)
+	run(t, l.Containers[0].Netns, "ping", "-c", "30", "-i", "0.05", "-w", "5", dst)
 
 	for _, h := range hosts {
 		v, err := Inspect(h)

@@ -86,8 +86,8 @@ func TestSwarmLikeOverlays(t *testing.T) {
 		}
 	}
 	// Traffic on both overlays: each takes the fast path, counted on its own overlay.
-	run(t, "prg-fsw-n1-c0", "ping", "-c", "10", "-i", "0.05", "-W", "1", "10.0.0.21")
-	run(t, "prg-fsw-n1-c1", "ping", "-c", "10", "-i", "0.05", "-W", "1", "10.0.1.21")
+	run(t, "prg-fsw-n1-c0", "ping", "-c", "10", "-i", "0.05", "-w", "5", "10.0.0.21")
+	run(t, "prg-fsw-n1-c1", "ping", "-c", "10", "-i", "0.05", "-w", "5", "10.0.1.21")
 	for _, h := range hosts {
 		v, err := Inspect(h)
 		if err != nil {
@@ -127,7 +127,7 @@ func TestSwarmLikeOverlays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "prg-fsw-n1-c1", "ping", "-c", "10", "-i", "0.05", "-W", "1", "10.0.1.25")
+	run(t, "prg-fsw-n1-c1", "ping", "-c", "10", "-i", "0.05", "-w", "5", "10.0.1.25")
 	after, err := Inspect(hosts[1])
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +272,7 @@ func TestSwarmLikeOverlayLater(t *testing.T) {
 	if o.Index == 0 || !strings.HasSuffix(o.VXLAN, "/1-ov1/vxlan0") {
 		t.Fatalf("new overlay: %+v", o)
 	}
-	run(t, "prg-fsl-n1-c1", "ping", "-c", "10", "-i", "0.05", "-W", "1", "10.0.1.21")
+	run(t, "prg-fsl-n1-c1", "ping", "-c", "10", "-i", "0.05", "-w", "5", "10.0.1.21")
 	v, err := Inspect(hosts[0])
 	if err != nil {
 		t.Fatal(err)

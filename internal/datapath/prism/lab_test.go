@@ -210,7 +210,7 @@ func TestLabEndToEnd(t *testing.T) {
 				t.Errorf("bulk TCP on an LP port was redirected (%d packets)", d)
 			}
 			// ICMP is HP too: ping works through the fast path.
-			if out, err := netnsutil.Run(context.Background(), c11.Netns, "ping", "-c", "3", "-i", "0.2", "-W", "2", dst); err != nil {
+			if out, err := netnsutil.Run(context.Background(), c11.Netns, "ping", "-c", "3", "-i", "0.2", "-w", "5", dst); err != nil {
 				t.Errorf("ping: %v\n%s", err, out)
 			}
 

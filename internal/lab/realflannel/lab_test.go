@@ -162,7 +162,7 @@ func TestRealFlannelFastPath(t *testing.T) {
 			}
 		}
 	}
-	run(t, a.Netns, "ping", "-c", "5", "-i", "0.1", "-W", "1", b.Addr.String())
+	run(t, a.Netns, "ping", "-c", "5", "-i", "0.1", "-w", "5", b.Addr.String())
 	iperf(t, &b, &a, 5311, "1")
 	for _, n := range nodes {
 		v := inspect(t, n)
@@ -201,7 +201,7 @@ func TestRealFlannelFastPath(t *testing.T) {
 	})
 	t.Logf("CNI-added pod %s in status after %v", c.Addr, time.Since(added).Round(time.Millisecond))
 	in0 := inspect(t, nodes[1]).Ingress["hit"]
-	run(t, a.Netns, "ping", "-c", "10", "-i", "0.05", "-W", "1", c.Addr.String())
+	run(t, a.Netns, "ping", "-c", "10", "-i", "0.05", "-w", "5", c.Addr.String())
 	if in1 := inspect(t, nodes[1]).Ingress["hit"]; in1-in0 < 5 {
 		t.Fatalf("pings to the CNI-added pod took the fast path %d times in, want >= 5 of 10", in1-in0)
 	}
@@ -263,7 +263,7 @@ func TestRealFlannelFastPath(t *testing.T) {
 			dAddr, e.Netns, eMAC, strings.TrimSpace(neigh), strings.TrimSpace(run(t, nodes[1], "ip", "neigh", "show", dAddr.String())))
 	}
 	in2 := inspect(t, nodes[1]).Ingress["hit"]
-	run(t, a.Netns, "ping", "-c", "5", "-i", "0.05", "-W", "1", dAddr.String())
+	run(t, a.Netns, "ping", "-c", "5", "-i", "0.05", "-w", "5", dAddr.String())
 	if in3 := inspect(t, nodes[1]).Ingress["hit"]; in3 <= in2 {
 		t.Fatalf("the re-created pod gets no fast-path packets (ingress hits %d -> %d)", in2, in3)
 	}
@@ -302,7 +302,7 @@ func TestRealFlannelFastPath(t *testing.T) {
 	if err := <-bg; err != nil {
 		t.Fatalf("the TCP stream across flanneld restarts: %v", err)
 	}
-	run(t, a.Netns, "ping", "-c", "5", "-i", "0.1", "-W", "1", b.Addr.String())
+	run(t, a.Netns, "ping", "-c", "5", "-i", "0.1", "-w", "5", b.Addr.String())
 	for _, n := range nodes {
 		v := inspect(t, n)
 		if v.Egress["hit"] <= restarted[n] || v.Both == 0 {
@@ -450,7 +450,7 @@ func TestRealFlannelPrismFalcon(t *testing.T) {
 		record(st)
 	}
 	iperf(t, &b, &a, 5401, "1")
-	run(t, a.Netns, "ping", "-c", "3", "-i", "0.1", "-W", "1", b.Addr.String())
+	run(t, a.Netns, "ping", "-c", "3", "-i", "0.1", "-w", "5", b.Addr.String())
 	p, err := prism.Inspect(nodes[1])
 	if err != nil {
 		t.Fatal(err)
