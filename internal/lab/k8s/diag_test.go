@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +93,18 @@ func (tr *ctTrace) take(t0 time.Time) []ctEvent {
 	lines := tr.lines
 	tr.lines = nil
 	tr.mu.Unlock()
+	return parseCT(lines, t0)
+}
+
+// peek is take without dropping.
+func (tr *ctTrace) peek(t0 time.Time) []ctEvent {
+	tr.mu.Lock()
+	lines := slices.Clone(tr.lines)
+	tr.mu.Unlock()
+	return parseCT(lines, t0)
+}
+
+func parseCT(lines []string, t0 time.Time) []ctEvent {
 	var out []ctEvent
 	for _, l := range lines {
 		node, rest, _ := strings.Cut(l, " ")
