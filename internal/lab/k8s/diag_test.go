@@ -34,7 +34,7 @@ func diag(t *testing.T, c *Cluster) {
 	t.Log(b.String())
 }
 
-// ctTrace follows conntrack's events for the churn's UDP port on every node while a churn
+// ctTrace follows conntrack's UDP events on every node while a churn
 // step runs (`conntrack -E`, with the kernel's event times), so a step that did not move says
 // when kube-proxy deleted the flow's entry and what the normal path made of it afterwards.
 type ctTrace struct {
@@ -44,7 +44,7 @@ type ctTrace struct {
 	wg    sync.WaitGroup
 }
 
-func startCTTrace(c *Cluster, port int) *ctTrace {
+func startCTTrace(c *Cluster) *ctTrace {
 	tr := &ctTrace{}
 	for i := 1; i <= c.Spec.Nodes; i++ {
 		cmd := Exec(context.Background(), i, "conntrack", "-E", "-p", "udp", "-o", "timestamp")

@@ -381,7 +381,7 @@ spec:
 		t.Fatal(err)
 	}
 	defer fl.stop()
-	tr := startCTTrace(c, churnUDP)
+	tr := startCTTrace(c)
 	defer tr.stop()
 	clientPort := fl.conn.LocalAddr().(*net.UDPAddr).Port
 	ips := map[string]string{} // pod name -> address, recorded before each change
