@@ -35,7 +35,8 @@ func diag(t *testing.T, c *Cluster) {
 }
 
 // ctTrace follows conntrack's UDP events on every node while a churn
-// step runs (`conntrack -E`, with the kernel's event times), so a step that did not move says
+// step runs (`conntrack -E`, timed when the tool received each event: a few ms after the kernel
+// sent it), so a step that did not move says
 // when kube-proxy deleted the flow's entry and what the normal path made of it afterwards.
 type ctTrace struct {
 	mu    sync.Mutex
