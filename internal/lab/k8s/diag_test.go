@@ -34,10 +34,9 @@ func diag(t *testing.T, c *Cluster) {
 	t.Log(b.String())
 }
 
-// ctTrace follows conntrack's UDP events on every node while a churn
-// step runs (`conntrack -E`, timed when the tool received each event: a few ms after the kernel
-// sent it), so a step that did not move says
-// when kube-proxy deleted the flow's entry and what the normal path made of it afterwards.
+// ctTrace follows conntrack's UDP events on every node while a churn step runs (`conntrack
+// -E`, timed when the tool received each event: a few ms after the kernel sent it), so a step
+// says when kube-proxy deleted the flow's entry and what the normal path made of it after.
 type ctTrace struct {
 	mu    sync.Mutex
 	lines []string
