@@ -897,7 +897,10 @@ func TestK8sChurnWithAgent(t *testing.T) {
 				ev.What, b.Cleanup, b.Switch, ev.Cleanup, ev.Switch, ev.Switch-ev.Cleanup, ev.LastStale)
 		}
 		if ev.Cleanup < 0 {
-			t.Logf("%s: kube-proxy did not delete the flow's conntrack entry within %s: not compared", ev.What, churnCleanupMax)
+			// It came 0.5-4.4 s after the change in every run so far: a step without it is
+			// not passed unmeasured (the flow's entry may be missing, which would be the fast
+			// path's doing: the events are logged above).
+			t.Errorf("%s: kube-proxy's deletion of the flow's conntrack entry not seen within %s: nothing to compare with", ev.What, churnCleanupMax)
 			continue
 		}
 		if ev.LastStale > ev.Cleanup+churnStaleMax {
