@@ -76,6 +76,7 @@ type fixture struct {
 	svcIP   string
 	mu      sync.Mutex
 	closers []io.Closer
+	accepts map[string]int // TCP echo connections each served pod accepted
 }
 
 var (
@@ -149,23 +150,10 @@ func (f *fixture) pod(ctx context.Context, name string) (Pod, string, error) {
 	return Pod{Name: name, Node: fs[0], IP: fs[1]}, ns, err
 }
 
-// serve runs, inside a pod's namespace, a TCP echo server on echoTCP and a UDP server on
-// echoUDP and churnUDP that answers every datagram with the pod's name.
+// serve runs, inside a pod's namespace, a UDP server on echoUDP and churnUDP that answers
+// every datagram with the pod's name and a TCP echo server on echoTCP, in that order: the
+// churn pods' readiness probe is the TCP port, so a Ready pod answers on UDP.
 func (f *fixture) serve(ns, name string) error {
-	l, err := listenIn(ns, "tcp", fmt.Sprintf(":%d", echoTCP))
-	if err != nil {
-		return fmt.Errorf("serve in %s: %w", name, err)
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	f.keep(l)
 	for _, port := range []int{echoUDP, churnUDP} {
 		u, err := listenPacketIn(ns, "udp", fmt.Sprintf(":%d", port))
 		if err != nil {
@@ -183,7 +171,34 @@ func (f *fixture) serve(ns, name string) error {
 		}()
 		f.keep(u)
 	}
+	l, err := listenIn(ns, "tcp", fmt.Sprintf(":%d", echoTCP))
+	if err != nil {
+		return fmt.Errorf("serve in %s: %w", name, err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			if f.accepts == nil {
+				f.accepts = map[string]int{}
+			}
+			f.accepts[name]++
+			f.mu.Unlock()
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	f.keep(l)
 	return nil
+}
+
+// accepted is how many TCP echo connections pod name accepted so far.
+func (f *fixture) accepted(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.accepts[name]
 }
 
 func (f *fixture) keep(c io.Closer) {
@@ -256,7 +271,14 @@ type churnEvent struct {
 	Wrong    int           // answers from a removed or wrong backend to datagrams sent after that one
 	WrongBy  []string
 	Silences time.Duration // the longest gap without answers after the change
+	Cleanup  time.Duration // from the change to kube-proxy's deletion of the flow's conntrack entry on the client's node (-1: not seen)
+	// LastStale: from the change to the sending of the last datagram a removed or wrong
+	// backend answered (-1: none after the change).
+	LastStale time.Duration
 }
+
+// churnCleanupMax bounds the wait for kube-proxy's cleanup of a churn step.
+const churnCleanupMax = 20 * time.Second
 
 // churn runs the three changes on a Deployment's Service while one UDP flow (fixed client
 // port) sends every 5 ms: delete the flow's backend; scale down until the flow's backend is
@@ -282,7 +304,11 @@ spec:
       enableServiceLinks: false
       dnsPolicy: Default
       containers:
-      - {name: c, image: %[3]s, imagePullPolicy: Never, command: ["sleep", "100000"]}
+      - name: c
+        image: %[3]s
+        imagePullPolicy: Never
+        command: ["sleep", "100000"]
+        readinessProbe: {tcpSocket: {port: %[5]d}, periodSeconds: 1}
 ---
 apiVersion: v1
 kind: Service
@@ -290,20 +316,37 @@ metadata: {name: %[1]s, namespace: default}
 spec:
   selector: {app: %[1]s}
   ports: [{port: %[4]d, protocol: UDP}]
-`, dep, NodeName(2), BusyboxImage, churnUDP)
+`, dep, NodeName(2), BusyboxImage, churnUDP, echoTCP)
+	// Fresh addresses for every pod of the run (see fresh), then the Deployment.
+	block := 100
+	if tag != "base" {
+		block = 150
+	}
+	fresh := func() {
+		t.Helper()
+		if err := setNextIP(c, 2, nthAddr(netip.MustParsePrefix(c.Nodes[1].PodCIDR), block).String()); err != nil {
+			t.Fatal(err)
+		}
+		block += 8
+	}
+	fresh()
 	apply(t, c, y)
 	t.Cleanup(func() {
 		_, _ = c.KubectlIn(context.Background(), y, "delete", "--wait=false", "-f", "-")
 	})
+	// The test's servers run in the pods' namespaces, started by the test: a pod is served as
+	// soon as its container runs (serveRunning, every 200 ms in the background), and the
+	// readiness probe on the TCP echo port keeps it out of the Service until then. Without
+	// the probe, kube-proxy balanced the flow onto a fresh replacement pod the test had not
+	// served yet, and its silence read as "the flow never left the deleted backend" (issue 27).
+	var servedMu sync.Mutex
 	served := map[string]bool{}
-	serveNew := func() {
-		t.Helper()
-		if _, err := c.Kubectl(ctx, "rollout", "status", "deployment/"+dep, "--timeout=90s"); err != nil {
-			t.Fatal(err)
-		}
+	serveRunning := func() error {
+		servedMu.Lock()
+		defer servedMu.Unlock()
 		ps, err := c.Pods(ctx, testNS, "app="+dep)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		for _, p := range ps {
 			if served[p.Name] {
@@ -311,12 +354,38 @@ spec:
 			}
 			ns, err := c.PodNetns(ctx, testNS, p.Name)
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
 			if err := f.serve(ns, p.Name); err != nil {
-				t.Fatal(err)
+				return err
 			}
 			served[p.Name] = true
+		}
+		return nil
+	}
+	stopServing := make(chan struct{})
+	servingDone := make(chan struct{})
+	go func() {
+		defer close(servingDone)
+		tk := time.NewTicker(200 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stopServing:
+				return
+			case <-tk.C:
+				_ = serveRunning() // a pod between Running and its first container: next tick
+			}
+		}
+	}()
+	defer func() { close(stopServing); <-servingDone }()
+	serveNew := func() {
+		t.Helper()
+		if _, err := c.Kubectl(ctx, "rollout", "status", "deployment/"+dep, "--timeout=90s"); err != nil {
+			t.Fatal(err)
+		}
+		if err := serveRunning(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	serveNew()
@@ -326,6 +395,10 @@ spec:
 		t.Fatal(err)
 	}
 	defer fl.stop()
+	tr := startCTTrace(c)
+	defer tr.stop()
+	clientPort := fl.conn.LocalAddr().(*net.UDPAddr).Port
+	ips := map[string]string{} // pod name -> address, recorded before each change
 	current := func() string {
 		t.Helper()
 		if err := waitFor(ctx, 20*time.Second, 20*time.Millisecond, "answers on the churn flow", func() (bool, error) {
@@ -333,7 +406,13 @@ spec:
 		}); err != nil {
 			t.Fatal(err)
 		}
-		return fl.last(time.Second)
+		b := fl.last(time.Second)
+		if ps, err := c.Pods(ctx, testNS, "app="+dep); err == nil {
+			for _, p := range ps {
+				ips[p.Name] = p.IP
+			}
+		}
+		return b
 	}
 	backends := func() map[string]bool {
 		ps, err := c.Pods(ctx, testNS, "app="+dep)
@@ -349,15 +428,45 @@ spec:
 	var evs []churnEvent
 	observe := func(what string, t0 time.Time, removed map[string]bool) {
 		t.Helper()
-		// Well past kube-proxy's cleanup: a deleted pod's endpoint leaves the slice (and
-		// kube-proxy deletes its UDP conntrack entries) 2.5-4 s after the delete here.
-		time.Sleep(7 * time.Second)
+		// Until kube-proxy deleted the flow's conntrack entry on the client's node (its
+		// cleanup: the endpoint left the Service, 0.5-4 s after the change here, more on a
+		// loaded machine), then 2 s more.
+		var gone []string
+		for p := range removed {
+			if ips[p] != "" {
+				gone = append(gone, ips[p])
+			}
+		}
+		cleanup := time.Duration(-1)
+		_ = waitFor(ctx, churnCleanupMax, 100*time.Millisecond, "kube-proxy's cleanup", func() (bool, error) {
+			cleanup = kubeProxyCleanup(tr.peek(t0), NodeName(1), f.client.IP, clientPort, svc, gone)
+			return cleanup >= 0, nil
+		})
+		time.Sleep(2 * time.Second)
 		ev := fl.judge(what, t0, removed, backends())
-		t.Logf("%s %s: first right answer after %s, %d wrong answers after it %v, longest silence %s; answers: %v", tag, what, ev.Switch, ev.Wrong, ev.WrongBy, ev.Silences, ev.Trace)
+		evts := tr.take(t0)
+		ev.Cleanup = kubeProxyCleanup(evts, NodeName(1), f.client.IP, clientPort, svc, gone)
+		t.Logf("%s %s: kube-proxy deleted the flow's conntrack entry after %s; first right answer after %s; last datagram a removed backend answered sent after %s; %d wrong answers after the switch %v; longest silence %s; answers: %v",
+			tag, what, ev.Cleanup, ev.Switch, ev.LastStale, ev.Wrong, ev.WrongBy, ev.Silences, ev.Trace)
+		var cts []string
+		for _, e := range evts {
+			if strings.Contains(e.line, fmt.Sprintf("=%d ", clientPort)) {
+				cts = append(cts, e.String())
+			}
+		}
+		t.Logf("%s %s: conntrack events of the flow (client %s port %d, removed %v):\n%s", tag, what, f.client.IP, clientPort, gone, strings.Join(cts, "\n"))
+		if tag == "agent" && (ev.Switch < 0 || ev.Cleanup < 0 || ev.Wrong > 0) {
+			t.Logf("%s: %s's cached flows of the client %s:\n%s", what, NodeName(1), f.client.IP, flowEntries(ctx, 1, f.client.IP))
+			logs, _ := c.Kubectl(ctx, "-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=peregrine", "--since=20s", "--prefix", "--timestamps")
+			t.Logf("%s: agent logs:\n%s", what, logs)
+			out, _ := Exec(ctx, 2, "ip", "neigh", "show").CombinedOutput()
+			t.Logf("%s: %s's neighbours:\n%s", what, NodeName(2), out)
+		}
 		evs = append(evs, ev)
 	}
 	// 1. delete the flow's backend.
 	b := current()
+	fresh()
 	t0 := time.Now()
 	kubectl(t, c, "delete", "pod", b, "--wait=false", "--grace-period=0")
 	observe("delete-backend", t0, map[string]bool{b: true})
@@ -368,6 +477,7 @@ spec:
 		b = current()
 		kubectl(t, c, "annotate", "--overwrite", "pod", b, "controller.kubernetes.io/pod-deletion-cost=-1000")
 		before := backends()
+		fresh()
 		t0 = time.Now()
 		kubectl(t, c, "scale", "deployment/"+dep, "--replicas=1")
 		time.Sleep(500 * time.Millisecond)
@@ -394,6 +504,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
+	fresh()
 	t0 = time.Now()
 	kubectl(t, c, "delete", "pod", b, "--wait=false", "--grace-period=0")
 	imp := "impostor-" + tag
@@ -420,6 +531,7 @@ spec:
 	if ip != old {
 		t.Fatalf("the impostor got %s, not the deleted backend's %s (host-local did not reuse it)", ip, old)
 	}
+	fresh() // no later pod reuses an address by chance
 	if err := f.serve(ns, imp); err != nil {
 		t.Fatal(err)
 	}
@@ -524,7 +636,7 @@ func (f *flow) last(d time.Duration) string {
 func (f *flow) judge(what string, t0 time.Time, removed, backends map[string]bool) churnEvent {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ev := churnEvent{What: what, Switch: -1}
+	ev := churnEvent{What: what, Switch: -1, LastStale: -1}
 	prev := t0
 	last := ""
 	var switchSent time.Time // when the first datagram a right backend answered was sent
@@ -544,6 +656,14 @@ func (f *flow) judge(what string, t0 time.Time, removed, backends map[string]boo
 			switchSent, ev.Switch = a.sentAt, a.at.Sub(t0)
 		}
 	}
+	if gap := time.Since(prev); gap > ev.Silences {
+		ev.Silences = gap // up to now: a flow that fell silent
+	}
+	for _, a := range f.answers {
+		if !a.sentAt.Before(t0) && !(backends[a.from] && !removed[a.from]) && a.sentAt.Sub(t0) > ev.LastStale {
+			ev.LastStale = a.sentAt.Sub(t0)
+		}
+	}
 	if switchSent.IsZero() {
 		return ev
 	}
@@ -560,17 +680,16 @@ func (f *flow) judge(what string, t0 time.Time, removed, backends map[string]boo
 
 var baselineChurn []churnEvent
 
-// TestK8sChurnBaseline: endpoint churn with kube-proxy alone (no agent yet): how soon the flow
-// reaches a right backend after each change, and that nothing reaches a wrong one after.
+// TestK8sChurnBaseline: endpoint churn with kube-proxy alone (no agent yet): when kube-proxy
+// deletes the flow's conntrack entry (its cleanup) after each change, how soon the flow reaches
+// a right backend, and that nothing reaches a wrong one after.
 func TestK8sChurnBaseline(t *testing.T) {
 	f := getFixture(t)
 	evs := churn(t, f, "base")
 	for _, ev := range evs {
-		if ev.Switch < 0 {
-			// kube-proxy's own behaviour is the reference, not what is tested: a deleted pod's
-			// endpoint leaves the slice (and its UDP conntrack entries go) only once the pod
-			// object is gone, sometimes later than the window here.
-			t.Logf("%s: kube-proxy alone did not move the flow within the window: not compared", ev.What)
+		if ev.Cleanup < 0 {
+			// kube-proxy's own behaviour is the reference, not what is tested.
+			t.Logf("%s: kube-proxy did not delete the flow's conntrack entry within %s", ev.What, churnCleanupMax)
 		}
 		if ev.Wrong > 0 {
 			t.Errorf("%s: kube-proxy alone delivered %d answers from wrong backends %v after the switch", ev.What, ev.Wrong, ev.WrongBy)
@@ -754,60 +873,90 @@ func TestK8sServicesNFTables(t *testing.T) {
 func servicesOnFastPath(t *testing.T, f *fixture) {
 	t.Helper()
 	c := f.c
-	for _, tc := range []struct{ name, addr string }{
-		{"ClusterIP", net.JoinHostPort(f.svcIP, fmt.Sprint(echoTCP))},
-		{"NodePort", net.JoinHostPort(nodeAddr(2).String(), fmt.Sprint(echoNP))},
+	// The pod whose connections cross the overlay to or from the client's node: any backend of
+	// the ClusterIP (translated on the client's node: the local one is a same-node hit, the other
+	// crosses VXLAN), only the client node's backend for node 2's NodePort (translated on node 2,
+	// which reaches its own backend without the overlay). kube-proxy balances at random, so
+	// NodePort connections go on until that pod had two of them: six alone all missed it once in
+	// 64 (the "0 hits on the client's node" of one run in three).
+	near := ""
+	for _, p := range f.echo {
+		if p.Node == NodeName(1) {
+			near = p.Name
+		}
+	}
+	for _, tc := range []struct{ name, addr, far string }{
+		{"ClusterIP", net.JoinHostPort(f.svcIP, fmt.Sprint(echoTCP)), ""},
+		{"NodePort", net.JoinHostPort(nodeAddr(2).String(), fmt.Sprint(echoNP)), near},
 	} {
 		h0 := hits(t, c)
-		for k := 0; k < 6; k++ { // both backends, in all likelihood
+		a0 := f.accepted(tc.far)
+		n := 0
+		for ; n < 6 || (tc.far != "" && f.accepted(tc.far)-a0 < 2 && n < 30); n++ {
 			if _, err := f.roundTrip(tc.addr, 2<<20); err != nil {
 				t.Fatalf("%s %s (kube-proxy %s): %v", tc.name, tc.addr, c.Spec.ProxyMode, err)
 			}
 		}
 		h1 := hits(t, c)
-		t.Logf("kube-proxy %s, %s %s: 6 x 2 MiB echoed byte-exact; fast path hits +%.0f on %s, +%.0f on %s", c.Spec.ProxyMode, tc.name, tc.addr, h1[0]-h0[0], NodeName(1), h1[1]-h0[1], NodeName(2))
+		across := ""
+		if tc.far != "" {
+			across = fmt.Sprintf(" (%d of them to %s, across the overlay)", f.accepted(tc.far)-a0, tc.far)
+		}
+		t.Logf("kube-proxy %s, %s %s: %d x 2 MiB echoed byte-exact%s; fast path hits +%.0f on %s, +%.0f on %s", c.Spec.ProxyMode, tc.name, tc.addr, n, across, h1[0]-h0[0], NodeName(1), h1[1]-h0[1], NodeName(2))
+		if tc.far != "" && f.accepted(tc.far)-a0 < 2 {
+			t.Errorf("%s: %d connections, %d of them to %s: kube-proxy did not balance onto it", tc.name, n, f.accepted(tc.far)-a0, tc.far)
+		}
 		if h1[0]-h0[0] < 100 {
 			t.Errorf("%s: only %.0f fast path hits on %s (the client's node)", tc.name, h1[0]-h0[0], NodeName(1))
 		}
 	}
 }
 
-// TestK8sChurnWithAgent: the same churn with peregrine's fast path: the flow reaches a right
-// backend no later than with kube-proxy alone (plus 1 s of slack for a loaded machine), and no
-// answer comes from a removed or wrong backend after that.
+// TestK8sChurnWithAgent: the same churn with peregrine's fast path. Measured against
+// kube-proxy's own cleanup in the same step (its deletion of the flow's conntrack entry on the
+// client's node, from conntrack's events): no removed backend answers a datagram sent more
+// than churnStaleMax after it, a right backend answers within churnSwitchMax of it, and no
+// removed or wrong backend answers after that. kube-proxy alone (TestK8sChurnBaseline) is
+// logged beside it.
 func TestK8sChurnWithAgent(t *testing.T) {
-	t.Skip("known failure (issue 27): one churn step in two runs of 2026-11-28 09:10-09:17 UTC kept the flow on the deleted backend for the whole 7 s window (run 3: ip-reuse, kube-proxy alone 2.91 s; run 4: delete-backend, alone 3.63 s), a different step each run, the other steps on time with 0 wrong answers; the deleted pod's namespace lives on, held by the test's own server sockets, so its stale address still answers: the client node's cached DNAT was not re-learned after kube-proxy's conntrack deletion in those runs; cause not found yet. The hit-count lag and the forget-before-mark stall that failed the other tests are fixed")
 	f := getFixture(t)
 	needAgent(t, f.c)
-	if baselineChurn == nil {
-		t.Skip("TestK8sChurnBaseline did not run (it must, first, without the agent)")
-	}
 	evs := churn(t, f, "agent")
 	base := map[string]churnEvent{}
 	for _, ev := range baselineChurn {
 		base[ev.What] = ev
 	}
 	for _, ev := range evs {
-		b, ok := base[ev.What]
-		if ev.Switch < 0 && ok && b.Switch >= 0 {
-			t.Errorf("%s: with the agent the flow never reached a right backend within the window; kube-proxy alone moved it after %s", ev.What, b.Switch)
+		if b, ok := base[ev.What]; ok {
+			t.Logf("%s: kube-proxy alone: cleanup %s, switch %s; with the agent: cleanup %s, switch %s (%s after the cleanup), last stale datagram sent %s",
+				ev.What, b.Cleanup, b.Switch, ev.Cleanup, ev.Switch, ev.Switch-ev.Cleanup, ev.LastStale)
+		}
+		if ev.Cleanup < 0 {
+			// It came 0.5-4.4 s after the change in every run so far: a step without it is
+			// not passed unmeasured (the flow's entry may be missing, which would be the fast
+			// path's doing: the events are logged above).
+			t.Errorf("%s: kube-proxy's deletion of the flow's conntrack entry not seen within %s: nothing to compare with", ev.What, churnCleanupMax)
 			continue
 		}
-		if ev.Switch < 0 {
-			t.Logf("%s: neither run moved the flow within the window: not compared", ev.What)
-			continue
+		if ev.LastStale > ev.Cleanup+churnStaleMax {
+			t.Errorf("%s: a removed backend answered a datagram sent %s after the change, %s after kube-proxy's cleanup (want <= %s)", ev.What, ev.LastStale, ev.LastStale-ev.Cleanup, churnStaleMax)
+		}
+		if ev.Switch < 0 || ev.Switch > ev.Cleanup+churnSwitchMax {
+			t.Errorf("%s: a right backend answered %s after the change, kube-proxy's cleanup was after %s (want within %s of it)", ev.What, ev.Switch, ev.Cleanup, churnSwitchMax)
 		}
 		if ev.Wrong > 0 {
-			t.Errorf("%s: with the agent, %d answers from removed or wrong backends %v after kube-proxy's cleanup", ev.What, ev.Wrong, ev.WrongBy)
-		}
-		// The fast path's design bound: a Service's cached replies keep their translation for at
-		// most 1 s after the conntrack entry goes (fastpath/ctwatch.go markDue), plus event
-		// latency on a loaded 2-vCPU machine; measured 1.07 s beyond kube-proxy once (2026-11-28).
-		if ok && b.Switch >= 0 && ev.Switch > b.Switch+1500*time.Millisecond {
-			t.Errorf("%s: with the agent the flow reached a right backend after %s, kube-proxy alone after %s", ev.What, ev.Switch, b.Switch)
+			t.Errorf("%s: with the agent, %d answers from removed or wrong backends %v after the switch", ev.What, ev.Wrong, ev.WrongBy)
 		}
 	}
 }
+
+// The fast path's bounds after kube-proxy's cleanup: the agent makes the flow due on the
+// entry's DESTROY event (fastpath/ctwatch.go: batches of 10-400 ms), and a Service's cached
+// replies keep their translation for at most 1 s more (markDue); on a loaded 2-vCPU machine.
+const (
+	churnStaleMax  = time.Second
+	churnSwitchMax = 1500 * time.Millisecond
+)
 
 // TestK8sNetworkPolicy: kube-router's policy controller enforces a default-deny ingress policy
 // on a pod whose flows the fast path has cached: within 1 s of the policy, a new flow between
