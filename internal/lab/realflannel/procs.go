@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -112,19 +111,7 @@ func (l *Lab) startEtcd(ctx context.Context) error {
 }
 
 // etcdClient talks to etcd from inside its namespace (its only listener is there).
-func (l *Lab) etcdClient() *http.Client {
-	ul := l.etcdNetns()
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(ul, func() error {
-			var err error
-			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-}
+func (l *Lab) etcdClient() *http.Client { return netnsutil.HTTPClient(l.etcdNetns(), 3*time.Second) }
 
 // startFlanneld runs node i's flanneld as kube-flannel's manifest does (--ip-masq): flanneld
 // masquerades only traffic leaving the flannel network, and its subnet file tells the CNI plugin
