@@ -24,24 +24,15 @@ const (
 // its own bytes back.
 func serveBanner(t *testing.T, ns, addr string, port int, banner string) {
 	t.Helper()
-	var l net.Listener
-	must(t, netnsutil.Do(ns, func() error {
-		var err error
-		l, err = net.Listen("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
-		return err
-	}))
+	l, err := netnsutil.Listen(ns, "tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
+	must(t, err)
 	t.Cleanup(func() { l.Close() })
 	go lab.ServeTCPEcho(l, banner)
 }
 
 // ask connects from inside ns to addr:port, reads the banner and has a message echoed.
 func ask(ns, addr string, port int) (string, error) {
-	var c net.Conn
-	err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
-		return err
-	})
+	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: time.Second}, "tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
 	if err != nil {
 		return "", err
 	}

@@ -39,15 +39,7 @@ type udpSink struct {
 
 func startSink(t *testing.T, ns, addr string, port int) *udpSink {
 	t.Helper()
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := labtest.ListenUDP(t, ns, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
 	s := &udpSink{}
 	go func() {
 		buf := make([]byte, 2048)

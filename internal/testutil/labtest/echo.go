@@ -1,0 +1,44 @@
+package labtest
+
+import (
+	"io"
+	"net"
+	"testing"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// EchoTCP serves a TCP echo on addr ("ip:port") inside namespace ns until the test ends: every
+// connection gets back what it sends, until it closes.
+func EchoTCP(t testing.TB, ns, addr string) {
+	t.Helper()
+	ln, err := netnsutil.Listen(ns, "tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) { defer c.Close(); _, _ = io.Copy(c, c) }(c)
+		}
+	}()
+}
+
+// ListenUDP opens a UDP socket on addr inside namespace ns, closed when the test ends.
+func ListenUDP(t testing.TB, ns string, addr *net.UDPAddr) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := netnsutil.Do(ns, func() error {
+		var err error
+		c, err = net.ListenUDP("udp4", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
