@@ -171,7 +171,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+			labtest.DetachAtEnd(t, host)
 			if st.AgentPID == 0 || !agentKit.Running(st) {
 				t.Fatalf("agent %d is not running", st.AgentPID)
 			}
@@ -242,7 +242,7 @@ func TestAgentFollowsContainers(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", falconOpts()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 
 	ov := labtest.NS(l, "h1-ov")
 	newNs := labtest.NS(l, "h1-c9") // the lab prefix: lab down removes it whatever happens
@@ -386,7 +386,7 @@ func TestRefusals(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
 		t.Fatal("falcon stacked on itself")
 	}

@@ -78,7 +78,7 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, Name, falconOpts()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	knob := "/sys/class/net/prgvx2/queues/rx-0/rps_cpus"
 	labtest.Eventually(t, time.Second, "new VXLAN device steered", func() (bool, string) {

@@ -137,7 +137,7 @@ func TestLabFirewall(t *testing.T) {
 			if _, err := datapath.Attach(context.Background(), h2, Name, datapath.Options{Extra: map[string]string{OptRules: "proto=tcp dport=5401; proto=udp dport=5401"}}); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h2, "") })
+			labtest.DetachAtEnd(t, h2)
 			b := inspect(t, h2).Stats
 			denied("prism")
 			if a := inspect(t, h2).Stats; a.Redirected != b.Redirected || a.HP == b.HP {

@@ -327,7 +327,7 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, Name, datapath.Options{Extra: map[string]string{OptRules: hpRules}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	idx := labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	recorded := func() (piece, bool) {
 		st, err := datapath.Attached(host, Name, 0)

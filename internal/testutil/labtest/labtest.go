@@ -147,3 +147,14 @@ func DelLink(ns, name string) {
 		return netlink.LinkDel(l)
 	})
 }
+
+// DetachAtEnd detaches everything attached to each target when the test ends, also on failure
+// (registered after Up, it runs before the lab goes down). Errors are ignored: a test that
+// detached by itself has nothing left to detach.
+func DetachAtEnd(t testing.TB, targets ...string) {
+	t.Cleanup(func() {
+		for _, target := range targets {
+			_, _ = datapath.Detach(context.Background(), target, "")
+		}
+	})
+}
