@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // Attacker and operator tests of the agent's surface that need no root and no lab (issue 28).
@@ -155,18 +156,7 @@ func TestMetricsFloodDoesNotCostTheNode(t *testing.T) {
 // refused at once (the loop never blocks), and no error, so nothing /readyz or the status file
 // serves, carries the file's text.
 func TestRulesFileCannotBlockOrLeak(t *testing.T) {
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	huge := filepath.Join(dir, "huge")
-	if err := os.WriteFile(huge, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(huge, 1<<40); err != nil {
-		t.Fatal(err)
-	}
+	dir, fifo, huge := testutil.HostileFiles(t)
 	const secret = "root:$6$prgSecretHash$abcdefghijklmnop:19000:0:99999:7:::"
 	shadow := filepath.Join(dir, "shadow")
 	if err := os.WriteFile(shadow, []byte(secret+"\ndaemon:*:19000:0:99999:7:::\n"), 0o600); err != nil {
