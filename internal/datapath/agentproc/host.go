@@ -3,7 +3,6 @@ package agentproc
 import (
 	"context"
 	"fmt"
-	"log"
 	"log/slog"
 	"os"
 	"strings"
@@ -160,16 +159,6 @@ func NodeAgentRunning(pid int, target string) bool {
 	}
 	return IsNodeAgent(pid)
 }
-
-// slogWriter hands a hosted agent's log lines to slog, with its mode and target.
-type slogWriter struct{ mode, target string }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	slog.Info(strings.TrimRight(string(p), "\n"), "mode", w.mode, "target", w.target)
-	return len(p), nil
-}
-
-func hostedLogger(mode, target string) *log.Logger { return log.New(slogWriter{mode, target}, "", 0) }
 
 // Adopt makes the node agent host the agent of an existing attachment (one it finds recorded
 // at start): a detached per-mode agent of it is stopped first (it is not the node agent, so
