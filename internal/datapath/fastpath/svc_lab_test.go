@@ -21,30 +21,23 @@ import (
 // verifier's 5 s deadline, as a Service backend on the Services' target port.
 func serveNamedEcho(t *testing.T, ep lab.Node) {
 	t.Helper()
-	var l net.Listener
-	err := netnsutil.Do(ep.Netns, func() error {
-		var err error
-		l, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort))
-		return err
-	})
+	l, err := netnsutil.Listen(ep.Netns, "tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := io.WriteString(c, ep.Name+"\n"); err == nil {
-					_, _ = io.Copy(c, c)
-				}
-			}()
-		}
-	}()
+	go lab.ServeTCPEchoFor(l, ep.Name, 0)
+}
+
+// serviceLab brings spec's lab up (labForTest) with every Service endpoint serving
+// serveNamedEcho, and returns it with its two hosts.
+func serviceLab(t *testing.T, spec lab.Spec) (*lab.Lab, []string) {
+	t.Helper()
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
+	}
+	return l, []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
 }
 
 // streamEcho sends d's worth of seeded pseudo-random bytes over c and checks that the echo is
@@ -120,11 +113,7 @@ func TestServiceNATFastPath(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
 		t.Run(mode, func(t *testing.T) {
 			spec := lab.Spec{Name: "fpsv" + mode[:2], Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: mode}
-			l := labForTest(t, spec)
-			for _, ep := range l.Endpoints() {
-				serveNamedEcho(t, ep)
-			}
-			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			l, hosts := serviceLab(t, spec)
 			liberal := func() string {
 				v, err := netnsutil.ReadFileIn(hosts[1], conntrackLiberal)
 				if err != nil {
@@ -239,22 +228,13 @@ func TestServiceNATFastPath(t *testing.T) {
 // normal path and are counted as "nat", none take the fast path.
 func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 	spec := lab.Spec{Name: "fpsnat", Style: lab.StyleFlannel, Containers: 2, Services: true}
-	l := labForTest(t, spec)
-	for _, ep := range l.Endpoints() {
-		serveNamedEcho(t, ep)
-	}
-	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l, hosts := serviceLab(t, spec)
 	client, err := l.Node("h1-c1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, hosts[0], "iptables", "-w", "5", "-t", "nat", "-I", "POSTROUTING", "-s", client.AddrOnly(), "-o", "flannel.1", "-j", "MASQUERADE")
 	attachAll(t, hosts)
-	defer func() {
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, Name)
-		}
-	}()
 	before, err := Inspect(hosts[0])
 	if err != nil {
 		t.Fatal(err)
@@ -285,17 +265,8 @@ func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 // entry with the same translation (one backend) in the right order.
 func TestServiceConntrackFlush(t *testing.T) {
 	spec := lab.Spec{Name: "fpsvct", Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: lab.ProxyNFTables}
-	l := labForTest(t, spec)
-	for _, ep := range l.Endpoints() {
-		serveNamedEcho(t, ep)
-	}
-	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l, hosts := serviceLab(t, spec)
 	attachAll(t, hosts)
-	defer func() {
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, Name)
-		}
-	}()
 	client, err := l.Node("h1-c1")
 	if err != nil {
 		t.Fatal(err)

@@ -1,9 +1,11 @@
 package labtest
 
 import (
+	"context"
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -38,6 +40,18 @@ func ListenUDP(t testing.TB, ns string, addr *net.UDPAddr) *net.UDPConn {
 		return err
 	}); err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// DialTCP connects to addr from inside namespace ns (2 s at most), failing the test when it
+// cannot; the connection is closed when the test ends.
+func DialTCP(t testing.TB, ns, addr string) net.Conn {
+	t.Helper()
+	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: 2 * time.Second}, "tcp4", addr)
+	if err != nil {
+		t.Fatalf("connect from %s to %s: %v", ns, addr, err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
