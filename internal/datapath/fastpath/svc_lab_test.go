@@ -15,6 +15,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // serveNamedEcho greets each connection with the node's name and echoes it, without the lab
@@ -151,15 +152,7 @@ func TestServiceNATFastPath(t *testing.T) {
 			}
 			streams := 0
 			for try := 0; try < 40 && streams < 1; try++ {
-				var c net.Conn
-				err := netnsutil.Do(client.Netns, func() error {
-					var err error
-					c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
-					return err
-				})
-				if err != nil {
-					t.Fatalf("connect %s: %v", svc.Target(), err)
-				}
+				c := dialIn(t, client.Netns, svc.Target())
 				r := bufio.NewReader(c)
 				line, err := r.ReadString('\n')
 				name := strings.TrimSpace(line)
@@ -284,19 +277,7 @@ func TestServiceConntrackFlush(t *testing.T) {
 }
 
 // dialIn connects from ns to target over TCP (3 s), closing the connection when the test ends.
-func dialIn(t *testing.T, ns, target string) net.Conn {
-	t.Helper()
-	var c net.Conn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp4", target, 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+var dialIn = labtest.DialTCP
 
 // echoAcrossFlushes streams an echo from namespace ns to target (a Service) for 13 s while
 // every node's conntrack table is flushed twice (after 2 s and 7 s), and returns the bytes

@@ -21,13 +21,7 @@ import (
 func httpIn(i int) *http.Client {
 	ns := NodeName(i)
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := netnsutil.Do(ns, func() error {
-			var err error
-			conn, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
+		return netnsutil.DialContext(ctx, ns, &net.Dialer{Timeout: 2 * time.Second}, network, addr)
 	}
 	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // health endpoints only

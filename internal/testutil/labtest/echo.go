@@ -45,11 +45,11 @@ func ListenUDP(t testing.TB, ns string, addr *net.UDPAddr) *net.UDPConn {
 	return c
 }
 
-// DialTCP connects to addr from inside namespace ns (2 s at most), failing the test when it
+// DialTCP connects to addr from inside namespace ns (3 s at most), failing the test when it
 // cannot; the connection is closed when the test ends.
 func DialTCP(t testing.TB, ns, addr string) net.Conn {
 	t.Helper()
-	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: 2 * time.Second}, "tcp4", addr)
+	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: 3 * time.Second}, "tcp4", addr)
 	if err != nil {
 		t.Fatalf("connect from %s to %s: %v", ns, addr, err)
 	}
