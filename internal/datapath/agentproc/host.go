@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // The node agent (`peregrine agent --config`, internal/agent) hosts the modes' agents: once it
@@ -135,7 +136,7 @@ func IsNodeAgent(pid int) bool {
 		return Hosting()
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || zombie(pid) {
+	if err != nil || proc.Gone(pid) {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")

@@ -389,7 +389,7 @@ func (c *Cluster) SetProxyMode(ctx context.Context, mode string) error {
 	}
 	for i := 1; i <= c.Spec.Nodes; i++ {
 		tag := fmt.Sprintf("kube-proxy-n%d", i)
-		if err := stopPid(filepath.Join(c.Dir, "run", tag+".pid"), "kube-proxy", 5*time.Second); err != nil {
+		if err := stopPid(c.pidPath(tag), "kube-proxy", 5*time.Second); err != nil {
 			return err
 		}
 		if out, err := nodeCommand(ctx, i, c.Bin.K("kube-proxy"), "--cleanup", "--config="+filepath.Join(c.nodeDir(i), "kube-proxy.yaml")).CombinedOutput(); err != nil {
