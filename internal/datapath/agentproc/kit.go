@@ -102,10 +102,10 @@ func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Du
 
 // Run is an agent's whole run (a mode's RunAgent): body gets a context that SIGTERM or SIGINT
 // (detach, ^C) ends, the mode's record on target (waiting up to wait for it: the attaching
-// process may not have written it yet) and the agent's logger (slog: the runtime's logger when
-// the node agent hosts the agent, else a text handler on stderr, which Start points at the log file;
-// every line tagged mode=MODE target=TARGET). A body that returns nil (its context ended) or
-// ErrNotAttached (the record went: detached) stops the agent normally.
+// process may not have written it yet) and the agent's logger (slog, every line tagged
+// mode=MODE target=TARGET: the runtime's logger when the node agent hosts the agent, else a text
+// handler on stderr, which Start points at the log file). A body that returns nil (its context
+// ended) or ErrNotAttached (the record went: detached) stops the agent normally.
 func (a Agent) Run(ctx context.Context, target string, wait time.Duration,
 	body func(context.Context, *datapath.State, datapath.Logger) error) error {
 	// Hosted by the node agent, which handles the signals and the log (the runtime's logger; its
