@@ -13,6 +13,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 const (
@@ -24,10 +25,7 @@ const (
 // its own bytes back.
 func serveBanner(t *testing.T, ns, addr string, port int, banner string) {
 	t.Helper()
-	l, err := netnsutil.Listen(ns, "tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
-	must(t, err)
-	t.Cleanup(func() { l.Close() })
-	go lab.ServeTCPEcho(l, banner)
+	labtest.EchoNamed(t, ns, net.JoinHostPort(addr, fmt.Sprint(port)), banner, 5*time.Second)
 }
 
 // ask connects from inside ns to addr:port, reads the banner and has a message echoed.

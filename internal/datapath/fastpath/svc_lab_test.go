@@ -22,12 +22,7 @@ import (
 // verifier's 5 s deadline, as a Service backend on the Services' target port.
 func serveNamedEcho(t *testing.T, ep lab.Node) {
 	t.Helper()
-	l, err := netnsutil.Listen(ep.Netns, "tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go lab.ServeTCPEchoFor(l, ep.Name, 0)
+	labtest.EchoNamed(t, ep.Netns, fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort), ep.Name, 0)
 }
 
 // serviceLab brings spec's lab up (labForTest) with every Service endpoint serving

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -28,6 +29,19 @@ func EchoTCP(t testing.TB, ns, addr string) {
 			go func(c net.Conn) { defer c.Close(); _, _ = io.Copy(c, c) }(c)
 		}
 	}()
+}
+
+// EchoNamed serves lab's named TCP echo (lab.ServeTCPEchoFor: every connection is greeted
+// with name and a newline, then echoed, limit at most, 0: no limit) on addr inside namespace
+// ns until the test ends: a backend that says which one answered.
+func EchoNamed(t testing.TB, ns, addr, name string, limit time.Duration) {
+	t.Helper()
+	ln, err := netnsutil.Listen(ns, "tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go lab.ServeTCPEchoFor(ln, name, limit)
 }
 
 // ListenUDP opens a UDP socket on addr inside namespace ns, closed when the test ends.
