@@ -2,10 +2,8 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -157,18 +155,7 @@ func startAsInImage(t *testing.T, ns, etc, bin string, args []string) *imageProc
 }
 
 // nsClient is an HTTP client whose connections are made inside a network namespace.
-func nsClient(ns string) *http.Client {
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(ns, func() error {
-			var err error
-			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-}
+func nsClient(ns string) *http.Client { return netnsutil.HTTPClient(ns, 5*time.Second) }
 
 func slicesContain(xs []string, x string) bool {
 	for _, y := range xs {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // Attacker and operator tests of the agent's surface that need no root and no lab (issue 28).
@@ -103,29 +103,11 @@ func TestMetricsFloodDoesNotCostTheNode(t *testing.T) {
 	}
 	const clients, period = 64, 2 * time.Second
 	before := a.snap.Gathers()
-	var ok, busy, other, probeFail atomic.Int64
-	var wg sync.WaitGroup
+	var probeFail atomic.Int64
+	kubelet := make(chan struct{})
 	end := time.Now().Add(period)
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := &http.Client{Timeout: 5 * time.Second}
-			for time.Now().Before(end) {
-				switch code, _ := get(c, url+"/metrics"); code {
-				case 200:
-					ok.Add(1)
-				case 503:
-					busy.Add(1)
-				default:
-					other.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Add(1)
-	go func() { // the kubelet
-		defer wg.Done()
+	go func() { // the kubelet, during the flood
+		defer close(kubelet)
 		c := &http.Client{Timeout: 5 * time.Second}
 		for time.Now().Before(end) {
 			for _, p := range []string{"/healthz", "/readyz"} {
@@ -137,14 +119,15 @@ func TestMetricsFloodDoesNotCostTheNode(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	wg.Wait()
+	f := testutil.FloodGET(clients, period, func() *http.Client { return &http.Client{Timeout: 5 * time.Second} }, url+"/metrics")
+	<-kubelet
 	gathers := a.snap.Gathers() - before
-	t.Logf("%d scrapers for %s: %d served, %d refused (503), %d other; %d gatherings", clients, period, ok.Load(), busy.Load(), other.Load(), gathers)
+	t.Logf("%d scrapers for %s: %d served, %d refused (503), %d other; %d gatherings", clients, period, f.OK, f.Busy, f.Other, gathers)
 	if limit := int64(period/(200*time.Millisecond)) + 2; gathers > limit {
 		t.Errorf("%d gatherings, want at most %d: the work per request is not bounded", gathers, limit)
 	}
-	if ok.Load()+busy.Load() < 10*gathers || other.Load() != 0 {
-		t.Errorf("the flood: %d served, %d refused, %d other", ok.Load(), busy.Load(), other.Load())
+	if f.OK+f.Busy < 10*gathers || f.Other != 0 {
+		t.Errorf("the flood: %d served, %d refused, %d other", f.OK, f.Busy, f.Other)
 	}
 	if probeFail.Load() != 0 {
 		t.Errorf("%d probe requests failed during the flood: the kubelet would restart the agent", probeFail.Load())
@@ -155,18 +138,7 @@ func TestMetricsFloodDoesNotCostTheNode(t *testing.T) {
 // refused at once (the loop never blocks), and no error, so nothing /readyz or the status file
 // serves, carries the file's text.
 func TestRulesFileCannotBlockOrLeak(t *testing.T) {
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	huge := filepath.Join(dir, "huge")
-	if err := os.WriteFile(huge, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(huge, 1<<40); err != nil {
-		t.Fatal(err)
-	}
+	dir, fifo, huge := testutil.HostileFiles(t)
 	const secret = "root:$6$prgSecretHash$abcdefghijklmnop:19000:0:99999:7:::"
 	shadow := filepath.Join(dir, "shadow")
 	if err := os.WriteFile(shadow, []byte(secret+"\ndaemon:*:19000:0:99999:7:::\n"), 0o600); err != nil {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -66,11 +65,7 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 		writeConfig(t, cfgs[i], modes("proto=udp dport=9"), port)
 		agents = append(agents, startAgent(t, cfgs[i], h, port))
 	}
-	t.Cleanup(func() { // detach before the lab goes (LIFO): the agents are dead by then
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, "")
-		}
-	})
+	labtest.DetachAtEnd(t, hosts...) // before the lab goes (LIFO): the agents are dead by then
 	for _, a := range agents {
 		a.waitReady(t, 20*time.Second)
 	}

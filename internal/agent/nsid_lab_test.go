@@ -29,13 +29,8 @@ func TestOneNamespaceUnderTwoNamesIsOneTarget(t *testing.T) {
 	if _, err := os.Stat(alias); err != nil {
 		alias = netnsutil.Path(h1)
 	}
-	testutil.Set(t, &datapath.StateDir, filepath.Join(t.TempDir(), "datapath"))
-	testutil.Set(t, &datapath.PinRoot, "/sys/fs/bpf/prg-tnsid-pins")
-	t.Cleanup(func() {
-		_, _ = datapath.Detach(context.Background(), h1, "")
-		_, _ = datapath.Detach(context.Background(), alias, "")
-		_ = os.RemoveAll("/sys/fs/bpf/prg-tnsid-pins")
-	})
+	labtest.PrivateState(t, "tnsid")
+	labtest.DetachAtEnd(t, h1, alias)
 	const liberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 	before, err := netnsutil.ReadFileIn(h1, liberal)
 	if err != nil {

@@ -62,7 +62,7 @@ func TestReconcilePutsBackWhatWasChangedByHand(t *testing.T) {
 	testutil.RequireBPF(t)
 	l := labtest.Up(t, lab.Spec{Name: "tagr", Style: lab.StyleFlannel, Containers: 1})
 	h1 := l.Hosts[0].Netns
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h1, "") })
+	labtest.DetachAtEnd(t, h1)
 	cmDir := t.TempDir() // the config arrives as a mounted ConfigMap does
 	port := freePort(t)
 	const interval = 500 * time.Millisecond
@@ -176,7 +176,7 @@ func TestAdoptReplacesAnOlderProgramInPlace(t *testing.T) {
 	testutil.RequireBPF(t)
 	l := labtest.Up(t, lab.Spec{Name: "tagu", Style: lab.StyleFlannel, Containers: 1})
 	h1 := l.Hosts[0].Netns
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h1, "") })
+	labtest.DetachAtEnd(t, h1)
 	st, err := datapath.Attach(context.Background(), h1, fastpath.Name, datapath.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +22,8 @@ func TestUninstallRemovesEverything(t *testing.T) {
 	testutil.RequireBPF(t)
 	l := labtest.Up(t, lab.Spec{Name: "tagx", Style: lab.StyleFlannel, Containers: 1})
 	h1 := l.Hosts[0].Netns
-	testutil.Set(t, &datapath.StateDir, filepath.Join(t.TempDir(), "datapath"))
-	testutil.Set(t, &datapath.AgentLogDir, filepath.Join(t.TempDir(), "agents"))
-	testutil.Set(t, &datapath.NodeAgentDir, filepath.Join(t.TempDir(), "agent"))
-	testutil.Set(t, &datapath.PinRoot, "/sys/fs/bpf/prg-tagx-pins")
-	t.Cleanup(func() {
-		_, _ = datapath.Detach(context.Background(), h1, "")
-		_ = os.RemoveAll("/sys/fs/bpf/prg-tagx-pins")
-	})
+	labtest.PrivateState(t, "tagx")
+	labtest.DetachAtEnd(t, h1)
 	if _, err := datapath.Attach(context.Background(), h1, fastpath.Name, datapath.Options{Extra: map[string]string{fastpath.OptAgent: "false"}}); err != nil {
 		t.Fatal(err)
 	}

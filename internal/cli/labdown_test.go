@@ -54,7 +54,7 @@ func TestLabDownAllKeepsOtherAttachments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), ns, "") })
+	labtest.DetachAtEnd(t, ns)
 	if _, err := datapath.Attach(context.Background(), h1, "rps", datapath.Options{}); err != nil {
 		t.Fatal(err)
 	}

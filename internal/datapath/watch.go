@@ -3,7 +3,6 @@ package datapath
 import (
 	"context"
 	"errors"
-	"log"
 	"sync/atomic"
 	"time"
 
@@ -34,7 +33,7 @@ type Watch struct {
 	// Sync brings the mode up to date. ErrNotAttached (the record is gone) ends Run with it;
 	// other errors are logged and the loop goes on.
 	Sync func(ctx context.Context) error
-	Log  *log.Logger // required: subscription trouble and Sync errors go here
+	Log  Logger // required: subscription trouble and Sync errors go here
 }
 
 // resubscribeAfter is the first wait before a failed subscription is tried again; it doubles

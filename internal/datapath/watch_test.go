@@ -3,7 +3,7 @@ package datapath
 import (
 	"context"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -53,7 +53,7 @@ func TestWatchFollowsLinksAndLateNamespaces(t *testing.T) {
 			lu, ok := u.(netlink.LinkUpdate)
 			return ok && !strings.HasPrefix(lu.Attrs().Name, "ign")
 		},
-		Debounce: 50 * time.Millisecond, Every: time.Hour, Log: log.New(&logs, "", 0),
+		Debounce: 50 * time.Millisecond, Every: time.Hour, Log: NewLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		Sync: func(context.Context) error {
 			syncs.Add(1)
 			if gone.Load() {

@@ -442,12 +442,7 @@ func ServiceEcho(ctx context.Context, ns, target string) (string, error) {
 // ListenEcho runs Verify's TCP echo server (which greets with the node's name) on VerifyPort
 // at the endpoint's address, as a Service backend; the returned func stops it.
 func ListenEcho(ep Node) (func(), error) {
-	var l net.Listener
-	err := netnsutil.Do(ep.Netns, func() error {
-		var err error
-		l, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), VerifyPort))
-		return err
-	})
+	l, err := netnsutil.Listen(ep.Netns, "tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), VerifyPort))
 	if err != nil {
 		return nil, fmt.Errorf("listen in %s: %w", ep.Netns, err)
 	}

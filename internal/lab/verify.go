@@ -120,8 +120,13 @@ func Verify(ctx context.Context, l *Lab) error {
 }
 
 // ServeTCPEcho greets every connection with name and a newline, then echoes, until l is closed
-// (the lab's verification, and tests that need to know which endpoint answered).
-func ServeTCPEcho(l net.Listener, name string) {
+// (the lab's verification, and tests that need to know which endpoint answered); a connection
+// gets 5 s.
+func ServeTCPEcho(l net.Listener, name string) { ServeTCPEchoFor(l, name, 5*time.Second) }
+
+// ServeTCPEchoFor is ServeTCPEcho with each connection given limit (0: no limit; a long
+// stream through a Service backend).
+func ServeTCPEchoFor(l net.Listener, name string, limit time.Duration) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -129,7 +134,9 @@ func ServeTCPEcho(l net.Listener, name string) {
 		}
 		go func() {
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if limit > 0 {
+				_ = c.SetDeadline(time.Now().Add(limit))
+			}
 			if _, err := io.WriteString(c, name+"\n"); err != nil {
 				return
 			}

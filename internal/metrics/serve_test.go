@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // walker is a collector that costs what a walk of a big flow map costs: every Collect walks n
@@ -78,43 +80,25 @@ func TestMetricsFloodIsBounded(t *testing.T) {
 	}
 
 	const clients, period = 64, 1500 * time.Millisecond
-	var ok, busy, other atomic.Int64
-	var wg sync.WaitGroup
-	end := time.Now().Add(period)
 	before := snap.Gathers()
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
-			for time.Now().Before(end) {
-				switch code, _ := get(c); code {
-				case 200:
-					ok.Add(1)
-				case 503:
-					busy.Add(1)
-				default:
-					other.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	f := testutil.FloodGET(clients, period, func() *http.Client {
+		return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	}, srv.URL)
 	gathers := snap.Gathers() - before
 	t.Logf("%d clients for %s: %d served, %d refused (503), %d other; %d gatherings; at most %d at once",
-		clients, period, ok.Load(), busy.Load(), other.Load(), gathers, maxInFlight.Load())
+		clients, period, f.OK, f.Busy, f.Other, gathers, maxInFlight.Load())
 	if m := maxInFlight.Load(); m > MaxMetricsRequests {
 		t.Errorf("%d requests served at once, the bound is %d", m, MaxMetricsRequests)
 	}
-	if other.Load() != 0 || ok.Load() == 0 {
+	if f.Other != 0 || f.OK == 0 {
 		t.Errorf("want only 200s and 503s, with some 200s")
 	}
 	// One gathering per 200 ms period, plus the one under way at the end.
 	if limit := int64(period/(200*time.Millisecond)) + 2; gathers > limit {
 		t.Errorf("%d gatherings during the flood, want at most %d (one per refresh period): the work grows with the requests", gathers, limit)
 	}
-	if ok.Load()+busy.Load() < 10*gathers {
-		t.Errorf("only %d requests for %d gatherings: the flood did not flood", ok.Load()+busy.Load(), gathers)
+	if f.OK+f.Busy < 10*gathers {
+		t.Errorf("only %d requests for %d gatherings: the flood did not flood", f.OK+f.Busy, gathers)
 	}
 
 	// A scrape, the map walk notwithstanding: the snapshot's bytes. The median of 21 (the

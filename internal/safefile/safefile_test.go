@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 func TestWriteReadReplace(t *testing.T) {
@@ -146,18 +148,7 @@ func mkfifo(path string) error { return unix.Mkfifo(path, 0o600) }
 // ReadRegular is what reads a file a user points peregrine at (a config, prism's rules_file): a
 // FIFO with no writer, /dev/zero and a huge file must each be refused at once, never read.
 func TestReadRegularRefusesWhatCouldBlockOrNeverEnd(t *testing.T) {
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	huge := filepath.Join(dir, "huge")
-	if err := os.WriteFile(huge, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(huge, 1<<40); err != nil { // sparse: 1 TiB that takes no disk
-		t.Fatal(err)
-	}
+	dir, fifo, huge := testutil.HostileFiles(t)
 	ok := filepath.Join(dir, "ok")
 	if err := os.WriteFile(ok, []byte("proto=udp dport=9\n"), 0o600); err != nil {
 		t.Fatal(err)

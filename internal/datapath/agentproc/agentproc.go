@@ -4,7 +4,6 @@
 package agentproc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/proc"
 	"github.com/peregrine-net/peregrine/internal/safefile"
 )
 
@@ -71,17 +71,7 @@ func Is(pid int, mode, target string) bool {
 	if len(args) < 4 || args[1] != "agent" || args[2] != mode || args[3] != "--target="+target {
 		return false
 	}
-	return !zombie(pid)
-}
-
-// zombie tells whether pid has exited but is not yet reaped (or cannot be read at all).
-func zombie(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+	return !proc.Gone(pid)
 }
 
 // Stop asks the agent to stop (SIGTERM) and waits; SIGKILL after 3 s. Its log goes with it

@@ -3,7 +3,6 @@ package agentproc
 import (
 	"context"
 	"fmt"
-	"log"
 	"log/slog"
 	"os"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // The node agent (`peregrine agent --config`, internal/agent) hosts the modes' agents: once it
@@ -136,7 +136,7 @@ func IsNodeAgent(pid int) bool {
 		return Hosting()
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || zombie(pid) {
+	if err != nil || proc.Gone(pid) {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
@@ -160,16 +160,6 @@ func NodeAgentRunning(pid int, target string) bool {
 	}
 	return IsNodeAgent(pid)
 }
-
-// slogWriter hands a hosted agent's log lines to slog, with its mode and target.
-type slogWriter struct{ mode, target string }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	slog.Info(strings.TrimRight(string(p), "\n"), "mode", w.mode, "target", w.target)
-	return len(p), nil
-}
-
-func hostedLogger(mode, target string) *log.Logger { return log.New(slogWriter{mode, target}, "", 0) }
 
 // Adopt makes the node agent host the agent of an existing attachment (one it finds recorded
 // at start): a detached per-mode agent of it is stopped first (it is not the node agent, so

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -102,20 +102,23 @@ func (a Agent) WaitReady(ctx context.Context, st *datapath.State, within time.Du
 
 // Run is an agent's whole run (a mode's RunAgent): body gets a context that SIGTERM or SIGINT
 // (detach, ^C) ends, the mode's record on target (waiting up to wait for it: the attaching
-// process may not have written it yet) and the agent's logger (stderr, which Start points at the
-// log file; lines prefixed MODE-agent[TARGET]). A body that returns nil (its context ended) or
-// ErrNotAttached (the record went: detached) stops the agent normally.
+// process may not have written it yet) and the agent's logger (slog, every line tagged
+// mode=MODE target=TARGET: the runtime's logger when the node agent hosts the agent, else a text
+// handler on stderr, which Start points at the log file). A body that returns nil (its context
+// ended) or ErrNotAttached (the record went: detached) stops the agent normally.
 func (a Agent) Run(ctx context.Context, target string, wait time.Duration,
-	body func(context.Context, *datapath.State, *log.Logger) error) error {
-	var lg *log.Logger
-	if inNode(ctx) { // hosted by the node agent, which handles the signals and the log
-		lg = hostedLogger(string(a), target)
-	} else {
+	body func(context.Context, *datapath.State, datapath.Logger) error) error {
+	// Hosted by the node agent, which handles the signals and the log (the runtime's logger; its
+	// other lines name the target in full); detached, the log file is the agent's own (the short
+	// label is enough).
+	sl := datapath.CurrentRuntime().Log.With("mode", string(a), "target", target)
+	if !inNode(ctx) {
 		var stop context.CancelFunc
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
-		lg = log.New(os.Stderr, fmt.Sprintf("%s-agent[%s] ", a, netnsutil.Label(target)), log.LstdFlags|log.Lmicroseconds)
+		sl = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("mode", string(a), "target", netnsutil.Label(target))
 	}
+	lg := datapath.NewLogger(sl)
 	st, err := datapath.Attached(target, string(a), wait)
 	if err != nil {
 		return err
@@ -140,13 +143,4 @@ func RunIfAgent() {
 			RunIfAsked(m.Name(), r.RunAgent)
 		}
 	}
-}
-
-// TestMain is the TestMain of a test package that attaches modes with agents.
-//
-// Deprecated: use internal/testutil/agenttest.Main (test-only). Kept only until
-// internal/datapath/fastpath's lab_test.go switches (it is being reworked on another branch).
-func TestMain(m interface{ Run() int }) {
-	RunIfAgent()
-	os.Exit(m.Run())
 }

@@ -3,7 +3,6 @@ package agentproc
 import (
 	"context"
 	"errors"
-	"log"
 	"os"
 	"strings"
 	"testing"
@@ -54,7 +53,7 @@ func TestAgentKitRun(t *testing.T) {
 	testutil.Set(t, &datapath.StateDir, t.TempDir())
 	const a = Agent("prg-kitmode")
 	ctx := context.Background()
-	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, *log.Logger) error {
+	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, datapath.Logger) error {
 		t.Fatal("body ran without a record")
 		return nil
 	}); !errors.Is(err, datapath.ErrNotAttached) {
@@ -64,7 +63,7 @@ func TestAgentKitRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got int
-	err := a.Run(ctx, "prg-kit-h1", 0, func(_ context.Context, st *datapath.State, _ *log.Logger) error {
+	err := a.Run(ctx, "prg-kit-h1", 0, func(_ context.Context, st *datapath.State, _ datapath.Logger) error {
 		got = st.PID
 		return datapath.ErrNotAttached
 	})
@@ -72,7 +71,7 @@ func TestAgentKitRun(t *testing.T) {
 		t.Fatalf("detached while running: %v (record pid %d)", err, got)
 	}
 	boom := errors.New("boom")
-	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, *log.Logger) error { return boom }); err != boom {
+	if err := a.Run(ctx, "prg-kit-h1", 0, func(context.Context, *datapath.State, datapath.Logger) error { return boom }); err != boom {
 		t.Fatalf("failing body: %v", err)
 	}
 }

@@ -34,15 +34,7 @@ const hijackPort = 5405
 // echo serves UDP echo on addr:port in ns, counting the requests.
 func echo(t *testing.T, ns, addr string) *atomic.Int64 {
 	t.Helper()
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: hijackPort})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := labtest.ListenUDP(t, ns, &net.UDPAddr{IP: net.ParseIP(addr), Port: hijackPort})
 	var n atomic.Int64
 	go func() {
 		buf := make([]byte, 2048)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"sort"
 	"strings"
 	"time"
@@ -20,7 +19,7 @@ func (mode) RunAgent(ctx context.Context, target string) error {
 	return agentKit.Run(ctx, target, 0, runAgent)
 }
 
-func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+func runAgent(ctx context.Context, st *datapath.State, lg datapath.Logger) error {
 	ms, err := datapath.LoadModeState[modeState](st)
 	if err != nil {
 		return err

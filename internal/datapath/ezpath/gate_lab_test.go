@@ -11,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // Issue 28, rule a, for EZPath: an offloaded flow skips the overlay namespace's bridge and
@@ -25,13 +26,7 @@ func TestOffloadedFlowFollowsTheOverlaysFirewall(t *testing.T) {
 	dst, _ := l.Node("h2-c1")
 	must(t, Offload("ezgate", "h1-c1", dst.AddrOnly(), "manual"))
 
-	var c *net.UDPConn
-	must(t, netnsutil.Do(dst.Netns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(dst.AddrOnly()), Port: gatePort})
-		return err
-	}))
-	defer c.Close()
+	c := labtest.ListenUDP(t, dst.Netns, &net.UDPAddr{IP: net.ParseIP(dst.AddrOnly()), Port: gatePort})
 	var n, last atomic.Int64
 	go func() {
 		buf := make([]byte, 2048)

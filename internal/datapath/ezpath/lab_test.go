@@ -14,7 +14,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
-	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // torLab builds a docker-style --tor lab (2 hosts x 2 containers) and attaches ezpath to both
@@ -27,28 +27,22 @@ func torLab(t *testing.T, name string, extra map[string]string) *lab.Lab {
 // torLabSpec is torLab for any docker-style --tor spec.
 func torLabSpec(t *testing.T, spec lab.Spec, extra map[string]string) *lab.Lab {
 	t.Helper()
-	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	name := spec.Name
-	t.Cleanup(func() {
+	t.Cleanup(func() { // last: after the lab is down
+		if _, err := os.Stat(ledgerPath(name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("ledger %s left behind", ledgerPath(name))
+		}
+	})
+	l := labtest.Up(t, spec) // its cleanup: lab down, then nothing left with the lab's prefix
+	t.Cleanup(func() {       // first: detach while the lab is up
 		for _, h := range []string{"h1", "h2"} {
 			if st, _ := datapath.LoadState(lab.NsPrefix(name)+h, Name); st != nil {
 				_, _ = datapath.Detach(context.Background(), lab.NsPrefix(name)+h, "")
 			}
 		}
-		if err := lab.Down(name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
-			t.Errorf("down: %v", err)
-		}
-		testutil.AssertClean(t, lab.NsPrefix(name))
-		if _, err := os.Stat(ledgerPath(name)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("ledger %s left behind", ledgerPath(name))
-		}
 	})
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
 	opts := map[string]string{OptLab: name}
 	for k, v := range extra {
 		opts[k] = v

@@ -13,6 +13,7 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 const (
@@ -24,24 +25,12 @@ const (
 // its own bytes back.
 func serveBanner(t *testing.T, ns, addr string, port int, banner string) {
 	t.Helper()
-	var l net.Listener
-	must(t, netnsutil.Do(ns, func() error {
-		var err error
-		l, err = net.Listen("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
-		return err
-	}))
-	t.Cleanup(func() { l.Close() })
-	go lab.ServeTCPEcho(l, banner)
+	labtest.EchoNamed(t, ns, net.JoinHostPort(addr, fmt.Sprint(port)), banner, 5*time.Second)
 }
 
 // ask connects from inside ns to addr:port, reads the banner and has a message echoed.
 func ask(ns, addr string, port int) (string, error) {
-	var c net.Conn
-	err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
-		return err
-	})
+	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: time.Second}, "tcp4", net.JoinHostPort(addr, fmt.Sprint(port)))
 	if err != nil {
 		return "", err
 	}

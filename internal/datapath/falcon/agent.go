@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"math"
 	"os"
 	"path/filepath"
@@ -43,13 +42,13 @@ type agent struct {
 	target string
 	cfg    Config
 	objs   *objects
-	log    *log.Logger
+	log    datapath.Logger
 	epoch  uint32
 	open   bool
 	split  splitController // --split auto
 }
 
-func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+func runAgent(ctx context.Context, st *datapath.State, lg datapath.Logger) error {
 	target := st.Target
 	cfg, err := ConfigOfState(st)
 	if err != nil {

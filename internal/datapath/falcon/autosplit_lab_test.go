@@ -28,7 +28,7 @@ func TestAutoSplitFollowsLoad(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", o); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	splitOn := func() bool {
 		ms, err := readModeStateOf(host)
 		return err == nil && len(ms.SplitPins) > 0

@@ -94,15 +94,8 @@ func pickFlow(l *lab.Lab, s stageDevs, vxCPU, vethCPU int) Flow {
 // and returns the stage probe's per-CPU packet counts of the three stageDevs.
 func sendFlow(t *testing.T, l *lab.Lab, s stageDevs, f Flow, n int) map[string]map[int]uint64 {
 	t.Helper()
-	var recv *net.UDPConn
-	if err := netnsutil.Do(labtest.NS(l, "h1-c1"), func() error {
-		var err error
-		recv, err = net.ListenUDP("udp4", &net.UDPAddr{IP: f.Dst.AsSlice(), Port: int(f.Dport)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer recv.Close()
+	recv := labtest.ListenUDP(t, labtest.NS(l, "h1-c1"), &net.UDPAddr{IP: f.Dst.AsSlice(), Port: int(f.Dport)})
+	defer recv.Close() // now: the next flow may use the port
 	var got atomic.Int64
 	go func() {
 		buf := make([]byte, 2048)
@@ -171,7 +164,7 @@ func TestPipeliningOnLabs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+			labtest.DetachAtEnd(t, host)
 			if st.AgentPID == 0 || !agentKit.Running(st) {
 				t.Fatalf("agent %d is not running", st.AgentPID)
 			}
@@ -242,7 +235,7 @@ func TestAgentFollowsContainers(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", falconOpts()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 
 	ov := labtest.NS(l, "h1-ov")
 	newNs := labtest.NS(l, "h1-c9") // the lab prefix: lab down removes it whatever happens
@@ -386,7 +379,7 @@ func TestRefusals(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	if _, err := datapath.Attach(context.Background(), host, "falcon", datapath.Options{}); err == nil {
 		t.Fatal("falcon stacked on itself")
 	}

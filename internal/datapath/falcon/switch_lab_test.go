@@ -78,7 +78,7 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, Name, falconOpts()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	knob := "/sys/class/net/prgvx2/queues/rx-0/rps_cpus"
 	// The agent reacts to the link's netlink event at once (milliseconds on an idle machine);

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"os"
 	"path/filepath"
@@ -49,7 +48,7 @@ func (mode) RunAgent(ctx context.Context, target string) error {
 	return agentKit.Run(ctx, target, 0, runAgent)
 }
 
-func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+func runAgent(ctx context.Context, st *datapath.State, lg datapath.Logger) error {
 	target := st.Target
 	ms, err := datapath.LoadModeState[modeState](st)
 	ovs := ms.overlays()
@@ -117,7 +116,7 @@ func (a *agent) syncAll(context.Context) error {
 type agent struct {
 	target string
 	p      *pinned
-	lg     *log.Logger
+	lg     datapath.Logger
 	ovs    atomic.Pointer[[]*overlay] // read by the netlink watchers, replaced by sync
 	only   []string                   // option vxlan_dev
 	oneWay bool                       // option one_way

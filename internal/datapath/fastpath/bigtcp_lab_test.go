@@ -61,8 +61,8 @@ func TestLabBigTCP(t *testing.T) {
 	// A byte-exact transfer: a listener in the receiving pod, the sender in the other, sockets
 	// made after attach (TCP takes its GSO size from the device when it connects).
 	dst := strings.Split(c2.Addr, "/")[0]
-	var ln net.Listener
-	if err := netnsutil.Do(c2.Netns, func() (err error) { ln, err = net.Listen("tcp4", dst+":5310"); return }); err != nil {
+	ln, err := netnsutil.Listen(c2.Netns, "tcp4", dst+":5310")
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -84,8 +84,8 @@ func TestLabBigTCP(t *testing.T) {
 		}
 		got <- sum
 	}()
-	var conn net.Conn
-	if err := netnsutil.Do(c1.Netns, func() (err error) { conn, err = net.DialTimeout("tcp4", dst+":5310", 5*time.Second); return }); err != nil {
+	conn, err := netnsutil.DialContext(context.Background(), c1.Netns, &net.Dialer{Timeout: 5 * time.Second}, "tcp4", dst+":5310")
+	if err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,33 +13,13 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
-	"github.com/peregrine-net/peregrine/internal/testutil"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // calicoLab builds scripts/handbuilt-calico.sh's layout with pods pods per node.
 func calicoLab(t *testing.T, name string, pods int) []string {
 	t.Helper()
-	testutil.RequireRoot(t)
-	script, err := filepath.Abs("../../../scripts/handbuilt-calico.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hosts := []string{"prg-" + name + "-n1", "prg-" + name + "-n2"}
-	t.Cleanup(func() {
-		for _, h := range hosts {
-			if st, _ := datapath.LoadState(h, Name); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if out, err := exec.Command(script, "down", name).CombinedOutput(); err != nil {
-			t.Errorf("down: %v\n%s", err, out)
-		}
-		testutil.AssertClean(t, "prg-"+name+"-")
-	})
-	if out, err := exec.Command(script, "up", name, string(rune('0'+pods))).CombinedOutput(); err != nil {
-		t.Fatalf("build the layout: %v\n%s", err, out)
-	}
+	_, hosts, _ := labtest.ScriptLab(t, "../../../scripts/handbuilt-calico.sh", name, 2, nil, strconv.Itoa(pods))
 	return hosts
 }
 
@@ -153,6 +132,20 @@ func TestNoPodsWarns(t *testing.T) {
 	}
 }
 
+// calicoPods is host's pods as status shows them: address -> veth.
+func calicoPods(t *testing.T, host string) map[string]string {
+	t.Helper()
+	v, err := Inspect(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, p := range v.Overlays[0].Pods {
+		m[p.Addr] = p.Veth
+	}
+	return m
+}
+
 // calicoIdentity checks who a pod is on node host of TestCalicoLike's lab: the host's /32 route,
 // not the pod's word. A pod that puts its neighbour's address (10.65.1.2) on its own eth0 changes
 // nothing; a second /32 route to another veth for that address (a higher metric: the normal path
@@ -160,17 +153,7 @@ func TestNoPodsWarns(t *testing.T) {
 // the normal path (counted no-pod), which still delivers it.
 func calicoIdentity(t *testing.T, host string) {
 	t.Helper()
-	pods := func() map[string]string {
-		v, err := Inspect(host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]string{}
-		for _, p := range v.Overlays[0].Pods {
-			m[p.Addr] = p.Veth
-		}
-		return m
-	}
+	pods := func() map[string]string { return calicoPods(t, host) }
 	in := func() Direction {
 		v, err := Inspect(host)
 		if err != nil {
@@ -213,17 +196,7 @@ func calicoIdentity(t *testing.T, host string) {
 func calicoNewPod(t *testing.T, host string) {
 	t.Helper()
 	const ns, veth, addr = "prg-fca-n1-p9", "caliprgnew9", "10.65.1.10"
-	pods := func() map[string]string {
-		v, err := Inspect(host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]string{}
-		for _, p := range v.Overlays[0].Pods {
-			m[p.Addr] = p.Veth
-		}
-		return m
-	}
+	pods := func() map[string]string { return calicoPods(t, host) }
 	run(t, "", "ip", "netns", "add", ns)
 	t.Cleanup(func() { _ = netnsutil.Delete(ns) })
 	for _, c := range [][]string{

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
-	"log"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -44,7 +44,7 @@ const (
 
 // watchIPSets polls the sets of namespaces nss until ctx ends and calls changed after a
 // referenced set changed.
-func watchIPSets(ctx context.Context, nss []string, lg *log.Logger, changed func(why string)) {
+func watchIPSets(ctx context.Context, nss []string, lg datapath.Logger, changed func(why string)) {
 	nss = slices.Compact(slices.Clone(nss))
 	last := map[string]map[string]uint64{}
 	failed := map[string]bool{}

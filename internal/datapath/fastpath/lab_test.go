@@ -2,10 +2,7 @@ package fastpath
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,50 +12,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/datapath/agentproc"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/metrics"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/agenttest"
 	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The tests attach modes whose agents are started as this test binary.
-func TestMain(m *testing.M) { agentproc.TestMain(m) }
+func TestMain(m *testing.M) { agenttest.Main(m) }
 
+// labForTest brings spec's lab up for the test: at its end everything attached to h1 and h2
+// is detached, the lab goes down and nothing of it is left.
 func labForTest(t *testing.T, spec lab.Spec) *lab.Lab {
 	t.Helper()
-	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	t.Cleanup(func() {
-		for _, h := range []string{lab.NsPrefix(spec.Name) + "h1", lab.NsPrefix(spec.Name) + "h2"} {
-			if st, _ := datapath.LoadState(h, Name); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if err := lab.Down(spec.Name, nil, datapath.ForgetNamespaces); err != nil && !errors.Is(err, lab.ErrNotUp) {
-			t.Errorf("down: %v", err)
-		}
-		testutil.AssertClean(t, lab.NsPrefix(spec.Name))
-	})
-	l, err := lab.Up(ctx, spec, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := labtest.Up(t, spec)
+	labtest.DetachAtEnd(t, labtest.NS(l, "h1"), labtest.NS(l, "h2"))
 	return l
 }
 
-func run(t *testing.T, ns string, argv ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := netnsutil.Run(ctx, ns, argv...)
-	if err != nil {
-		t.Fatalf("%s: %s: %v\n%s", ns, strings.Join(argv, " "), err, out)
-	}
-	return out
-}
+// run runs argv in a namespace and returns its output (labtest.Run).
+var run = labtest.Run
 
 func attachAll(t *testing.T, hosts []string) {
 	t.Helper()
@@ -172,28 +147,8 @@ func TestLabFastPath(t *testing.T) {
 				}
 			}
 			p.Close()
-			for _, h := range hosts {
-				if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
-					t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
-				}
-			}
-			deadline := time.Now().Add(3 * time.Second)
-			for _, id := range ids {
-				for {
-					m, err := ebpf.NewMapFromID(id)
-					if err != nil {
-						break
-					}
-					m.Close()
-					if time.Now().After(deadline) {
-						t.Fatalf("map %d still exists after detach", id)
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
+			labtest.DetachGone(t, Name, hosts...)
+			labtest.MapsGone(t, ids)
 			for _, h := range hosts {
 				for _, ns := range []string{h, h + "-ov"} {
 					if !netnsutil.Exists(ns) {
@@ -286,26 +241,7 @@ func waitListening(t *testing.T, ns string, port int) {
 // fast path both ways, and that detach leaves nothing.
 func TestHandBuiltOverlay(t *testing.T) {
 	testutil.RequireRoot(t)
-	script, err := filepath.Abs("../../../scripts/handbuilt-flannel.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const name = "fph"
-	hosts := []string{"prg-fph-n1", "prg-fph-n2"}
-	t.Cleanup(func() {
-		for _, h := range hosts {
-			if st, _ := datapath.LoadState(h, Name); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if out, err := exec.Command(script, "down", name).CombinedOutput(); err != nil {
-			t.Errorf("down: %v\n%s", err, out)
-		}
-		testutil.AssertClean(t, "prg-"+name+"-")
-	})
-	if out, err := exec.Command(script, "up", name).CombinedOutput(); err != nil {
-		t.Fatalf("build the overlay: %v\n%s", err, out)
-	}
+	_, hosts, _ := labtest.ScriptLab(t, "../../../scripts/handbuilt-flannel.sh", "fph", 2, nil)
 	attachAll(t, hosts)
 	run(t, "prg-fph-n1-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.244.2.2")
 	run(t, "prg-fph-n2-p1", "iperf3", "-s", "-D", "-1", "-p", "5304")
@@ -345,14 +281,7 @@ func TestHandBuiltOverlay(t *testing.T) {
 	if !found {
 		t.Fatalf("no peregrine_mode_packets_total{mode=fastpath,direction=egress,result=hit} > 0 for %s", hosts[0])
 	}
-	for _, h := range hosts {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
-		}
-	}
+	labtest.DetachGone(t, Name, hosts...)
 }
 
 // TestInvalidation changes what a cached flow depends on, one thing at a time, and checks the

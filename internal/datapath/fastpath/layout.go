@@ -33,18 +33,29 @@ func noPods(ov *overlay) (string, error) {
 	return fmt.Sprintf("%s: no pods found (looked for %s, each with its peer in a named namespace or a container's); the agent picks up pods that appear later", ov.VX.Dev, where), nil
 }
 
+// mainRoutes lists the IPv4 routes of namespace ns's main table, with a netlink handle of ns
+// to read their devices through (done closes it; nothing to close on error).
+func mainRoutes(ns string) (*netlink.Handle, func(), []netlink.Route, error) {
+	h, done, err := nlHandle(ns)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		done()
+		return nil, nil, nil, fmt.Errorf("list routes: %w", err)
+	}
+	return h, done, routes, nil
+}
+
 // routedPods lists the veths of namespace ns that carry a /32 route of the main table and are
 // on no bridge: pods reached by routing alone (Calico's cali* layout), at most a few named.
 func routedPods(ns string) ([]string, error) {
-	h, done, err := nlHandle(ns)
+	h, done, routes, err := mainRoutes(ns)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
 	var out []string
 	seen := map[int]bool{}
 	for _, r := range routes {

@@ -49,15 +49,11 @@ func discoverPods(t *datapath.Topology, ov *overlay) ([]endpoints.Endpoint, []st
 // A veth whose peer is not in a named namespace is skipped: without the pod's MAC the fast path
 // could not check a learned delivery against the table.
 func routedEndpoints(vx endpoints.VXLAN) ([]endpoints.Endpoint, error) {
-	h, done, err := nlHandle(vx.Dev.Netns)
+	h, done, routes, err := mainRoutes(vx.Dev.Netns)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
 	peers := map[int]podEnd{} // by host-side ifindex, read once
 	var out []endpoints.Endpoint
 	for _, r := range routes {

@@ -29,11 +29,7 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
 		t.Run(mode, func(t *testing.T) {
 			spec := lab.Spec{Name: "fpsn" + mode[:2], Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: mode}
-			l := labForTest(t, spec)
-			for _, ep := range l.Endpoints() {
-				serveNamedEcho(t, ep)
-			}
-			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			l, hosts := serviceLab(t, spec)
 			attachAll(t, hosts)
 			defer func() {
 				for _, h := range hosts {
@@ -182,17 +178,8 @@ func containsAll(m map[string]string, vs ...string) bool {
 // its translation, so no reply reaches the client untranslated. Byte-exact, delivered pod to pod.
 func TestSameNodeServiceConntrackFlush(t *testing.T) {
 	spec := lab.Spec{Name: "fpsnct", Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: lab.ProxyNFTables}
-	l := labForTest(t, spec)
-	for _, ep := range l.Endpoints() {
-		serveNamedEcho(t, ep)
-	}
-	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l, hosts := serviceLab(t, spec)
 	attachAll(t, hosts)
-	defer func() {
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, Name)
-		}
-	}()
 	client, err := l.Node("h2-c2")
 	if err != nil {
 		t.Fatal(err)

@@ -3,13 +3,13 @@ package fastpath
 import (
 	"context"
 	"errors"
-	"log"
 	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -48,7 +48,7 @@ func nfChange(typ uint16) bool {
 // watchNetfilter follows the nftables notifications of namespaces nss (duplicates once) until
 // ctx ends and calls changed (at most once per nfDebounce burst) after any rule set change, or
 // after events may have been lost (a receive buffer overrun, a subscription made again).
-func watchNetfilter(ctx context.Context, nss []string, lg *log.Logger, every time.Duration, changed func(why string)) {
+func watchNetfilter(ctx context.Context, nss []string, lg datapath.Logger, every time.Duration, changed func(why string)) {
 	ev := make(chan string, 1)
 	seen := map[string]bool{}
 	for _, ns := range nss {
@@ -89,7 +89,7 @@ func notify(ev chan<- string, why string) {
 // followNetfilter keeps one subscription to namespace ns's nftables notifications alive until
 // ctx ends, as the datapath watch loop does for links: a failed subscription is tried again
 // with a growing wait (up to every), and a renewed one counts as a change (events were lost).
-func followNetfilter(ctx context.Context, ns string, lg *log.Logger, every time.Duration, ev chan<- string) {
+func followNetfilter(ctx context.Context, ns string, lg datapath.Logger, every time.Duration, ev chan<- string) {
 	wait, failing := 100*time.Millisecond, false
 	for ctx.Err() == nil {
 		var s *nl.NetlinkSocket
@@ -157,7 +157,7 @@ func receiveNetfilter(s *nl.NetlinkSocket, ev chan<- string) error {
 
 // warnLegacy says once when namespace ns has iptables-legacy tables: their changes send no
 // notification.
-func warnLegacy(ns string, lg *log.Logger) {
+func warnLegacy(ns string, lg datapath.Logger) {
 	if tables := legacyTables(ns); len(tables) > 0 {
 		lg.Printf("%s has iptables-legacy tables (%s): their rule changes send no events and reach cached flows at their re-learn (5 s), not at once",
 			netnsutil.Label(ns), strings.Join(tables, " "))

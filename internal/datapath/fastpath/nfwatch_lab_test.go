@@ -75,24 +75,9 @@ func TestLabNetfilterChange(t *testing.T) {
 	dst := net.JoinHostPort(c21.AddrOnly(), fmt.Sprint(port))
 	attachAll(t, hosts)
 
-	var ln net.Listener
-	if err := netnsutil.Do(c21.Netns, func() (err error) { ln, err = net.Listen("tcp4", dst); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	labtest.EchoTCP(t, c21.Netns, dst)
 	dial := func() (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(c11.Netns, func() (err error) { c, err = net.DialTimeout("tcp4", dst, 2*time.Second); return err })
-		return c, err
+		return netnsutil.DialContext(context.Background(), c11.Netns, &net.Dialer{Timeout: 2 * time.Second}, "tcp4", dst)
 	}
 	echo := func(c net.Conn, timeout time.Duration) error {
 		buf := make([]byte, 64)

@@ -31,25 +31,8 @@ type pingPong struct {
 func startPingPong(t *testing.T, from, to lab.Node, port int) *pingPong {
 	t.Helper()
 	dst := net.JoinHostPort(to.AddrOnly(), fmt.Sprint(port))
-	var ln net.Listener
-	if err := netnsutil.Do(to.Netns, func() (err error) { ln, err = net.Listen("tcp4", dst); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	var c net.Conn
-	if err := netnsutil.Do(from.Netns, func() (err error) { c, err = net.DialTimeout("tcp4", dst, 2*time.Second); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	labtest.EchoTCP(t, to.Netns, dst)
+	c := labtest.DialTCP(t, from.Netns, dst)
 	pp := &pingPong{}
 	go func() {
 		buf := make([]byte, 64)

@@ -3,7 +3,6 @@ package fastpath
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -83,23 +82,10 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 			t.Skipf("docker.io or busybox-static not installed (%s missing): run scripts/setup.sh (or scripts/setup-docker.sh)", f)
 		}
 	}
-	script, err := filepath.Abs("../../../scripts/real-docker-overlay.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const name = "fsw"
-	nodes := []string{"prg-fsw-n1", "prg-fsw-n2"}
 	rules := hostRuleset(t)
-	t.Cleanup(func() {
-		for _, h := range nodes {
-			if st, _ := datapath.LoadState(h, Name); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if out, err := exec.Command(script, "down", name).CombinedOutput(); err != nil {
-			t.Errorf("down: %v\n%s", err, out)
-		}
-		testutil.AssertClean(t, "prg-"+name+"-")
+	start := time.Now()
+	_, nodes, out := labtest.ScriptLab(t, "../../../scripts/real-docker-overlay.sh", name, 2, func() {
 		if left := swarmLeftovers(name); len(left) > 0 {
 			t.Errorf("left behind by the swarm lab: %s", strings.Join(left, "; "))
 		}
@@ -107,11 +93,6 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 			t.Errorf("the host's netfilter rules changed:\nbefore:\n%s\nafter:\n%s", rules, now)
 		}
 	})
-	start := time.Now()
-	out, err := exec.Command(script, "up", name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("swarm lab up: %v\n%s", err, out)
-	}
 	t.Logf("swarm lab up in %.1f s", time.Since(start).Seconds())
 	lab := map[string]string{} // info's KEY=value lines
 	for _, l := range strings.Split(string(out), "\n") {
@@ -187,14 +168,7 @@ func TestRealDockerSwarmOverlay(t *testing.T) {
 		t.Fatalf("pings to the new container took no fast path on node 2: egress hits %d -> %d, ingress %d -> %d",
 			o0.Egress["hit"], o1.Egress["hit"], o0.Ingress["hit"], o1.Ingress["hit"])
 	}
-	for _, h := range nodes {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
-		}
-	}
+	labtest.DetachGone(t, Name, nodes...)
 	// The overlay still works on the normal path.
 	nsRun(t, c1, "ping", "-c", "2", "-i", "0.1", "-w", "5", dst)
 	if d := time.Since(start); d > 90*time.Second {

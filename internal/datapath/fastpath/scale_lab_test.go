@@ -237,29 +237,16 @@ func flood(ns, dst string, n int) (int, error) {
 
 // echoServers answers each datagram on ports [port, port+n) of addr in namespace ns with itself.
 func echoServers(ns string, addr netip.Addr, port, n int) (func(), error) {
-	h, err := netnsutil.Open(ns)
-	if err != nil {
-		return nil, err
+	addrs := make([]*net.UDPAddr, n)
+	for i := range addrs {
+		addrs[i] = net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(port+i)))
 	}
-	defer h.Close()
-	var cs []*net.UDPConn
-	err = h.Do(func() error {
-		for i := range n {
-			c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(port+i))))
-			if err != nil {
-				return err
-			}
-			cs = append(cs, c)
-		}
-		return nil
-	})
+	cs, err := udpSocketsAt(ns, addrs)
 	if err != nil {
-		closeAll(cs)
 		return nil, err
 	}
 	var wg sync.WaitGroup
 	for _, c := range cs {
-		_ = c.SetReadBuffer(1 << 20)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -276,7 +263,18 @@ func echoServers(ns string, addr netip.Addr, port, n int) (func(), error) {
 	return func() { closeAll(cs); wg.Wait() }, nil
 }
 
+// udpSockets opens n UDP sockets on ephemeral ports in namespace ns.
 func udpSockets(ns string, n int) ([]*net.UDPConn, error) {
+	addrs := make([]*net.UDPAddr, n)
+	for i := range addrs {
+		addrs[i] = &net.UDPAddr{}
+	}
+	return udpSocketsAt(ns, addrs)
+}
+
+// udpSocketsAt opens a UDP socket (1 MiB receive buffer) on each of addrs in namespace ns; on
+// failure none stays open.
+func udpSocketsAt(ns string, addrs []*net.UDPAddr) ([]*net.UDPConn, error) {
 	h, err := netnsutil.Open(ns)
 	if err != nil {
 		return nil, err
@@ -284,8 +282,8 @@ func udpSockets(ns string, n int) ([]*net.UDPConn, error) {
 	defer h.Close()
 	var cs []*net.UDPConn
 	err = h.Do(func() error {
-		for range n {
-			c, err := net.ListenUDP("udp4", &net.UDPAddr{})
+		for _, a := range addrs {
+			c, err := net.ListenUDP("udp4", a)
 			if err != nil {
 				return err
 			}
@@ -296,8 +294,9 @@ func udpSockets(ns string, n int) ([]*net.UDPConn, error) {
 	})
 	if err != nil {
 		closeAll(cs)
+		return nil, err
 	}
-	return cs, err
+	return cs, nil
 }
 
 func closeAll(cs []*net.UDPConn) {

@@ -15,36 +15,25 @@ import (
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // serveNamedEcho greets each connection with the node's name and echoes it, without the lab
 // verifier's 5 s deadline, as a Service backend on the Services' target port.
 func serveNamedEcho(t *testing.T, ep lab.Node) {
 	t.Helper()
-	var l net.Listener
-	err := netnsutil.Do(ep.Netns, func() error {
-		var err error
-		l, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	labtest.EchoNamed(t, ep.Netns, fmt.Sprintf("%s:%d", ep.AddrOnly(), lab.VerifyPort), ep.Name, 0)
+}
+
+// serviceLab brings spec's lab up (labForTest) with every Service endpoint serving
+// serveNamedEcho, and returns it with its two hosts.
+func serviceLab(t *testing.T, spec lab.Spec) (*lab.Lab, []string) {
+	t.Helper()
+	l := labForTest(t, spec)
+	for _, ep := range l.Endpoints() {
+		serveNamedEcho(t, ep)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := io.WriteString(c, ep.Name+"\n"); err == nil {
-					_, _ = io.Copy(c, c)
-				}
-			}()
-		}
-	}()
+	return l, []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
 }
 
 // streamEcho sends d's worth of seeded pseudo-random bytes over c and checks that the echo is
@@ -120,11 +109,7 @@ func TestServiceNATFastPath(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
 		t.Run(mode, func(t *testing.T) {
 			spec := lab.Spec{Name: "fpsv" + mode[:2], Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: mode}
-			l := labForTest(t, spec)
-			for _, ep := range l.Endpoints() {
-				serveNamedEcho(t, ep)
-			}
-			hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+			l, hosts := serviceLab(t, spec)
 			liberal := func() string {
 				v, err := netnsutil.ReadFileIn(hosts[1], conntrackLiberal)
 				if err != nil {
@@ -162,15 +147,7 @@ func TestServiceNATFastPath(t *testing.T) {
 			}
 			streams := 0
 			for try := 0; try < 40 && streams < 1; try++ {
-				var c net.Conn
-				err := netnsutil.Do(client.Netns, func() error {
-					var err error
-					c, err = net.DialTimeout("tcp4", svc.Target(), 3*time.Second)
-					return err
-				})
-				if err != nil {
-					t.Fatalf("connect %s: %v", svc.Target(), err)
-				}
+				c := dialIn(t, client.Netns, svc.Target())
 				r := bufio.NewReader(c)
 				line, err := r.ReadString('\n')
 				name := strings.TrimSpace(line)
@@ -239,22 +216,13 @@ func TestServiceNATFastPath(t *testing.T) {
 // normal path and are counted as "nat", none take the fast path.
 func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 	spec := lab.Spec{Name: "fpsnat", Style: lab.StyleFlannel, Containers: 2, Services: true}
-	l := labForTest(t, spec)
-	for _, ep := range l.Endpoints() {
-		serveNamedEcho(t, ep)
-	}
-	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l, hosts := serviceLab(t, spec)
 	client, err := l.Node("h1-c1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, hosts[0], "iptables", "-w", "5", "-t", "nat", "-I", "POSTROUTING", "-s", client.AddrOnly(), "-o", "flannel.1", "-j", "MASQUERADE")
 	attachAll(t, hosts)
-	defer func() {
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, Name)
-		}
-	}()
 	before, err := Inspect(hosts[0])
 	if err != nil {
 		t.Fatal(err)
@@ -285,17 +253,8 @@ func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 // entry with the same translation (one backend) in the right order.
 func TestServiceConntrackFlush(t *testing.T) {
 	spec := lab.Spec{Name: "fpsvct", Style: lab.StyleFlannel, Containers: 2, Services: true, ProxyMode: lab.ProxyNFTables}
-	l := labForTest(t, spec)
-	for _, ep := range l.Endpoints() {
-		serveNamedEcho(t, ep)
-	}
-	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l, hosts := serviceLab(t, spec)
 	attachAll(t, hosts)
-	defer func() {
-		for _, h := range hosts {
-			_, _ = datapath.Detach(context.Background(), h, Name)
-		}
-	}()
 	client, err := l.Node("h1-c1")
 	if err != nil {
 		t.Fatal(err)
@@ -313,19 +272,7 @@ func TestServiceConntrackFlush(t *testing.T) {
 }
 
 // dialIn connects from ns to target over TCP (3 s), closing the connection when the test ends.
-func dialIn(t *testing.T, ns, target string) net.Conn {
-	t.Helper()
-	var c net.Conn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp4", target, 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+var dialIn = labtest.DialTCP
 
 // echoAcrossFlushes streams an echo from namespace ns to target (a Service) for 13 s while
 // every node's conntrack table is flushed twice (after 2 s and 7 s), and returns the bytes

@@ -2,8 +2,6 @@ package fastpath
 
 import (
 	"context"
-	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -12,36 +10,18 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
-	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // swarmLab builds scripts/handbuilt-swarm.sh's layout (two nodes, two Docker-style overlays
 // each, their namespaces as files under a per-node exec-root) and tears it down after the test.
 func swarmLab(t *testing.T, name string) (script string, hosts []string) {
 	t.Helper()
-	testutil.RequireRoot(t)
-	script, err := filepath.Abs("../../../scripts/handbuilt-swarm.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hosts = []string{"prg-" + name + "-n1", "prg-" + name + "-n2"}
-	t.Cleanup(func() {
-		for _, h := range hosts {
-			if st, _ := datapath.LoadState(h, Name); st != nil {
-				_, _ = datapath.Detach(context.Background(), h, "")
-			}
-		}
-		if out, err := exec.Command(script, "down", name).CombinedOutput(); err != nil {
-			t.Errorf("down: %v\n%s", err, out)
-		}
-		testutil.AssertClean(t, "prg-"+name+"-")
+	script, hosts, _ = labtest.ScriptLab(t, "../../../scripts/handbuilt-swarm.sh", name, 2, func() {
 		if left, _ := filepath.Glob("/run/prg-" + name + "-*"); len(left) > 0 {
 			t.Errorf("left behind: %v", left)
 		}
 	})
-	if out, err := exec.Command(script, "up", name).CombinedOutput(); err != nil {
-		t.Fatalf("build the overlays: %v\n%s", err, out)
-	}
 	return script, hosts
 }
 
@@ -158,14 +138,7 @@ func TestSwarmLikeOverlays(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, h := range hosts {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(datapath.ModePinDir(h, Name)); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s left behind", datapath.ModePinDir(h, Name))
-		}
-	}
+	labtest.DetachGone(t, Name, hosts...)
 }
 
 // TestSwarmLikeVXLANDev: option vxlan_dev limits the fast path to the named overlay; a name

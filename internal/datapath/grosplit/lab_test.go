@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/testutil"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // The integration topology: a <-veth-> b, each end named eth0 like a lab host's underlay, in the
@@ -94,21 +96,10 @@ func wireChecksums(t *testing.T) {
 // blast sends n UDP datagrams a -> b and returns how many b's socket received.
 func blast(t *testing.T, n int) int {
 	t.Helper()
-	var rx *net.UDPConn
-	err := netnsutil.Do(nsB, func() (err error) {
-		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addrB), Port: port})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listen in b: %v", err)
-	}
-	defer rx.Close()
+	rx := labtest.ListenUDP(t, nsB, &net.UDPAddr{IP: net.ParseIP(addrB), Port: port})
+	defer rx.Close() // now: the next blast uses the port
 	_ = rx.SetReadBuffer(8 << 20)
-	var tx *net.UDPConn
-	err = netnsutil.Do(nsA, func() (err error) {
-		tx, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addrB), Port: port})
-		return err
-	})
+	tx, err := netnsutil.DialContext(context.Background(), nsA, &net.Dialer{}, "udp4", net.JoinHostPort(addrB, strconv.Itoa(port)))
 	if err != nil {
 		t.Fatalf("dial from a: %v", err)
 	}

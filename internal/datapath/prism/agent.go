@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"slices"
 	"time"
 
@@ -36,7 +34,7 @@ func (mode) RunAgent(ctx context.Context, target string) error {
 	return agentKit.Run(ctx, target, 0, runAgent)
 }
 
-func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
+func runAgent(ctx context.Context, st *datapath.State, lg datapath.Logger) error {
 	target := st.Target
 	objs, err := openPinned(target)
 	if err != nil {
@@ -51,7 +49,7 @@ func runAgent(ctx context.Context, st *datapath.State, lg *log.Logger) error {
 
 // agentSync is one round of the agent: re-discover, follow the VXLAN devices, sync the
 // endpoints.
-func agentSync(target string, objs *objects, lg *log.Logger) error {
+func agentSync(target string, objs *objects, lg datapath.Logger) error {
 	cur, err := datapath.LoadState(target, Name)
 	if err != nil || cur == nil || cur.Mode != Name {
 		return datapath.ErrNotAttached
@@ -78,7 +76,7 @@ func agentSync(target string, objs *objects, lg *log.Logger) error {
 // followGate puts the gate's far end (prg_prism_dlv) on pods that appeared, forgets those that
 // left, and records the addresses refused as claimed by several pods (status and /metrics show
 // them). Nothing is written when nothing changed.
-func followGate(cur *datapath.State, t *datapath.Topology, objs *objects, conflicts []endpoints.Conflict, lg *log.Logger) error {
+func followGate(cur *datapath.State, t *datapath.Topology, objs *objects, conflicts []endpoints.Conflict, lg datapath.Logger) error {
 	vxs, err := discoverVXLAN(t)
 	if err != nil {
 		return err
@@ -128,7 +126,7 @@ func nsOf(ds []datapath.Dev) []string {
 // followVXLAN attaches prg_prism_vx to VXLAN devices that appeared since attach, forgets those
 // that left (the kernel detached their links), and with --hp-cpus puts new UDP ports in the
 // underlay program's port set. Each change is recorded.
-func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg *log.Logger) error {
+func followVXLAN(cur *datapath.State, t *datapath.Topology, objs *objects, lg datapath.Logger) error {
 	vxs, err := discoverVXLAN(t)
 	if err != nil {
 		return err
@@ -237,7 +235,7 @@ func Sync(target string) (added, updated, gone int, err error) {
 	}
 	rep, err := resync(t, objs)
 	if err == nil {
-		err = followGate(st, t, objs, rep.Conflicts, log.New(io.Discard, "", 0))
+		err = followGate(st, t, objs, rep.Conflicts, datapath.DiscardLogger())
 	}
 	return rep.Added, rep.Updated, rep.Gone, err
 }

@@ -39,15 +39,7 @@ type udpSink struct {
 
 func startSink(t *testing.T, ns, addr string, port int) *udpSink {
 	t.Helper()
-	var c *net.UDPConn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := labtest.ListenUDP(t, ns, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
 	s := &udpSink{}
 	go func() {
 		buf := make([]byte, 2048)
@@ -214,7 +206,7 @@ func TestLabGateFarEnd(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), h2, Name, datapath.Options{Extra: map[string]string{OptRules: fmt.Sprintf("proto=udp dport=%d", farPort)}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h2, "") })
+	labtest.DetachAtEnd(t, h2)
 	for i, r := range rules {
 		n, last := dropAfter(t, h2, c11.Netns, dst, 42000+i, sink, r, true)
 		t.Logf("prism, %s: %d datagrams after the rule, the last %v after it (vanilla %v)", r.name, n, last.Round(time.Millisecond), vanilla[r.name].Round(time.Millisecond))

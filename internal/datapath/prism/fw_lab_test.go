@@ -44,34 +44,11 @@ func fwRule(t *testing.T, ns, proto string) func() {
 // tcpEcho serves TCP echo on addr:fwPort in ns until the test ends.
 func tcpEcho(t *testing.T, ns, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(fwPort)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	labtest.EchoTCP(t, ns, net.JoinHostPort(addr, strconv.Itoa(fwPort)))
 }
 
 func dialFW(ns, addr string, timeout time.Duration) (net.Conn, error) {
-	var c net.Conn
-	err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp4", net.JoinHostPort(addr, strconv.Itoa(fwPort)), timeout)
-		return err
-	})
-	return c, err
+	return netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: timeout}, "tcp4", net.JoinHostPort(addr, strconv.Itoa(fwPort)))
 }
 
 // pinger exchanges 64-byte messages over c every 2 ms until stop or an error, recording the
@@ -160,7 +137,7 @@ func TestLabFirewall(t *testing.T) {
 			if _, err := datapath.Attach(context.Background(), h2, Name, datapath.Options{Extra: map[string]string{OptRules: "proto=tcp dport=5401; proto=udp dport=5401"}}); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h2, "") })
+			labtest.DetachAtEnd(t, h2)
 			b := inspect(t, h2).Stats
 			denied("prism")
 			if a := inspect(t, h2).Stats; a.Redirected != b.Redirected || a.HP == b.HP {

@@ -39,7 +39,7 @@ func TestLabHijack(t *testing.T) {
 		}
 	}
 	attach("true")
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), h2, "") })
+	labtest.DetachAtEnd(t, h2)
 	sport := 43000
 	flow := func() {
 		t.Helper()

@@ -38,16 +38,7 @@ const hpRules = "proto=tcp dport=11111; proto=tcp sport=11111; proto=udp dport=1
 // udpEcho serves UDP echo in ns on port, replying with the TTL the datagram arrived with.
 func udpEcho(t *testing.T, ns, addr string, port int) {
 	t.Helper()
-	var c *net.UDPConn
-	err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := labtest.ListenUDP(t, ns, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
 	raw, _ := c.SyscallConn()
 	_ = raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1) })
 	go func() {
@@ -103,12 +94,8 @@ func pingPong(t *testing.T, ns, addr string, port, n int) []byte {
 // bulkTCP sends size random bytes over TCP on lpPort and checks they arrive intact.
 func bulkTCP(t *testing.T, srvNS, cliNS, addr string, size int) {
 	t.Helper()
-	var ln net.Listener
-	if err := netnsutil.Do(srvNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", addr, lpPort))
-		return err
-	}); err != nil {
+	ln, err := netnsutil.Listen(srvNS, "tcp4", fmt.Sprintf("%s:%d", addr, lpPort))
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -128,12 +115,8 @@ func bulkTCP(t *testing.T, srvNS, cliNS, addr string, size int) {
 	}()
 	data := make([]byte, size)
 	_, _ = rand.Read(data)
-	var c net.Conn
-	if err := netnsutil.Do(cliNS, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", addr, lpPort), 3*time.Second)
-		return err
-	}); err != nil {
+	c, err := netnsutil.DialContext(context.Background(), cliNS, &net.Dialer{Timeout: 3 * time.Second}, "tcp4", fmt.Sprintf("%s:%d", addr, lpPort))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Write(data); err != nil {
@@ -344,7 +327,7 @@ func TestAgentFollowsNewVXLANDevice(t *testing.T) {
 	if _, err := datapath.Attach(context.Background(), host, Name, datapath.Options{Extra: map[string]string{OptRules: hpRules}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Detach(context.Background(), host, "") })
+	labtest.DetachAtEnd(t, host)
 	idx := labtest.AddVXLAN(t, host, "prgvx2", 77, 4790, "eth0")
 	recorded := func() (piece, bool) {
 		st, err := datapath.Attached(host, Name, 0)

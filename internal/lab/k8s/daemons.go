@@ -21,13 +21,7 @@ import (
 func httpIn(i int) *http.Client {
 	ns := NodeName(i)
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := netnsutil.Do(ns, func() error {
-			var err error
-			conn, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
+		return netnsutil.DialContext(ctx, ns, &net.Dialer{Timeout: 2 * time.Second}, network, addr)
 	}
 	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // health endpoints only
@@ -395,7 +389,7 @@ func (c *Cluster) SetProxyMode(ctx context.Context, mode string) error {
 	}
 	for i := 1; i <= c.Spec.Nodes; i++ {
 		tag := fmt.Sprintf("kube-proxy-n%d", i)
-		if err := stopPid(filepath.Join(c.Dir, "run", tag+".pid"), "kube-proxy", 5*time.Second); err != nil {
+		if err := stopPid(c.pidPath(tag), "kube-proxy", 5*time.Second); err != nil {
 			return err
 		}
 		if out, err := nodeCommand(ctx, i, c.Bin.K("kube-proxy"), "--cleanup", "--config="+filepath.Join(c.nodeDir(i), "kube-proxy.yaml")).CombinedOutput(); err != nil {

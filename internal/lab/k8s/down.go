@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // Down removes the cluster: every daemon (by pid file), every container (by cgroup), every
@@ -52,7 +53,7 @@ func Down(log func(string, ...any)) error {
 		if len(ps) == 0 {
 			break
 		}
-		killPIDs(ps)
+		proc.KillAll(ps)
 	}
 	for _, f := range pidFiles {
 		tag := strings.TrimSuffix(filepath.Base(f), ".pid")
@@ -74,11 +75,11 @@ func Down(log func(string, ...any)) error {
 	// Whatever is left in the nodes' namespaces: shims, a daemon whose pid file was lost.
 	mnts, _ := filepath.Glob(filepath.Join(StateRoot, "mnt", "n*"))
 	for _, m := range mnts {
-		killPIDs(pidsInMountNS(m))
+		proc.KillAll(pidsInMountNS(m))
 	}
 	for _, ns := range nss {
 		if ino, err := netnsutil.Inode(netnsutil.Path(ns)); err == nil {
-			killPIDs(netnsutil.PIDsIn(ino))
+			proc.KillAll(netnsutil.PIDsIn(ino))
 		}
 	}
 	// The mount namespaces go with their last reference: their files' bind mounts.

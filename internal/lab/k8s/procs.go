@@ -1,18 +1,17 @@
 package k8s
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // Daemons run in their node's network and mount namespace (nsenter: kubelet and containerd
@@ -34,27 +33,10 @@ func nodeCommand(ctx context.Context, i int, argv ...string) *exec.Cmd {
 
 // start runs argv as a daemon on node i.
 func (c *Cluster) start(i int, tag string, env []string, argv ...string) error {
-	dir := filepath.Join(c.Dir, "logs")
-	for _, d := range []string{dir, filepath.Join(c.Dir, "run")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return err
-		}
-	}
-	logf, err := os.OpenFile(filepath.Join(dir, tag+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	a := append(nsenterArgs(i), argv...)
-	cmd := exec.Command(a[0], a[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if err := proc.Start(append(nsenterArgs(i), argv...), env, c.logPath(tag), c.pidPath(tag)); err != nil {
 		return fmt.Errorf("start %s on %s: %w", tag, NodeName(i), err)
 	}
-	go func() { _ = cmd.Wait() }()
-	return os.WriteFile(filepath.Join(c.Dir, "run", tag+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+	return nil
 }
 
 func (c *Cluster) logPath(tag string) string { return filepath.Join(c.Dir, "logs", tag+".log") }
@@ -69,80 +51,15 @@ func (c *Cluster) logTail(tag string) string {
 	return fmt.Sprintf("%s (%s):\n%s", tag, c.logPath(tag), s)
 }
 
+func (c *Cluster) pidPath(tag string) string { return filepath.Join(c.Dir, "run", tag+".pid") }
+
 // alive says whether the daemon tag still runs.
-func (c *Cluster) alive(tag string) bool {
-	pid, ok := readPid(filepath.Join(c.Dir, "run", tag+".pid"))
-	return ok && !zombie(pid)
-}
-
-func readPid(f string) (int, bool) {
-	b, err := os.ReadFile(f)
-	if err != nil {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid, err == nil && pid > 1
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	_, rest, _ := bytes.Cut(b, []byte(") "))
-	return len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
-}
+func (c *Cluster) alive(tag string) bool { return proc.Alive(c.pidPath(tag)) }
 
 // stopPid stops a daemon by pid file (TERM, KILL after grace), if the pid still runs prog
 // (nsenter execs it, so the pid becomes the program's; a reused pid is someone else's).
 func stopPid(pidFile, prog string, grace time.Duration) error {
-	pid, ok := readPid(pidFile)
-	if ok && !zombie(pid) && isProg(pid, prog) {
-		_ = syscall.Kill(pid, syscall.SIGTERM)
-		if !waitGone(pid, grace) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			if !waitGone(pid, 3*time.Second) {
-				return fmt.Errorf("%s (pid %d) does not die", prog, pid)
-			}
-		}
-	}
-	if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
-}
-
-func isProg(pid int, prog string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	a0, _, _ := bytes.Cut(b, []byte{0})
-	base := filepath.Base(string(a0))
-	return base == prog || base == "nsenter"
-}
-
-func waitGone(pid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if zombie(pid) {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return zombie(pid)
-}
-
-// killPIDs SIGKILLs pids and waits for them.
-func killPIDs(pids []int) {
-	for _, p := range pids {
-		if p > 1 && p != os.Getpid() {
-			_ = syscall.Kill(p, syscall.SIGKILL)
-		}
-	}
-	for _, p := range pids {
-		waitGone(p, 2*time.Second)
-	}
+	return proc.Stop(pidFile, grace, prog, "nsenter")
 }
 
 // pidsInMountNS lists processes whose mount namespace is the one bound at file.

@@ -41,16 +41,8 @@ func requireRealFlannel(t *testing.T) {
 	testutil.RequireBPF(t)
 }
 
-func run(t *testing.T, ns string, argv ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := netnsutil.Run(ctx, ns, argv...)
-	if err != nil {
-		t.Fatalf("%s: %s: %v\n%s", ns, strings.Join(argv, " "), err, out)
-	}
-	return out
-}
+// run runs argv in a namespace and returns its output (labtest.Run).
+var run = labtest.Run
 
 // upForTest brings up a lab whose teardown (detach everything, down) runs however the test
 // ends, and checks that nothing is left.
@@ -381,21 +373,7 @@ func pinnedMaps(t *testing.T, l *realflannel.Lab) []ebpf.MapID {
 // modes set is back to its old value.
 func assertDetached(t *testing.T, l *realflannel.Lab, knobs map[string]string, ids []ebpf.MapID) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second) // maps go once the last reference does
-	for _, id := range ids {
-		for {
-			m, err := ebpf.NewMapFromID(id)
-			if err != nil {
-				break
-			}
-			m.Close()
-			if time.Now().After(deadline) {
-				t.Errorf("map %d still exists after detach", id)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	labtest.MapsGone(t, ids)
 	nss, _ := netnsutil.List(realflannel.Prefix(l.Spec.Name))
 	for _, ns := range nss {
 		if o, _ := netnsutil.Run(context.Background(), ns, "bpftool", "net", "show"); strings.Contains(o, "prg_") {

@@ -7,18 +7,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // The processes the lab starts run in their own session (they outlive `lab real-flannel up`),
@@ -45,23 +43,12 @@ func etcdVersion(ctx context.Context, bin string) string {
 
 // start runs argv in namespace ns in the background, with its pid file and log in dir.
 func start(ns, dir, tag string, argv ...string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(filepath.Join(dir, tag+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
 	// `ip netns exec` enters the namespace and execs argv: the pid is the program's.
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	a := append([]string{"ip", "netns", "exec", ns}, argv...)
+	if err := proc.Start(a, nil, filepath.Join(dir, tag+".log"), filepath.Join(dir, tag+".pid")); err != nil {
 		return fmt.Errorf("start %s in %s: %w", argv[0], ns, err)
 	}
-	go func() { _ = cmd.Wait() }() // reaped when it ends (down, a restart, a crash)
-	return os.WriteFile(filepath.Join(dir, tag+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+	return nil
 }
 
 func (l *Lab) startEtcd(ctx context.Context) error {
@@ -112,19 +99,7 @@ func (l *Lab) startEtcd(ctx context.Context) error {
 }
 
 // etcdClient talks to etcd from inside its namespace (its only listener is there).
-func (l *Lab) etcdClient() *http.Client {
-	ul := l.etcdNetns()
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(ul, func() error {
-			var err error
-			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-}
+func (l *Lab) etcdClient() *http.Client { return netnsutil.HTTPClient(l.etcdNetns(), 3*time.Second) }
 
 // startFlanneld runs node i's flanneld as kube-flannel's manifest does (--ip-masq): flanneld
 // masquerades only traffic leaving the flannel network, and its subnet file tells the CNI plugin
@@ -167,7 +142,7 @@ func (l *Lab) waitLease(ctx context.Context, i int, since time.Time) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("flanneld on %s: no lease after 20 s (log: %s)", n.Netns, l.flanneldLog(i))
 		}
-		if !alive(l.pidFile(i)) {
+		if !proc.Alive(l.pidFile(i)) {
 			b, _ := os.ReadFile(l.flanneldLog(i))
 			return fmt.Errorf("flanneld on %s exited:\n%s", n.Netns, tail(string(b), 2000))
 		}
@@ -211,83 +186,9 @@ func (l *Lab) killAll() []error {
 	return errs
 }
 
-// pidOf reads a pid file and says whether that pid still runs the named program (a reused
-// pid is someone else's).
-func pidOf(pidFile, prog string) (int, bool) {
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return pid, false
-	}
-	argv0, _, _ := bytes.Cut(cmdline, []byte{0})
-	return pid, filepath.Base(string(argv0)) == prog && !zombie(pid)
-}
-
-// alive says whether the pid file's process still runs. Not by name: just started, it may
-// still be the `ip netns exec` that becomes flanneld, or be in the middle of that exec.
-func alive(pidFile string) bool {
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	return err == nil && pid > 1 && !zombie(pid)
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	_, rest, _ := bytes.Cut(b, []byte(") "))
-	return len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
-}
-
 // killPidFile stops the program a pid file names (TERM, then KILL after 3 s) and removes the
-// file. A file naming nothing running is removed quietly.
-func killPidFile(pidFile, prog string) error {
-	pid, ok := pidOf(pidFile, prog)
-	if ok {
-		_ = syscall.Kill(pid, syscall.SIGTERM)
-		deadline := time.Now().Add(3 * time.Second)
-		for !zombie(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if !zombie(pid) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			for i := 0; i < 100 && !zombie(pid); i++ {
-				time.Sleep(20 * time.Millisecond)
-			}
-			if !zombie(pid) {
-				return fmt.Errorf("%s (pid %d) does not die", prog, pid)
-			}
-		}
-	}
-	if err := os.Remove(pidFile); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
-}
-
-// killPIDs kills processes that live in one of the lab's namespaces (what a test left
-// running there, a flanneld whose pid file was lost).
-func killPIDs(pids []int) {
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for _, pid := range pids {
-		for i := 0; i < 100 && !zombie(pid); i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
+// file. A file naming nothing running, or another program (a reused pid), is removed quietly.
+func killPidFile(pidFile, prog string) error { return proc.Stop(pidFile, 3*time.Second, prog) }
 
 func tail(s string, n int) string {
 	if len(s) > n {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/proc"
 )
 
 // StateRoot holds every lab's run-time state, one directory per lab.
@@ -446,7 +447,7 @@ func Down(name string) error {
 	errs = append(errs, l.killAll()...)
 	for _, ns := range nss {
 		if ino, err := netnsutil.Inode(netnsutil.Path(ns)); err == nil {
-			killPIDs(netnsutil.PIDsIn(ino))
+			proc.KillAll(netnsutil.PIDsIn(ino))
 		}
 		if err := netnsutil.Delete(ns); err != nil {
 			errs = append(errs, err)

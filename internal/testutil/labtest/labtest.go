@@ -6,6 +6,8 @@ package labtest
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -146,4 +148,29 @@ func DelLink(ns, name string) {
 		}
 		return netlink.LinkDel(l)
 	})
+}
+
+// DetachAtEnd detaches everything attached to each target when the test ends, also on failure
+// (registered after Up, it runs before the lab goes down). Errors are ignored: a test that
+// detached by itself has nothing left to detach.
+func DetachAtEnd(t testing.TB, targets ...string) {
+	t.Cleanup(func() {
+		for _, target := range targets {
+			_, _ = datapath.Detach(context.Background(), target, "")
+		}
+	})
+}
+
+// PrivateState gives the test its own datapath state: records, agent logs and node agent
+// status under t.TempDir(), pins under /sys/fs/bpf/prg-<name>-pins (removed when the test
+// ends), so that nothing else attached on the machine is seen or touched. Call it before
+// DetachAtEnd, whose detach must run first.
+func PrivateState(t testing.TB, name string) {
+	t.Helper()
+	pins := "/sys/fs/bpf/prg-" + name + "-pins"
+	testutil.Set(t, &datapath.StateDir, filepath.Join(t.TempDir(), "datapath"))
+	testutil.Set(t, &datapath.AgentLogDir, filepath.Join(t.TempDir(), "agents"))
+	testutil.Set(t, &datapath.NodeAgentDir, filepath.Join(t.TempDir(), "agent"))
+	testutil.Set(t, &datapath.PinRoot, pins)
+	t.Cleanup(func() { _ = os.RemoveAll(pins) })
 }

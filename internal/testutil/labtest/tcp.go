@@ -1,6 +1,7 @@
 package labtest
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -114,12 +115,8 @@ func (s *TCPStream) Finish(t testing.TB) int64 {
 // listenIn listens on dst (TCP) inside ns.
 func listenIn(t testing.TB, ns string, dst netip.AddrPort) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", dst.String())
-		return err
-	}); err != nil {
+	ln, err := netnsutil.Listen(ns, "tcp", dst.String())
+	if err != nil {
 		t.Fatalf("listen on %s in %s: %v", dst, ns, err)
 	}
 	return ln
@@ -128,12 +125,8 @@ func listenIn(t testing.TB, ns string, dst netip.AddrPort) net.Listener {
 // dialFrom connects to dst from ns; on failure it closes ln and fails the test.
 func dialFrom(t testing.TB, ns string, dst netip.AddrPort, ln net.Listener) net.Conn {
 	t.Helper()
-	var c net.Conn
-	if err := netnsutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
-		return err
-	}); err != nil {
+	c, err := netnsutil.DialContext(context.Background(), ns, &net.Dialer{Timeout: 2 * time.Second}, "tcp", dst.String())
+	if err != nil {
 		ln.Close()
 		t.Fatalf("connect from %s to %s: %v", ns, dst, err)
 	}
