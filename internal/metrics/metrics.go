@@ -45,7 +45,7 @@ func New(sp *stage.Probe) *Collector {
 		knobsHeld:   d("knobs_held", "Knobs of an attachment that still hold the value it set.", "mode", "target"),
 		stagePkts:   d("stage_packets_total", "Packets entering the stack per device and CPU (eBPF stage probe; since the probe started).", "netns", "device", "cpu"),
 		stageNs:     d("stage_softirq_seconds_total", "NET_RX softirq time attributed per device and CPU (eBPF stage probe).", "netns", "device", "cpu"),
-		scrapeErr:   d("scrape_errors", "Sources that failed in this scrape.", "source"),
+		scrapeErr:   d("scrape_errors", "Sources that failed in this scrape (for a mode: how many of its attachments).", "source"),
 		modePkts:    d("mode_packets_total", "Packets a datapath mode's programs handled, by direction and result (e.g. fastpath: hit, miss, fallback reasons).", "mode", "target", "direction", "result"),
 		modeEntries: d("mode_table_entries", "Entries in a datapath mode's tables (e.g. fastpath: flows, learned flows, pods).", "mode", "target", "table"),
 	}
@@ -60,7 +60,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	fail := func(src string) { ch <- prometheus.MustNewConstMetric(c.scrapeErr, prometheus.GaugeValue, 1, src) }
+	// A source fails once per target at most (two fastpath attachments whose maps cannot be
+	// read): one sample per source, counting them, since a registry refuses the whole scrape
+	// when two samples share a name and labels.
+	failed := map[string]int{}
+	fail := func(src string) { failed[src]++ }
+	defer func() { c.failures(ch, failed) }()
 	if sn, err := probe.ReadSoftnet(); err == nil {
 		for _, p := range sn.PerCPU {
 			cpu := strconv.Itoa(p.CPU)
@@ -140,5 +145,12 @@ func (c *Collector) modeCounters(ch chan<- prometheus.Metric, st *datapath.State
 	}
 	for k, v := range entries {
 		ch <- prometheus.MustNewConstMetric(c.modeEntries, prometheus.GaugeValue, float64(v), st.Mode, target, k)
+	}
+}
+
+// failures emits one scrape_errors sample per failed source.
+func (c *Collector) failures(ch chan<- prometheus.Metric, failed map[string]int) {
+	for src, n := range failed {
+		ch <- prometheus.MustNewConstMetric(c.scrapeErr, prometheus.GaugeValue, float64(n), src)
 	}
 }

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
@@ -63,4 +66,25 @@ func grep(text, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestScrapeErrorsOneSamplePerSource: a mode failing for two of its attachments yields one
+// scrape_errors sample counting both; two samples with the same labels made the registry
+// refuse the whole scrape (seen: two fastpath records whose maps could not be read).
+func TestScrapeErrorsOneSamplePerSource(t *testing.T) {
+	c := New(nil)
+	ch := make(chan prometheus.Metric, 4)
+	c.failures(ch, map[string]int{"fastpath": 2, "stage": 1})
+	close(ch)
+	got := map[string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		got[pb.GetLabel()[0].GetValue()] += pb.GetGauge().GetValue()
+	}
+	if len(got) != 2 || got["fastpath"] != 2 || got["stage"] != 1 {
+		t.Fatalf("scrape_errors samples %v, want fastpath 2 and stage 1, one each", got)
+	}
 }
