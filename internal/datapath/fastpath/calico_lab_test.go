@@ -211,9 +211,12 @@ func calicoNewPod(t *testing.T, host string) {
 	} {
 		run(t, c[0], c[1:]...)
 	}
+	// Served: in the pod table and its veth's programs attached. The agent fills the table
+	// first, then attaches; a ping in between (a loaded machine) is learned by neither link.
 	labtest.Eventually(t, 2500*time.Millisecond, "the new pod served", func() (bool, string) {
 		now := pods()
-		return now[addr] == veth, fmt.Sprint(now)
+		links, _ := filepath.Glob(filepath.Join(datapath.ModePinDir(host, Name), linksSub, "*_"+veth+"_*"))
+		return now[addr] == veth && len(links) == 2, fmt.Sprintf("pods %v, links of %s %v", now, veth, links)
 	})
 	v0, err := Inspect(host)
 	if err != nil {
