@@ -103,6 +103,9 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if len(o.Configs) == 0 {
 		return nil, "", errors.New("no configuration to measure")
 	}
+	if err := o.k8sArrangement(); err != nil {
+		return nil, "", err
+	}
 	o.DefaultArrangement()
 	if err := lab.Preflight(); err != nil {
 		return nil, "", err
@@ -134,6 +137,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 		run.Lab = results.Lab{Name: "given namespaces", Styles: []string{StyleGiven}}
 		run.Arrangement.Note = "measured between given namespaces; no lab was built, the receive path is as found"
 	}
+	o.k8sRecord(run)
 	path := filepath.Join(o.OutDir, run.ID+".json")
 	err := o.run(ctx, run)
 	run.Finished = time.Now()
@@ -232,6 +236,12 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 // measureRep runs one repetition with the probes around it.
 func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) results.Rep {
 	rep := results.Rep{Started: time.Now()}
+	// A config sharing its lab (k8s) has its modes attached now, the others' detached.
+	if err := b.Activate(ctx); err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	rep.Started = time.Now()
 	sampling, err := o.probes.Begin(b.Testbed)
 	if err != nil {
 		rep.Error = err.Error()
