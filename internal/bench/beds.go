@@ -31,7 +31,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 				return err
 			}
 		}
-		spec := testbed.Spec{K8s: k8s,Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
+		spec := testbed.Spec{K8s: k8s, Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
 			ModeCPUs: o.ModeCPUs, ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
 			SameNode: o.Scenario.SameNode}
 		if o.Scenario.ViaService {
