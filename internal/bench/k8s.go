@@ -50,10 +50,9 @@ func (o *Options) k8sArrangement() error {
 	if o.Scenario.ViaService {
 		o.Scenario.ProxyMode = c.Spec.ProxyMode // kube-proxy's own, as the cluster runs it
 	}
-	if o.NAPIThread && !o.usesOnlyK8s() {
-		return errors.New("--napi-thread: the k8s lab has its NAPI thread already; do not mix it with other styles' labs in one run")
-	}
-	o.NAPIThread = true // what the cluster's nodes do (internal/lab/k8s buildNodes)
+	// What the cluster's nodes do (internal/lab/k8s buildNodes); labs the run builds for other
+	// configs (bench run --configs native,k8s/vanilla) get the same arrangement.
+	o.NAPIThread = true
 	return nil
 }
 
