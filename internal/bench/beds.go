@@ -63,7 +63,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 func (o *Options) bedOf(tb *testbed.Testbed) bed {
 	return bed{Testbed: tb, pair: pair{lab: tb.Lab, sender: tb.Sender, receiver: tb.Receiver, senderHost: tb.SenderHost,
 		appCPUs: o.AppCPUs, senderCPUs: o.SenderCPUs, bgSender: tb.BGSender, bgReceiver: tb.BGReceiver,
-		connect: tb.Connect, serverPort: tb.ServerPort}}
+		connect: tb.Connect, serverPort: tb.ServerPort, nginxPort: tb.NginxPort}}
 }
 
 // mergeExtra lays a config's own mode options over the run-wide ones.

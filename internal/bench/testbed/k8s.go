@@ -36,6 +36,8 @@ const (
 	k8sServiceLabel  = "prg-bench-role"
 	k8sServicePort   = 80
 	k8sServiceTarget = 47999
+	// k8sNginxPort is where the nginx scenario listens in a web pod, whose busybox httpd has 8080.
+	k8sNginxPort = 8088
 )
 
 // k8sNetnsPrefix names the pods' network namespaces as the bench attaches them (`ip netns
@@ -329,7 +331,7 @@ func (k *K8s) Bed(ctx context.Context, s Spec) *Testbed {
 	k.refs++
 	tb := &Testbed{Config: s.Config, Knobs: map[string]string{}, k8s: k, stack: s.Stack,
 		Sender: k.sender, Receiver: k.receiver, BGSender: k.bgSender, BGReceiver: k.bgReceiver,
-		SenderHost: k.nodes[0], Connect: k.connect, ServerPort: k.serverPort}
+		SenderHost: k.nodes[0], Connect: k.connect, ServerPort: k.serverPort, NginxPort: k8sNginxPort}
 	recv := []lab.Node{{Name: k.recvNode, Netns: k.recvNode, Role: "host"}, k.receiver}
 	tb.Stages = map[string]string{}
 	for i := range recv {

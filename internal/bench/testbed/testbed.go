@@ -60,6 +60,9 @@ type Testbed struct {
 	// receiver's own address.
 	Connect    string
 	ServerPort int // with Connect: the port the receiver listens on (the Service's target port)
+	// NginxPort, set, is where the nginx scenario's server listens instead of nginx's default
+	// 8080 (taken in the k8s lab's pods by their own httpd).
+	NginxPort int
 	// BGSender, BGReceiver carry the background traffic (Spec.Background).
 	BGSender, BGReceiver lab.Node
 	Stages               map[string]string // "netns/device" -> stage, receiving host's namespaces only
