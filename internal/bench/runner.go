@@ -189,6 +189,15 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 	prog := newProgress(o.Log, total)
 	points := map[string]*results.Point{}
 	var order []string
+	// The points measured so far go into the run on every return: an interrupted run is
+	// written with what it measured, marked incomplete.
+	defer func() {
+		for _, k := range order {
+			if len(points[k].Reps) > 0 {
+				run.Points = append(run.Points, *points[k])
+			}
+		}
+	}()
 	failures := 0
 	for _, x := range xs {
 		for r := 0; r < sc.Reps+sc.Warmup; r++ {
@@ -222,9 +231,6 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 				prog.step(fmt.Sprintf("%s %s rep %d%s%s", b.Config, describeX(x), r, warm, status))
 			}
 		}
-	}
-	for _, k := range order {
-		run.Points = append(run.Points, *points[k])
 	}
 	if failures > 0 {
 		return fmt.Errorf("%d of %d measurements failed (see each rep's error in the result file)", failures, total)
