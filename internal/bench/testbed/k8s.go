@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
@@ -298,7 +299,12 @@ spec:
 			if err != nil {
 				return
 			}
-			cn.Close()
+			// The client closes first, so the TIME_WAIT is the sender pod's: one here would
+			// keep a server that binds without SO_REUSEADDR (sockperf) off the port.
+			go func() {
+				_, _ = io.Copy(io.Discard, cn)
+				cn.Close()
+			}()
 		}
 	}()
 	deadline := time.Now().Add(30 * time.Second)
