@@ -257,7 +257,14 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
-	metrics, raw, err := o.Scenario.measure(ctx, b.pair, x)
+	// A repetition has a limit: on a path that stalls (a packet lost per exchange, recovered by
+	// a 200 ms RTO each time) a workload's setup, e.g. memcached's preload, can run for minutes.
+	repCtx, cancel := context.WithTimeout(ctx, o.Scenario.repLimit())
+	metrics, raw, err := o.Scenario.measure(repCtx, b.pair, x)
+	if err != nil && repCtx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("repetition cut after %s, its limit (the path stalls?): %w", o.Scenario.repLimit(), err)
+	}
+	cancel()
 	h.stop()
 	rep.Duration = time.Since(rep.Started)
 	rep.Metrics, rep.Raw = metrics, raw
