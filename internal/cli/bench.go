@@ -170,7 +170,7 @@ func newBenchRunCmd() *cobra.Command {
 	c.Flags().StringVar(&given.ServerNS, "server-ns", "", "measure between existing namespaces: the receiving namespace (no lab is built)")
 	c.Flags().StringVar(&given.ServerAddr, "server-addr", "", "with --server-ns: the receiver's address")
 	c.Flags().StringVar(&given.ClientNS, "client-ns", "", "with --server-ns: the sending namespace (default: the current one)")
-	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel; docker and flannel optionally /MODE (e.g. docker/rps); the first is the baseline")
+	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel, real-flannel, k8s (the Kubernetes lab that is up, shared by the run's k8s configs); all but native and linux optionally /MODE (e.g. docker/rps, k8s/fastpath); the first is the baseline")
 	return c
 }
 
