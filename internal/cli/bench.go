@@ -179,7 +179,7 @@ func newBenchCompareCmd() *cobra.Command {
 	var modes, style string
 	c := &cobra.Command{
 		Use:   "compare SCENARIO",
-		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path",
+		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path (on the k8s cluster: against vanilla)",
 		Example: `  peregrine bench compare tcp --modes vanilla,rps
   peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024
   peregrine bench compare tcp --modes vanilla,fastpath --style flannel --via-service --proxy-mode nftables
@@ -218,7 +218,7 @@ func newBenchCompareCmd() *cobra.Command {
 		},
 	}
 	b.add(c, true)
-	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached)")
+	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached; with --style k8s the default is "+bench.K8sCompareModes+")")
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
