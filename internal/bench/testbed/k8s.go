@@ -12,7 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/datapath/bpfobj"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/lab/k8s"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -118,6 +121,12 @@ func OpenK8s(ctx context.Context, o K8sOptions, log func(string, ...any)) (_ *K8
 		}
 		for _, st := range sts {
 			return nil, fmt.Errorf("mode %s is attached to node %s already: the bench attaches each config's modes itself; detach it first (`sudo peregrine detach --netns %s`)", st.Mode, n.Name, n.Name)
+		}
+		// An attachment made inside the node (the agent's, left by a DaemonSet deleted without
+		// the documented cleanup) has no record here: its programs on the node's devices tell.
+		if progs := peregrinePrograms(n.Name); len(progs) > 0 {
+			return nil, fmt.Errorf("node %s has peregrine's programs attached (%s), not by this machine's CLI: the agent's, left by a DaemonSet deleted without its cleanup? Run `sudo peregrine lab exec --name k8s n%d -- peregrine uninstall`, or bring the lab up again with --no-agent",
+				n.Name, strings.Join(progs, ", "), n.Index)
 		}
 	}
 	defer func() {
@@ -451,3 +460,22 @@ func (tb *Testbed) Activate(ctx context.Context) error {
 // IsShared says whether the testbed shares its lab with the run's other configs (k8s): its
 // modes come and go per repetition.
 func (tb *Testbed) IsShared() bool { return tb.k8s != nil }
+
+// peregrinePrograms lists the tcx programs named prg_* on any device of node namespace ns.
+func peregrinePrograms(ns string) []string {
+	var idx []int
+	_ = netnsutil.Do(ns, func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			idx = append(idx, l.Attrs().Index)
+		}
+		return err
+	})
+	var out []string
+	for _, i := range idx {
+		for _, egress := range []bool{false, true} {
+			out = append(out, bpfobj.ProgramsOn(ns, i, egress, "prg_")...)
+		}
+	}
+	return out
+}
