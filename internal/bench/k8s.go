@@ -1,9 +1,9 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/lab/k8s"
@@ -33,19 +33,13 @@ func (o *Options) k8sArrangement() error {
 	if err := checkK8sScenario(&o.Scenario); err != nil {
 		return err
 	}
-	c, err := k8s.Load()
-	if errors.Is(err, k8s.ErrNotUp) {
-		return testbed.ErrNoK8sLab
-	}
+	// Every refusal before the run starts: no result file for a run that cannot be.
+	c, err := testbed.CheckK8s(context.Background(), o.k8sOptions())
 	if err != nil {
 		return err
 	}
-	rx := []int{c.Spec.RxCPU}
 	if o.RxCPUs == nil {
-		o.RxCPUs = rx
-	}
-	if !slices.Equal(o.RxCPUs, rx) {
-		return fmt.Errorf("--rx-cpus %v: the k8s lab's receive CPU was set when it came up (lab up --style k8s --rx-cpu %d); leave --rx-cpus out, or bring the lab up with another --rx-cpu", o.RxCPUs, rx[0])
+		o.RxCPUs = []int{c.Spec.RxCPU}
 	}
 	if o.Scenario.ViaService {
 		o.Scenario.ProxyMode = c.Spec.ProxyMode // kube-proxy's own, as the cluster runs it

@@ -86,10 +86,10 @@ type K8s struct {
 var ErrNoK8sLab = errors.New("no k8s lab is up: bring one up first with `sudo peregrine lab up --style k8s --no-agent` " +
 	"(about 20 s; --no-agent: the bench attaches each mode itself), and remove it afterwards with `sudo peregrine lab down --name k8s`")
 
-// OpenK8s takes hold of the cluster that is up for a run: it checks that the bench may switch
-// modes on its nodes (no agent, nothing attached), picks the pods and makes them reachable by
-// name. On failure nothing it made is left.
-func OpenK8s(ctx context.Context, o K8sOptions, log func(string, ...any)) (_ *K8s, err error) {
+// CheckK8s says whether a run may measure on the cluster that is up, before anything is
+// changed: it is up and healthy, has the nodes the pair needs, and the bench may switch modes on
+// them (no agent, nothing attached). It returns the cluster.
+func CheckK8s(ctx context.Context, o K8sOptions) (*k8s.Cluster, error) {
 	if o.ToR {
 		return nil, errors.New("the k8s style takes no --tor (its nodes are joined by one veth pair)")
 	}
@@ -112,9 +112,7 @@ func OpenK8s(ctx context.Context, o K8sOptions, log func(string, ...any)) (_ *K8
 	if err := checkNoAgent(ctx, c); err != nil {
 		return nil, err
 	}
-	k := &K8s{Cluster: c, o: o, log: log}
 	for _, n := range c.Nodes[:min(2, len(c.Nodes))] {
-		k.nodes = append(k.nodes, n.Name)
 		sts, err := datapath.LoadStates(n.Name)
 		if err != nil {
 			return nil, err
@@ -128,6 +126,20 @@ func OpenK8s(ctx context.Context, o K8sOptions, log func(string, ...any)) (_ *K8
 			return nil, fmt.Errorf("node %s has peregrine's programs attached (%s), not by this machine's CLI: the agent's, left by a DaemonSet deleted without its cleanup? Run `sudo peregrine lab exec --name k8s n%d -- peregrine uninstall`, or bring the lab up again with --no-agent",
 				n.Name, strings.Join(progs, ", "), n.Index)
 		}
+	}
+	return c, nil
+}
+
+// OpenK8s takes hold of the cluster that is up for a run: it checks it (CheckK8s), picks the
+// pods and makes them reachable by name. On failure nothing it made is left.
+func OpenK8s(ctx context.Context, o K8sOptions, log func(string, ...any)) (_ *K8s, err error) {
+	c, err := CheckK8s(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	k := &K8s{Cluster: c, o: o, log: log}
+	for _, n := range c.Nodes[:min(2, len(c.Nodes))] {
+		k.nodes = append(k.nodes, n.Name)
 	}
 	defer func() {
 		if err != nil {
