@@ -23,8 +23,15 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 		run.Configs = append(run.Configs, results.Config{Name: tb.Config, Style: StyleGiven, Mode: "as found", Placement: results.PlacementUnknown})
 		return nil
 	}
+	var k8s *testbed.K8s
 	for i, c := range o.Configs {
-		spec := testbed.Spec{Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
+		if testbed.IsK8s(c.Style) && k8s == nil {
+			var err error
+			if k8s, err = testbed.OpenK8s(ctx, o.k8sOptions(), o.Logf); err != nil {
+				return err
+			}
+		}
+		spec := testbed.Spec{K8s: k8s, Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
 			ModeCPUs: o.ModeCPUs, ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
 			SameNode: o.Scenario.SameNode}
 		if o.Scenario.ViaService {
@@ -56,7 +63,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 func (o *Options) bedOf(tb *testbed.Testbed) bed {
 	return bed{Testbed: tb, pair: pair{lab: tb.Lab, sender: tb.Sender, receiver: tb.Receiver, senderHost: tb.SenderHost,
 		appCPUs: o.AppCPUs, senderCPUs: o.SenderCPUs, bgSender: tb.BGSender, bgReceiver: tb.BGReceiver,
-		connect: tb.Connect, serverPort: tb.ServerPort}}
+		connect: tb.Connect, serverPort: tb.ServerPort, nginxPort: tb.NginxPort}}
 }
 
 // mergeExtra lays a config's own mode options over the run-wide ones.

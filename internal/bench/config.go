@@ -14,6 +14,13 @@ import (
 	"github.com/peregrine-net/peregrine/internal/lab"
 )
 
+// StyleK8s is the real Kubernetes lab's style (testbed.StyleK8s).
+const StyleK8s = testbed.StyleK8s
+
+// K8sCompareModes is `bench compare --style k8s`'s --modes default: the kernel as kubelet,
+// flannel and kube-proxy leave it, the fast path, and PRISM.
+const K8sCompareModes = ModeVanilla + ",fastpath,prism"
+
 // ModeVanilla is "nothing attached": the kernel as it comes.
 const ModeVanilla = "vanilla"
 
@@ -59,9 +66,9 @@ func ParseConfig(s string) (Config, error) {
 	parts := strings.Split(s, "/")
 	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum:
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleK8s:
 	default:
-		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, %s, linux or native)", s, style, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum)
+		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, %s, %s, linux or native)", s, style, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleK8s)
 	}
 	c := Config{Style: style, Mode: ModeVanilla}
 	var names []string
@@ -136,11 +143,19 @@ func ParseConfigs(list string) ([]Config, error) {
 }
 
 // ModeConfigs builds the configs of `bench compare --modes a,b --style s`: the native baseline
-// first (every ratio is against it), then the style with each mode.
+// first (every ratio is against it), then the style with each mode. The k8s style has no
+// native baseline (its pods are kubelet's, there is no host-to-host pair to compare with): its
+// first mode is the baseline.
 func ModeConfigs(style string, modes []string) ([]Config, error) {
 	out := []Config{{Style: lab.StyleNative, Mode: ModeVanilla}}
+	if testbed.IsK8s(style) {
+		out = nil
+	}
 	for _, m := range modes {
 		if m == lab.StyleNative {
+			if testbed.IsK8s(style) {
+				return nil, fmt.Errorf("--modes %s: the k8s style has no native baseline (kubelet's pods only); its first mode (vanilla) is the baseline", m)
+			}
 			continue // always measured, as the baseline; accepted so "--modes native,vanilla,..." reads as meant
 		}
 		c, err := ParseConfig(style + "/" + m)

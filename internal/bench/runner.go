@@ -103,6 +103,9 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 	if len(o.Configs) == 0 {
 		return nil, "", errors.New("no configuration to measure")
 	}
+	if err := o.k8sArrangement(); err != nil {
+		return nil, "", err
+	}
 	o.DefaultArrangement()
 	if err := lab.Preflight(); err != nil {
 		return nil, "", err
@@ -134,6 +137,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 		run.Lab = results.Lab{Name: "given namespaces", Styles: []string{StyleGiven}}
 		run.Arrangement.Note = "measured between given namespaces; no lab was built, the receive path is as found"
 	}
+	o.k8sRecord(run)
 	path := filepath.Join(o.OutDir, run.ID+".json")
 	err := o.run(ctx, run)
 	run.Finished = time.Now()
@@ -185,6 +189,15 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 	prog := newProgress(o.Log, total)
 	points := map[string]*results.Point{}
 	var order []string
+	// The points measured so far go into the run on every return: an interrupted run is
+	// written with what it measured, marked incomplete.
+	defer func() {
+		for _, k := range order {
+			if len(points[k].Reps) > 0 {
+				run.Points = append(run.Points, *points[k])
+			}
+		}
+	}()
 	failures := 0
 	for _, x := range xs {
 		for r := 0; r < sc.Reps+sc.Warmup; r++ {
@@ -219,9 +232,6 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 			}
 		}
 	}
-	for _, k := range order {
-		run.Points = append(run.Points, *points[k])
-	}
 	if failures > 0 {
 		return fmt.Errorf("%d of %d measurements failed (see each rep's error in the result file)", failures, total)
 	}
@@ -232,6 +242,12 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 // measureRep runs one repetition with the probes around it.
 func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) results.Rep {
 	rep := results.Rep{Started: time.Now()}
+	// A config sharing its lab (k8s) has its modes attached now, the others' detached.
+	if err := b.Activate(ctx); err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	rep.Started = time.Now()
 	sampling, err := o.probes.Begin(b.Testbed)
 	if err != nil {
 		rep.Error = err.Error()
@@ -241,7 +257,14 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
-	metrics, raw, err := o.Scenario.measure(ctx, b.pair, x)
+	// A repetition has a limit: on a path that stalls (a packet lost per exchange, recovered by
+	// a 200 ms RTO each time) a workload's setup, e.g. memcached's preload, can run for minutes.
+	repCtx, cancel := context.WithTimeout(ctx, o.Scenario.repLimit())
+	metrics, raw, err := o.Scenario.measure(repCtx, b.pair, x)
+	if err != nil && repCtx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("repetition cut after %s, its limit (the path stalls?): %w", o.Scenario.repLimit(), err)
+	}
+	cancel()
 	h.stop()
 	rep.Duration = time.Since(rep.Started)
 	rep.Metrics, rep.Raw = metrics, raw

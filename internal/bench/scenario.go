@@ -223,6 +223,10 @@ func (s Scenario) EstimatedDuration(configs int) time.Duration {
 	return time.Duration(n) * (s.Duration + 1500*time.Millisecond)
 }
 
+// repLimit bounds one repetition: its duration twice over plus a minute and a half for the
+// tools to start, preload and report.
+func (s *Scenario) repLimit() time.Duration { return 2*s.Duration + 90*time.Second }
+
 // validatePair checks the pair options (SameNode, ViaService) against the scenario.
 func (s *Scenario) validatePair() error {
 	if s.ProxyMode != "" && !s.ViaService {

@@ -30,6 +30,7 @@ type pair struct {
 	// receiver's serverPort.
 	connect    string
 	serverPort int
+	nginxPort  int // where nginx listens (0: its default)
 }
 
 // sinkPort is where the udp-inject sink listens in the receiver.
@@ -114,7 +115,7 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 	case "nginx":
 		var r workload.WrkResult
 		r, err = workload.NginxConfig{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
-			Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli,
+			Port: p.nginxPort, Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli,
 			Workers: len(p.appCPUs)}.Run(ctx) // one nginx worker per application CPU (--app-cpus 1-4: 4)
 		raw = r
 		m[results.MetricRequests] = r.RequestsPerSec

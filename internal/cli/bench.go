@@ -170,7 +170,7 @@ func newBenchRunCmd() *cobra.Command {
 	c.Flags().StringVar(&given.ServerNS, "server-ns", "", "measure between existing namespaces: the receiving namespace (no lab is built)")
 	c.Flags().StringVar(&given.ServerAddr, "server-addr", "", "with --server-ns: the receiver's address")
 	c.Flags().StringVar(&given.ClientNS, "client-ns", "", "with --server-ns: the sending namespace (default: the current one)")
-	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel; docker and flannel optionally /MODE (e.g. docker/rps); the first is the baseline")
+	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel, real-flannel, k8s (the Kubernetes lab that is up, shared by the run's k8s configs); all but native and linux optionally /MODE (e.g. docker/rps, k8s/fastpath); the first is the baseline")
 	return c
 }
 
@@ -179,12 +179,15 @@ func newBenchCompareCmd() *cobra.Command {
 	var modes, style string
 	c := &cobra.Command{
 		Use:   "compare SCENARIO",
-		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path",
+		Short: "Compare datapath modes on one overlay style, each as a ratio against the native path (on the k8s cluster: against vanilla)",
 		Example: `  peregrine bench compare tcp --modes vanilla,rps
   peregrine bench compare udp-inject --modes vanilla,rps --style flannel --sizes 16,64,1024
   peregrine bench compare tcp --modes vanilla,fastpath --style flannel --via-service --proxy-mode nftables
   peregrine bench compare tcp --modes vanilla,fastpath --style flannel --same-node
-  peregrine bench compare tcp --modes vanilla,fastpath --style real-flannel`,
+  peregrine bench compare tcp --modes vanilla,fastpath --style real-flannel
+  # on the real Kubernetes lab (up first: sudo peregrine lab up --style k8s --no-agent)
+  peregrine bench compare tcp --style k8s --reps 3 --duration 3s   # vanilla,fastpath,prism
+  peregrine bench compare pingpong --style k8s --via-service        # through a ClusterIP`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ms []string
@@ -193,11 +196,16 @@ func newBenchCompareCmd() *cobra.Command {
 					ms = append(ms, m)
 				}
 			}
+			if style == bench.StyleK8s {
+				if err := k8sCompareFlags(cmd, &ms); err != nil {
+					return err
+				}
+			}
 			cfgs, err := bench.ModeConfigs(style, ms)
 			if err != nil {
 				return err
 			}
-			if b.sameNode || b.viaService {
+			if (b.sameNode || b.viaService) && style != bench.StyleK8s {
 				// No native baseline: it has no pods on one node and no Services; the first
 				// mode (vanilla) is the baseline.
 				cfgs = cfgs[1:]
@@ -210,11 +218,11 @@ func newBenchCompareCmd() *cobra.Command {
 		},
 	}
 	b.add(c, true)
-	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached)")
-	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them) or real-flannel-nocsum (the same with flannel.1's outer UDP checksums off)")
+	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached; with --style k8s the default is "+bench.K8sCompareModes+")")
+	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
-	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP (kube-proxy style rules, lab up --services; flannel style, TCP) whose one backend is the receiver, instead of the receiver's own address (no native baseline: the first mode is the baseline)")
-	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service: kube-proxy's mode, iptables (default) or nftables")
+	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
+	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service on the flannel style: kube-proxy's mode, iptables (default) or nftables (the k8s style's is the cluster's: lab up --style k8s --proxy-mode)")
 	return c
 }
 

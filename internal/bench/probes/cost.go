@@ -38,19 +38,23 @@ func startCost(beds []*testbed.Testbed, sp *stage.Probe, enableStats EnableFunc)
 	if sp != nil {
 		c.probe, _ = sp.ProgramIDs()
 	}
+	// Testbeds sharing a lab (k8s) share its receiving host: one calibration program there,
+	// not one per config on the same device.
+	byNs := map[string]*bpfstats.Calibration{}
 	for _, tb := range beds {
-		for _, ns := range tb.Attached {
-			ids, err := bpfstats.PinnedPrograms(datapath.PinDir(ns))
-			if err != nil {
-				c.notes = append(c.notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.Config, ns, err))
-			}
-			c.progs[tb] = append(c.progs[tb], ids...)
-		}
+		c.notes = append(c.notes, c.listPrograms(tb)...)
 		ns := tb.ReceiveHostNetns()
 		if ns == "" {
 			continue
 		}
+		if cal, ok := byNs[ns]; ok {
+			if cal != nil {
+				c.calib[tb] = cal
+			}
+			continue
+		}
 		cal, err := bpfstats.AttachCalibration(ns, "eth0")
+		byNs[ns] = cal
 		if err != nil {
 			c.notes = append(c.notes, fmt.Sprintf("%s: no calibration program, so no net program costs: %v", tb.Config, err))
 			continue
@@ -60,14 +64,41 @@ func startCost(beds []*testbed.Testbed, sp *stage.Probe, enableStats EnableFunc)
 	return c, nil
 }
 
+// listPrograms finds the mode's pinned programs on the testbed's hosts.
+func (c *costProbe) listPrograms(tb *testbed.Testbed) []string {
+	var notes []string
+	c.progs[tb] = nil
+	for _, ns := range tb.Attached {
+		ids, err := bpfstats.PinnedPrograms(datapath.PinDir(ns))
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("%s: list pinned programs of %s: %v", tb.Config, ns, err))
+		}
+		c.progs[tb] = append(c.progs[tb], ids...)
+	}
+	return notes
+}
+
+// refresh lists a shared-lab testbed's programs again: its modes were attached anew for this
+// repetition (new program IDs). Nil-safe.
+func (c *costProbe) refresh(tb *testbed.Testbed) {
+	if c == nil || !tb.IsShared() {
+		return
+	}
+	c.listPrograms(tb)
+}
+
 // close detaches the calibration programs and restores the statistics switch. Safe on nil.
 func (c *costProbe) close() error {
 	if c == nil {
 		return nil
 	}
 	var errs []error
+	closed := map[*bpfstats.Calibration]bool{}
 	for _, cal := range c.calib {
-		errs = append(errs, cal.Close())
+		if !closed[cal] {
+			closed[cal] = true
+			errs = append(errs, cal.Close())
+		}
 	}
 	errs = append(errs, c.sw.Close())
 	return errors.Join(errs...)

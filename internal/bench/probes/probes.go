@@ -121,6 +121,7 @@ func (s *Set) Begin(tb *testbed.Testbed) (*Rep, error) {
 	if s.stage != nil {
 		r.before, _ = s.stage.Snapshot()
 	}
+	s.costs.refresh(tb)
 	r.progs = s.costs.sample(tb)
 	return r, nil
 }

@@ -41,6 +41,9 @@ type Spec struct {
 	// ProxyMode, set, builds the lab with kube-proxy style Services in that mode and has the
 	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver.
 	ProxyMode string
+	// K8s is the run's hold on the Kubernetes lab (style k8s): the config's testbed is a view
+	// of the shared cluster, its modes attached by Activate.
+	K8s *K8s
 }
 
 // Testbed is the lab of one config, with its modes attached: the measured pair, and what the
@@ -57,6 +60,9 @@ type Testbed struct {
 	// receiver's own address.
 	Connect    string
 	ServerPort int // with Connect: the port the receiver listens on (the Service's target port)
+	// NginxPort, set, is where the nginx scenario's server listens instead of nginx's default
+	// 8080 (taken in the k8s lab's pods by their own httpd).
+	NginxPort int
 	// BGSender, BGReceiver carry the background traffic (Spec.Background).
 	BGSender, BGReceiver lab.Node
 	Stages               map[string]string // "netns/device" -> stage, receiving host's namespaces only
@@ -64,6 +70,8 @@ type Testbed struct {
 	Knobs                map[string]string // "netns:path" -> value the modes set
 	given                bool
 	real                 *realflannel.Lab // the real-flannel style's lab (Lab is nil)
+	k8s                  *K8s             // the k8s style's shared cluster (Lab is nil)
+	stack                []Attach         // k8s: the modes Activate attaches
 }
 
 // labName gives each config of this process its own lab: "b<pid>x<i>" fits the 12-char limit.
@@ -74,6 +82,12 @@ func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i)
 func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
 	if IsRealFlannel(s.Style) {
 		return upRealFlannel(ctx, s, log)
+	}
+	if IsK8s(s.Style) {
+		if s.K8s == nil {
+			return nil, fmt.Errorf("%s: the k8s style needs the run's hold on the cluster (OpenK8s)", s.Config)
+		}
+		return s.K8s.Bed(ctx, s), nil
 	}
 	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,
 		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode}
@@ -176,6 +190,9 @@ func (tb *Testbed) Teardown() error {
 	if tb.given {
 		return nil
 	}
+	if tb.k8s != nil {
+		return tb.k8s.release()
+	}
 	var errs []error
 	for _, ns := range tb.Attached {
 		if _, err := datapath.Detach(context.Background(), ns, ""); err != nil {
@@ -201,6 +218,9 @@ func (tb *Testbed) Namespaces() []string {
 		nss, _ := netnsutil.List(realflannel.Prefix(tb.real.Spec.Name))
 		return nss
 	}
+	if tb.k8s != nil {
+		return append(slices.Clone(tb.k8s.nodes), tb.k8s.named...)
+	}
 	nss, _ := netnsutil.List(lab.NsPrefix(tb.Lab.Spec.Name))
 	return nss
 }
@@ -210,6 +230,9 @@ func (tb *Testbed) Namespaces() []string {
 func (tb *Testbed) ReceiveHostNetns() string {
 	if tb.real != nil {
 		return tb.real.Nodes[1].Netns // its underlay is eth0 too
+	}
+	if tb.k8s != nil {
+		return tb.k8s.recvNode // node namespace = node name
 	}
 	if tb.given || tb.Lab == nil {
 		return ""
