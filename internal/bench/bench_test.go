@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,10 @@ func TestScenarioValidation(t *testing.T) {
 	}
 	if big := (Scenario{Name: "nginx", Sizes: []int{1024, 1 << 20}}); big.Validate() != nil {
 		t.Fatalf("nginx with a 1 MiB file refused: %v", big.Validate())
+	}
+	cl := Scenario{Name: "nginx-close", Sizes: []int{1 << 20}}
+	if err := cl.Validate(); err != nil || cl.Flows[0] != 1 || cl.port() != 8080 || !slices.Contains(cl.tools(), "wrk") {
+		t.Fatalf("nginx-close: %+v %v", cl, err)
 	}
 	for _, tc := range []struct {
 		s    Scenario
