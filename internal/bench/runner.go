@@ -231,6 +231,7 @@ func (o *Options) run(ctx context.Context, run *results.Run) (err error) {
 
 // measureRep runs one repetition with the probes around it.
 func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) results.Rep {
+	modesBefore := sampleModes(b.Testbed) // outside the sampled interval: it may walk a table
 	rep := results.Rep{Started: time.Now()}
 	sampling, err := o.probes.Begin(b.Testbed)
 	if err != nil {
@@ -250,6 +251,7 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 		rep.Error = err.Error()
 	}
 	sampling.End(&rep)
+	sampleModes(b.Testbed).record(modesBefore, &rep) // modecounters.go
 	return rep
 }
 
