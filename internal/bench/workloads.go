@@ -123,6 +123,8 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		m[results.MetricLatencyP99] = r.P99Us
 	case "crr":
 		raw, err = s.crr(ctx, p, size, flows, m)
+	case "udp-flows":
+		raw, err = s.udpFlows(ctx, p, size, flows, m)
 	default:
 		return nil, nil, fmt.Errorf("scenario %q has no workload", s.Name)
 	}
