@@ -13,6 +13,10 @@ import (
 // tables' sizes at the end. Reading them walks nothing on the measured path and happens
 // outside the measured interval.
 
+// modesFromKey is the context key of a rep's func that restarts the modes' counts (a
+// workload calls it at the end of its setup: udp-flows once its flows are open).
+type modesFromKey struct{}
+
 // modeSample is one reading: mode -> {direction, result} -> packets, and mode -> table -> entries.
 type modeSample struct {
 	packets map[string]map[[2]string]uint64

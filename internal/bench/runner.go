@@ -242,6 +242,9 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
+	// A workload with a setup inside the rep (udp-flows opens its flows) counts the modes'
+	// packets from its end (modecounters.go).
+	ctx = context.WithValue(ctx, modesFromKey{}, func() { modesBefore = sampleModes(b.Testbed) })
 	metrics, raw, err := o.Scenario.measure(ctx, b.pair, x)
 	h.stop()
 	rep.Duration = time.Since(rep.Started)

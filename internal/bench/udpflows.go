@@ -15,8 +15,9 @@ func (s *Scenario) udpFlows(ctx context.Context, p pair, size, n int, m map[stri
 	if p.connect != "" {
 		return nil, errors.New("udp-flows connects to the receiver's own address (not via a Service)")
 	}
+	opened, _ := ctx.Value(modesFromKey{}).(func()) // the modes' hits: of the measured packets only
 	r, err := flows.Run(ctx, flows.Config{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(),
-		ClientNS: p.sender.Netns, Flows: n, Size: size, Duration: s.Duration})
+		ClientNS: p.sender.Netns, Flows: n, Size: size, Duration: s.Duration, Opened: opened})
 	m[results.MetricDeliveredPPS] = r.PPS
 	m["sent_pps"] = float64(r.Sent) / max(r.DurationS, 1e-9)
 	m["flows_opened_count"] = float64(r.Opened)

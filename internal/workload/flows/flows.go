@@ -42,6 +42,7 @@ type Config struct {
 	Flows                int // concurrent flows, 1..MaxFlows
 	Size                 int // datagram payload bytes (at least 16)
 	Duration             time.Duration
+	Opened               func() // called once the flows are open, before the measured sending
 }
 
 // Result is one run's outcome.
@@ -157,6 +158,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		return res, errors.New("flows: no flow answered its probe (is the server reachable?)")
 	}
 
+	if c.Opened != nil {
+		c.Opened()
+	}
 	buf[0] = data
 	ctx, cancel := context.WithTimeout(ctx, c.Duration)
 	defer cancel()
