@@ -64,7 +64,8 @@ func sampleModes(tb *testbed.Testbed) *modeSample {
 // record puts the counters' growth since before into rep.Counters as
 // "mode.MODE.DIRECTION.RESULT" (packets, all hosts), the table sizes as "mode.MODE.TABLE" and,
 // where the mode counts hits, "mode.MODE.DIRECTION.hit_pct": hits of the packets it saw in
-// that direction, learns not counted (a learn is the normal path's packet seen a second time).
+// that direction, learns not counted (a learn is the normal path's packet seen a second time),
+// and "hit_pct_admitted": of the packets whose flow was not refused an entry (budget, full).
 func (after *modeSample) record(before *modeSample, rep *results.Rep) {
 	if after == nil || before == nil {
 		return
@@ -73,17 +74,28 @@ func (after *modeSample) record(before *modeSample, rep *results.Rep) {
 		rep.Counters = map[string]float64{}
 	}
 	for mode, pk := range after.packets {
-		seen := map[string]float64{}
+		seen, refused := map[string]float64{}, map[string]float64{}
 		for k, v := range pk {
 			d := float64(v - min(v, before.packets[mode][k]))
 			rep.Counters["mode."+mode+"."+k[0]+"."+k[1]] = d
-			if k[1] != "learned" && k[1] != "local" && k[1] != "other" {
+			switch k[1] {
+			case "learned", "local", "other": // the normal path's packet seen again; a subset of hits; not the mode's traffic
+			case "budget", "full": // a subset of the misses: new flows refused an entry
+				refused[k[0]] += d
+			default:
 				seen[k[0]] += d
 			}
 		}
 		for dir, n := range seen {
-			if h, ok := pk[[2]string{dir, "hit"}]; ok && n > 0 {
-				rep.Counters["mode."+mode+"."+dir+".hit_pct"] = 100 * float64(h-min(h, before.packets[mode][[2]string{dir, "hit"}])) / n
+			h, ok := pk[[2]string{dir, "hit"}]
+			if !ok || n == 0 {
+				continue
+			}
+			hits := float64(h - min(h, before.packets[mode][[2]string{dir, "hit"}]))
+			rep.Counters["mode."+mode+"."+dir+".hit_pct"] = 100 * hits / n
+			if r := refused[dir]; r > 0 && n > r {
+				// Of the packets of flows that hold an entry (fastpath: within their pod's budget).
+				rep.Counters["mode."+mode+"."+dir+".hit_pct_admitted"] = 100 * hits / (n - r)
 			}
 		}
 		for t, n := range after.entries[mode] {
