@@ -66,6 +66,11 @@
 		       * backend's reply, as conntrack reverses the DNAT) */
 #define FP_F_CLOSING 128 /* TCP FIN or RST seen (seen_ns): the entry goes FP_CLOSE_NS later */
 #define FP_F_COUNTED 256 /* counted in prg_fastpath_pcnt under its local address */
+#define FP_F_FIN_OUT 512  /* TCP: the local pod sent its FIN (either end's RST sets both) */
+#define FP_F_FIN_IN 1024  /* TCP: the remote end sent its FIN */
+/* Both FINs went through conntrack: no data can follow, only their ACKs (the agent's liberal
+ * marking skips such a connection, ctliberal.go: a short connection costs it nothing). */
+#define FP_F_DONE (FP_F_FIN_OUT | FP_F_FIN_IN)
 
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
@@ -535,15 +540,17 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 }
 
 /* closing: a TCP FIN or RST of the flow of key k (normal path: conntrack sees the connection
- * close). The flow's entry goes FP_CLOSE_NS later, unless a SYN reopens it: short connections
- * leave the table as fast as they come. */
-static __always_inline void closing(struct fp_key *k)
+ * close), fin saying whose (FP_F_FIN_OUT, FP_F_FIN_IN, FP_F_DONE for a RST). The flow's entry
+ * goes FP_CLOSE_NS after the first, unless a SYN reopens it: short connections leave the table
+ * as fast as they come. */
+static __always_inline void closing(struct fp_key *k, __u32 fin)
 {
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
-	if (!f || (f->flags & (FP_F_ALIAS | FP_F_CLOSING)))
+	if (!f || (f->flags & FP_F_ALIAS) || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
 		return;
-	f->seen_ns = bpf_ktime_get_ns();
-	__sync_fetch_and_or(&f->flags, FP_F_CLOSING);
+	if (!(f->flags & FP_F_CLOSING))
+		f->seen_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin);
 }
 
 /* lookup finds the flow of key k; *reason is MISS (not learned both ways, or of an older
@@ -578,8 +585,8 @@ static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_
  * (a reused port) is a flow again. */
 static __always_inline void syn_open(struct fp_flow *f)
 {
-	if (f && (f->flags & FP_F_CLOSING))
-		__sync_fetch_and_and(&f->flags, ~FP_F_CLOSING);
+	if (f && (f->flags & (FP_F_CLOSING | FP_F_DONE)))
+		__sync_fetch_and_and(&f->flags, ~(FP_F_CLOSING | FP_F_DONE));
 }
 
 /* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
@@ -601,7 +608,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 			syn_open(f);
 			handover_out(f, k, p, ctx, FP_R_PROTO);
 		} else {
-			closing(k);
+			closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT);
 			count(FP_DIR_TX, FP_R_PROTO);
 		}
 		return NULL;
@@ -640,7 +647,7 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 			syn_open(f);
 			handover_in(ctx, f, k, p, vtep, FP_R_PROTO);
 		} else {
-			closing(k);
+			closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN);
 			count(FP_DIR_RX, FP_R_PROTO);
 		}
 		return NULL;

@@ -119,7 +119,7 @@ func (s *Scenario) port() int {
 		return 11111 // sockperf's default
 	case "memcached":
 		return 11211
-	case "nginx":
+	case "nginx", "nginx-close":
 		return 8080
 	}
 	return 0

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,19 @@ func TestScenarioValidation(t *testing.T) {
 	}
 	if big := (Scenario{Name: "nginx", Sizes: []int{1024, 1 << 20}}); big.Validate() != nil {
 		t.Fatalf("nginx with a 1 MiB file refused: %v", big.Validate())
+	}
+	if many := (Scenario{Name: "udp-flows", Flows: []int{1, 100000}}); many.Validate() != nil {
+		t.Fatalf("udp-flows with 100 000 flows refused: %v", many.Validate())
+	}
+	if err := (&Scenario{Name: "udp-flows", Flows: []int{300000}}).Validate(); err == nil || !strings.Contains(err.Error(), "200000") {
+		t.Fatalf("udp-flows with 300 000 flows: %v, want refused with the limit", err)
+	}
+	if err := (&Scenario{Name: "tcp", Flows: []int{1000}}).Validate(); err == nil {
+		t.Fatal("tcp with 1000 flows accepted (iperf3 -P stops at 128)")
+	}
+	cl := Scenario{Name: "nginx-close", Sizes: []int{1 << 20}}
+	if err := cl.Validate(); err != nil || cl.Flows[0] != 1 || cl.port() != 8080 || !slices.Contains(cl.tools(), "wrk") {
+		t.Fatalf("nginx-close: %+v %v", cl, err)
 	}
 	for _, tc := range []struct {
 		s    Scenario

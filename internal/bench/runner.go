@@ -247,6 +247,7 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 		rep.Error = err.Error()
 		return rep
 	}
+	modesBefore := sampleModes(b.Testbed) // once attached; outside the sampled interval: it may walk a table
 	rep.Started = time.Now()
 	sampling, err := o.probes.Begin(b.Testbed)
 	if err != nil {
@@ -257,6 +258,9 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 	if len(o.Scenario.HogCPUs) > 0 {
 		h = startHog(o.Scenario.HogCPUs)
 	}
+	// A workload with a setup inside the rep (udp-flows opens its flows) counts the modes'
+	// packets from its end (modecounters.go).
+	ctx = context.WithValue(ctx, modesFromKey{}, func() { modesBefore = sampleModes(b.Testbed) })
 	// A repetition has a limit: on a path that stalls (a packet lost per exchange, recovered by
 	// a 200 ms RTO each time) a workload's setup, e.g. memcached's preload, can run for minutes.
 	repCtx, cancel := context.WithTimeout(ctx, o.Scenario.repLimit())
@@ -273,6 +277,7 @@ func (o *Options) measureRep(ctx context.Context, b bed, x map[string]float64) r
 		rep.Error = err.Error()
 	}
 	sampling.End(&rep)
+	sampleModes(b.Testbed).record(modesBefore, &rep) // modecounters.go
 	return rep
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/peregrine-net/peregrine/internal/workload/flows"
 	"sort"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ func injectorFor(injector string, rate int) string {
 
 // Scenario is one workload swept over message sizes and flow counts.
 type Scenario struct {
-	Name     string        // tcp, udp, udp-inject, pingpong, underload, memcached, nginx
+	Name     string        // tcp, udp, udp-inject, pingpong, underload, memcached, nginx, nginx-close, crr
 	Sizes    []int         // message / datagram / value / file size in bytes
 	Flows    []int         // parallel flows (iperf3 -P, injector flows, client connections)
 	Duration time.Duration // per measurement
@@ -86,6 +87,10 @@ var scenarios = map[string]scenarioDef{
 		"TCP_CRR: connect, 64 B request, response of the size, close, again (our Go client and server); connections/s and connect-to-close latency percentiles"},
 	"nginx": {results.WorkloadNginx, results.MetricRequests, []int{1024}, []int{16},
 		"nginx serving a static file to wrk: requests/s and latency percentiles"},
+	"udp-flows": {"udp-flows", results.MetricDeliveredPPS, []int{64}, []int{1},
+		"many concurrent UDP flows (--flows up to 200000: distinct port pairs, each opened by an echoed probe, then sent to in turn as fast as the client goes); packets delivered to the server's sockets"},
+	"nginx-close": {"nginx-close", results.MetricRequests, []int{1024}, []int{1},
+		"nginx as above, each request on a new connection (wrk -H 'Connection: close': connect, request, response, server closes first): short-connection requests/s and latency percentiles"},
 }
 
 // ScenarioNames lists the known scenarios.
@@ -146,7 +151,7 @@ func (s *Scenario) Validate() error {
 	for _, sz := range s.Sizes {
 		// nginx's size is the file served (EZPath's nginx runs use 1 KB and 1 MB files); the
 		// others' is a message.
-		if s.Name == "nginx" && sz >= 16 && sz <= 64<<20 {
+		if (s.Name == "nginx" || s.Name == "nginx-close") && sz >= 16 && sz <= 64<<20 {
 			continue
 		}
 		if sz < 16 || sz > 65536 {
@@ -157,8 +162,11 @@ func (s *Scenario) Validate() error {
 		}
 	}
 	for _, f := range s.Flows {
+		if s.Name == "udp-flows" && f >= 1 && f <= flows.MaxFlows {
+			continue
+		}
 		if f < 1 || f > 128 {
-			return fmt.Errorf("flows %d out of range 1..128", f)
+			return fmt.Errorf("flows %d out of range 1..128 (udp-flows: up to %d)", f, flows.MaxFlows)
 		}
 	}
 	if s.Injector == "" {

@@ -45,7 +45,7 @@ func (s *Scenario) tools() []string {
 		return []string{"sockperf", "taskset", "chrt"}
 	case "memcached":
 		return []string{"memcached", "taskset"}
-	case "nginx":
+	case "nginx", "nginx-close":
 		return []string{"nginx", "wrk", "taskset"}
 	}
 	return nil
@@ -112,10 +112,10 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		m[results.MetricLatencyP50] = r.P50Us
 		m[results.MetricLatencyP99] = r.P99Us
 		m[results.MetricLatencyP999] = r.P999Us
-	case "nginx":
+	case "nginx", "nginx-close":
 		var r workload.WrkResult
 		r, err = workload.NginxConfig{ServerNS: p.receiver.Netns, ServerAddr: p.receiver.AddrOnly(), ClientNS: p.sender.Netns,
-			Port: p.nginxPort, Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli,
+			Port: p.nginxPort, Duration: d, FileSize: size, Connections: flows, ServerCPUs: srv, ClientCPUs: cli, Close: s.Name == "nginx-close",
 			Workers: len(p.appCPUs)}.Run(ctx) // one nginx worker per application CPU (--app-cpus 1-4: 4)
 		raw = r
 		m[results.MetricRequests] = r.RequestsPerSec
@@ -124,6 +124,8 @@ func (s *Scenario) measure(ctx context.Context, p pair, x map[string]float64) (m
 		m[results.MetricLatencyP99] = r.P99Us
 	case "crr":
 		raw, err = s.crr(ctx, p, size, flows, m)
+	case "udp-flows":
+		raw, err = s.udpFlows(ctx, p, size, flows, m)
 	default:
 		return nil, nil, fmt.Errorf("scenario %q has no workload", s.Name)
 	}

@@ -14,7 +14,9 @@ import (
 )
 
 // NginxConfig describes an nginx + wrk run: nginx in ServerNS serves one static file of
-// FileSize bytes; wrk in ClientNS fetches it over keep-alive connections.
+// FileSize bytes; wrk in ClientNS fetches it over keep-alive connections, or with Close one
+// connection per request (`Connection: close`: nginx answers and closes first, wrk connects
+// again), the short-connection load of TCP_CRR with a real HTTP server.
 type NginxConfig struct {
 	ServerNS    string        `json:"server_ns"`
 	ServerAddr  string        `json:"server_addr"`
@@ -27,6 +29,7 @@ type NginxConfig struct {
 	Connections int           `json:"connections"` // wrk -c; default 16, at least Threads
 	ServerCPUs  string        `json:"server_cpus,omitempty"`
 	ClientCPUs  string        `json:"client_cpus,omitempty"`
+	Close       bool          `json:"close,omitempty"` // wrk sends `Connection: close`: one connection per request
 }
 
 func (c *NginxConfig) defaults() error {
@@ -74,6 +77,9 @@ func (c NginxConfig) Run(ctx context.Context) (WrkResult, error) {
 	url := "http://" + net.JoinHostPort(c.ServerAddr, strconv.Itoa(c.Port)) + "/file.bin"
 	argv := []string{"wrk", "-t", strconv.Itoa(c.Threads), "-c", strconv.Itoa(c.Connections),
 		"-d", strconv.Itoa(secs) + "s", "--latency", url}
+	if c.Close {
+		argv = append(argv[:len(argv)-1], "-H", "Connection: close", url)
+	}
 	stdout, stderr, err := runClient(ctx, c.ClientNS, "wrk", c.ClientCPUs, argv, time.Duration(secs)*time.Second)
 	if err != nil {
 		return WrkResult{}, err
@@ -88,7 +94,7 @@ func (c NginxConfig) Run(ctx context.Context) (WrkResult, error) {
 		}
 		return WrkResult{}, toolError("wrk", c.ClientNS, err, stderr, stdout)
 	}
-	res.FileSize, res.Workers = c.FileSize, c.Workers
+	res.FileSize, res.Workers, res.Close = c.FileSize, c.Workers, c.Close
 	return res, nil
 }
 

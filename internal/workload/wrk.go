@@ -12,6 +12,7 @@ import (
 // WrkResult is what `wrk --latency` reports (plus the nginx settings it ran against).
 type WrkResult struct {
 	FileSize            int     `json:"file_size"`
+	Close               bool    `json:"close,omitempty"` // one connection per request (Connection: close)
 	Workers             int     `json:"workers"`
 	Threads             int     `json:"threads"`
 	Connections         int     `json:"connections"`

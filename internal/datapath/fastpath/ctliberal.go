@@ -86,6 +86,12 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 			if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
 				return
 			}
+			// Both FINs went through conntrack already: no data follows them, nothing of
+			// this connection can meet the window check again. A short connection (TCP_CRR,
+			// HTTP with Connection: close) is over before the tick and costs no update.
+			if f.Flags&fDone == fDone {
+				return
+			}
 			next[k] = f.OutNs
 			if marked[k] != f.OutNs {
 				todo = append(todo, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})

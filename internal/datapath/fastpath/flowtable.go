@@ -107,6 +107,9 @@ func cfgWith(ov *overlay, budget uint32) fpFpCfg {
 const (
 	fClosing = 128 // TCP FIN or RST seen: the entry goes 2 s later
 	fCounted = 256 // counted in prg_fastpath_pcnt
+	fFinOut  = 512 // TCP: the local pod's FIN went through conntrack (a RST sets both)
+	fFinIn   = 1024
+	fDone    = fFinOut | fFinIn // both FINs: only their ACKs can follow
 )
 
 // flowCounts sums the per-address flow counters (prg_fastpath_pcnt): the flows of each overlay

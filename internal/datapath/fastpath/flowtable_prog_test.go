@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -70,8 +71,25 @@ func TestSynLearnedFinCloses(t *testing.T) {
 	if ret, _ := e.run(t, e.o.PrgFastpathTx, fin.bytes(), 0); ret != tcxNext {
 		t.Fatalf("FIN: verdict %d", int32(ret))
 	}
-	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Flags&fClosing == 0 {
-		t.Fatalf("after FIN: %v %+v, want closing", err, f)
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Flags&fClosing == 0 || f.Flags&fDone != fFinOut {
+		t.Fatalf("after FIN: %v %+v, want closing, the pod's FIN only", err, f)
+	}
+	// The remote end's FIN (arriving over VXLAN): both ends closed, which the agent's liberal
+	// marking skips (ctliberal.go).
+	lo := net.HardwareAddr{0, 0, 0, 0, 0, 0} // test runs deliver on lo: frames to its MAC are PACKET_HOST
+	rfin := frame{dst: lo, src: macNicB, saddr: vtepB, daddr: vtepA, proto: 17, sport: 40001, dport: 8472,
+		payload: append([]byte{8, 0, 0, 0, 0, 0, 1, 0}, frame{dst: macVxA, src: macVxB, saddr: podB, daddr: podA, proto: 6,
+			sport: 5201, dport: 40000, tcpFlags: 0x11}.bytes()...)}
+	if ret, _ := e.run(t, e.o.PrgFastpathRx, rfin.bytes(), 0); ret != tcxNext {
+		t.Fatalf("remote FIN: verdict %d", int32(ret))
+	}
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Flags&fDone != fDone {
+		t.Fatalf("after both FINs: %v %+v, want both FIN flags", err, f)
+	}
+	// A SYN on the same ports is a new connection: neither closing nor closed.
+	e.run(t, e.o.PrgFastpathTx, syn.bytes(), 0)
+	if err := e.o.PrgFastpathFlow.Lookup(k, &f); err != nil || f.Flags&(fClosing|fDone) != 0 {
+		t.Fatalf("after a new SYN: %v %+v, want the closing flags cleared", err, f)
 	}
 	e.o.PrgFastpathFlow.Delete(k)
 	e.run(t, e.o.PrgFastpathTx, syn.bytes(), 0) // a fresh, counted entry with its timer
