@@ -334,6 +334,7 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory"); /* the template before the flag */
 	f->flags |= FP_F_OUT;
+	hs_learned(f, &p);
 	count(FP_DIR_TX, FP_R_LEARN);
 	return TCX_NEXT;
 }
@@ -365,6 +366,7 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	f->in_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory");
 	f->flags |= FP_F_IN;
+	hs_learned(f, &p);
 	count(FP_DIR_RX, FP_R_LEARN);
 	return TCX_NEXT;
 }
@@ -419,6 +421,7 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory");
 	f->flags |= FP_F_OUT;
+	hs_learned(f, &p);
 	count(FP_DIR_TX, FP_R_LEARN);
 	return TCX_NEXT;
 }

@@ -17,7 +17,9 @@ import (
 // fast path has learned both ways, within ctLiberalEvery of the learn and well before the
 // first re-learn, and again after each re-learn (a new entry under the same tuple). Every
 // other connection of the node keeps strict tracking, and nf_conntrack_tcp_be_liberal is
-// left alone. (An entry conntrack picks up mid-stream, after a flush, is liberal already:
+// left alone. A connection that ends before it is marked (a short one: learned from its
+// handshake and never re-learned, FP_F_HSONLY) sends its FIN and RST on the fast path instead,
+// since conntrack would call them INVALID too (bpf/fastpath.h). (An entry conntrack picks up mid-stream, after a flush, is liberal already:
 // nf_conntrack_proto_tcp.c sets the flag itself there.) Where the namespace is liberal
 // already (kube-proxy's --conntrack-tcp-be-liberal), nothing is sent.
 

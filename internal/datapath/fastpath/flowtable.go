@@ -110,6 +110,7 @@ const (
 	fFinOut  = 512 // TCP: the local pod's FIN went through conntrack (a RST sets both)
 	fFinIn   = 1024
 	fDone    = fFinOut | fFinIn // both FINs: only their ACKs can follow
+	fHsOnly  = 2048             // TCP: learned from its handshake only: its FIN/RST ride the fast path
 )
 
 // flowCounts sums the per-address flow counters (prg_fastpath_pcnt): the flows of each overlay

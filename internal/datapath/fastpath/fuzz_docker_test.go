@@ -73,7 +73,7 @@ func TestFuzzDockerLearnTx(t *testing.T) {
 			return k, f, false
 		}
 		copy(f.Tmpl[:14], b[:14])
-		f.OutTtlDec, f.OutTtlSeen, f.Flags = f.OutTtlSeen-p.ttl, 0, f.Flags|fOut
+		f.OutTtlDec, f.OutTtlSeen, f.Flags = f.OutTtlSeen-p.ttl, 0, hsLearned(f.Flags|fOut, p)
 		return k, f, true
 	})
 }

@@ -154,7 +154,7 @@ func TestFuzzLearnTx(t *testing.T) {
 			return k, f, false
 		}
 		copy(f.Tmpl[:], b[:64])
-		f.Vtep, f.OutTtlDec, f.OutTtlSeen, f.Flags = daddr, f.OutTtlSeen-p.ttl, 0, f.Flags|fOut
+		f.Vtep, f.OutTtlDec, f.OutTtlSeen, f.Flags = daddr, f.OutTtlSeen-p.ttl, 0, hsLearned(f.Flags|fOut, p)
 		return k, f, true
 	})
 }
@@ -168,7 +168,7 @@ func TestFuzzLearnRx(t *testing.T) {
 			return k, f, false
 		}
 		copy(f.InMac[:], b[:12])
-		f.InIfindex, f.InTtlDec, f.InTtlSeen, f.Flags = 1, f.InTtlSeen-p.ttl, 0, f.Flags|fIn
+		f.InIfindex, f.InTtlDec, f.InTtlSeen, f.Flags = 1, f.InTtlSeen-p.ttl, 0, hsLearned(f.Flags|fIn, p)
 		return k, f, true
 	})
 }

@@ -19,6 +19,7 @@ type fzPkt struct {
 	sport, dport uint16 // as in memory (network order read as little-endian)
 	proto, ttl   uint8
 	tos, hdrs    uint8
+	ctl          uint8 // TCP: FIN 1, SYN 2, RST 4 (t[13] & 7)
 }
 
 const fzParsed = 0
@@ -48,7 +49,7 @@ func fzParseCtl(b []byte, off int, ctlStop uint8) (fzPkt, int) {
 		if t == nil || t[13]&ctlStop != 0 {
 			return p, 3
 		}
-		p.hdrs = 20 + (t[12]>>4)*4
+		p.hdrs, p.ctl = 20+(t[12]>>4)*4, t[13]&7
 	case 17:
 		p.hdrs = 28
 	case 1:
@@ -203,4 +204,17 @@ func (e *fzEnv) learnable(b []byte, off int, out bool) (p fzPkt, k fpFpKey, f fp
 	}
 	f, ok = e.flows[k]
 	return p, k, f, ok && seen(f) != 0 && seen(f) >= p.ttl
+}
+
+// hsLearned is hs_learned: a TCP direction learned from a SYN (SYN-ACK) leaves the connection
+// handshake-only (its FIN and RST ride the fast path), one learned from anything else ends it.
+func hsLearned(flags uint32, p fzPkt) uint32 {
+	switch {
+	case p.proto != 6:
+		return flags
+	case p.ctl == 2:
+		return flags | fHsOnly
+	default:
+		return flags &^ fHsOnly
+	}
 }
