@@ -155,6 +155,27 @@ func appendCTLiberal(b []byte, t ctTuple, seq uint32) []byte {
 	return append(b, attrs...)
 }
 
+// appendCTDelete appends to b a ctnetlink delete of the entry one of whose tuples is t.
+func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte {
+	var ip, proto, tuple []byte
+	ip = nlAttr(ip, nl.CTA_IP_V4_SRC, be32(t.src))
+	ip = nlAttr(ip, nl.CTA_IP_V4_DST, be32(t.dst))
+	proto = nlAttr(proto, nl.CTA_PROTO_NUM, []byte{t.proto})
+	proto = nlAttr(proto, nl.CTA_PROTO_SRC_PORT, be16(t.sport))
+	proto = nlAttr(proto, nl.CTA_PROTO_DST_PORT, be16(t.dport))
+	tuple = nlAttr(tuple, nl.CTA_TUPLE_IP|unix.NLA_F_NESTED, ip)
+	tuple = nlAttr(tuple, nl.CTA_TUPLE_PROTO|unix.NLA_F_NESTED, proto)
+	attrs := nlAttr(nil, nl.CTA_TUPLE_ORIG|unix.NLA_F_NESTED, tuple)
+	l := unix.SizeofNlMsghdr + sizeofNfgenmsg + len(attrs)
+	b = binary.NativeEndian.AppendUint32(b, uint32(l))
+	b = binary.NativeEndian.AppendUint16(b, unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel)
+	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_REQUEST)
+	b = binary.NativeEndian.AppendUint32(b, seq)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	b = append(b, unix.AF_INET, unix.NFNETLINK_V0, 0, 0)
+	return append(b, attrs...)
+}
+
 // ctSock is a plain ctnetlink socket in one namespace for requests whose answers are drained,
 // not read one by one.
 type ctSock struct{ fd int }
