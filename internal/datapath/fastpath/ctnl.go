@@ -130,33 +130,23 @@ const ctTCPFlagBeLiberal = 0x08
 // existing entry only) that sets IP_CT_TCP_FLAG_BE_LIBERAL on both directions of the TCP
 // entry one of whose tuples is t (conntrack finds an entry by either direction's tuple).
 func appendCTLiberal(b []byte, t ctTuple, seq uint32) []byte {
-	var ip, proto, tuple, tcp, info []byte
-	ip = nlAttr(ip, nl.CTA_IP_V4_SRC, be32(t.src))
-	ip = nlAttr(ip, nl.CTA_IP_V4_DST, be32(t.dst))
-	proto = nlAttr(proto, nl.CTA_PROTO_NUM, []byte{t.proto})
-	proto = nlAttr(proto, nl.CTA_PROTO_SRC_PORT, be16(t.sport))
-	proto = nlAttr(proto, nl.CTA_PROTO_DST_PORT, be16(t.dport))
-	tuple = nlAttr(tuple, nl.CTA_TUPLE_IP|unix.NLA_F_NESTED, ip)
-	tuple = nlAttr(tuple, nl.CTA_TUPLE_PROTO|unix.NLA_F_NESTED, proto)
+	var tcp, info []byte
 	flags := []byte{ctTCPFlagBeLiberal, ctTCPFlagBeLiberal} // struct nf_ct_tcp_flags {flags, mask}
 	tcp = nlAttr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags)
 	tcp = nlAttr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
 	info = nlAttr(info, nl.CTA_PROTOINFO_TCP|unix.NLA_F_NESTED, tcp)
-	var attrs []byte
-	attrs = nlAttr(attrs, nl.CTA_TUPLE_ORIG|unix.NLA_F_NESTED, tuple)
-	attrs = nlAttr(attrs, nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
-	l := unix.SizeofNlMsghdr + sizeofNfgenmsg + len(attrs)
-	b = binary.NativeEndian.AppendUint32(b, uint32(l))
-	b = binary.NativeEndian.AppendUint16(b, unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTNew)
-	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_REQUEST) // errors come back; no ACK asked
-	b = binary.NativeEndian.AppendUint32(b, seq)
-	b = binary.NativeEndian.AppendUint32(b, 0)
-	b = append(b, unix.AF_INET, unix.NFNETLINK_V0, 0, 0) // nfgenmsg: family, version, res_id
-	return append(b, attrs...)
+	attrs := nlAttr(ctTupleAttr(t), nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
+	return appendCTMsg(b, ipctnlMsgCTNew, seq, attrs)
 }
 
 // appendCTDelete appends to b a ctnetlink delete of the entry one of whose tuples is t.
 func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte {
+	return appendCTMsg(b, ipctnlMsgCTDel, seq, ctTupleAttr(t))
+}
+
+// ctTupleAttr is t as a CTA_TUPLE_ORIG attribute (conntrack finds an entry by either
+// direction's tuple there).
+func ctTupleAttr(t ctTuple) []byte {
 	var ip, proto, tuple []byte
 	ip = nlAttr(ip, nl.CTA_IP_V4_SRC, be32(t.src))
 	ip = nlAttr(ip, nl.CTA_IP_V4_DST, be32(t.dst))
@@ -165,14 +155,19 @@ func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte {
 	proto = nlAttr(proto, nl.CTA_PROTO_DST_PORT, be16(t.dport))
 	tuple = nlAttr(tuple, nl.CTA_TUPLE_IP|unix.NLA_F_NESTED, ip)
 	tuple = nlAttr(tuple, nl.CTA_TUPLE_PROTO|unix.NLA_F_NESTED, proto)
-	attrs := nlAttr(nil, nl.CTA_TUPLE_ORIG|unix.NLA_F_NESTED, tuple)
+	return nlAttr(nil, nl.CTA_TUPLE_ORIG|unix.NLA_F_NESTED, tuple)
+}
+
+// appendCTMsg appends one ctnetlink request of type typ with attributes attrs; errors come
+// back, no ACK is asked.
+func appendCTMsg(b []byte, typ uint16, seq uint32, attrs []byte) []byte {
 	l := unix.SizeofNlMsghdr + sizeofNfgenmsg + len(attrs)
 	b = binary.NativeEndian.AppendUint32(b, uint32(l))
-	b = binary.NativeEndian.AppendUint16(b, unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel)
+	b = binary.NativeEndian.AppendUint16(b, unix.NFNL_SUBSYS_CTNETLINK<<8|typ)
 	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_REQUEST)
 	b = binary.NativeEndian.AppendUint32(b, seq)
 	b = binary.NativeEndian.AppendUint32(b, 0)
-	b = append(b, unix.AF_INET, unix.NFNETLINK_V0, 0, 0)
+	b = append(b, unix.AF_INET, unix.NFNETLINK_V0, 0, 0) // nfgenmsg: family, version, res_id
 	return append(b, attrs...)
 }
 

@@ -88,6 +88,31 @@ func TestAppendCTLiberal(t *testing.T) {
 	}
 }
 
+// TestAppendCTDelete: the delete of a connection closed on the fast path names its entry by
+// its tuple, nothing else.
+func TestAppendCTDelete(t *testing.T) {
+	tu := ctTuple{src: 1, dst: 2, sport: 3, dport: 4, proto: 6}
+	b := appendCTDelete(appendCTDelete(nil, tu, 1), ctTuple{src: 5, dst: 6, sport: 7, dport: 8, proto: 6}, 2)
+	l := binary.NativeEndian.Uint32(b)
+	if typ := binary.NativeEndian.Uint16(b[4:]); typ != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel {
+		t.Fatalf("type %#x", typ)
+	}
+	if seq := binary.NativeEndian.Uint32(b[l+8:]); seq != 2 {
+		t.Fatalf("second message: seq %d at offset %d (first nlmsg_len)", seq, l)
+	}
+	var got ctTuple
+	n := 0
+	nlAttrs(b[unix.NLMSG_HDRLEN+sizeofNfgenmsg:l], func(typ uint16, v []byte) {
+		n++
+		if typ == nl.CTA_TUPLE_ORIG {
+			got, _ = parseCTTuple(v)
+		}
+	})
+	if n != 1 || got != tu {
+		t.Errorf("%d attributes, tuple %+v; want only the tuple %+v", n, got, tu)
+	}
+}
+
 // TestMarkDue: a plain flow is due both ways at once; a Service client's egress at once and its
 // replies within forgetReplies; a same-node backend's reply flow within forgetReplies; a flow
 // already due is left.
