@@ -360,16 +360,7 @@ func (k *K8s) Bed(ctx context.Context, s Spec) *Testbed {
 		Sender: k.sender, Receiver: k.receiver, BGSender: k.bgSender, BGReceiver: k.bgReceiver,
 		SenderHost: k.nodes[0], Connect: k.connect, ServerPort: k.serverPort, NginxPort: k8sNginxPort}
 	recv := []lab.Node{{Name: k.recvNode, Netns: k.recvNode, Role: "host"}, k.receiver}
-	tb.Stages = map[string]string{}
-	for i := range recv {
-		recv[i].Devices = devicesOf(recv[i].Netns, recv[i].Role == "container")
-		for _, d := range recv[i].Devices {
-			if d.Stage != "" {
-				tb.Stages[recv[i].Netns+"/"+d.Name] = d.Stage
-			}
-		}
-	}
-	tb.Offloads = readOffloads(ctx, recv)
+	tb.describeReceive(ctx, recv)
 	return tb
 }
 

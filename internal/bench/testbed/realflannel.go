@@ -97,16 +97,7 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 		tb.BGSender, tb.BGReceiver = node(p1[1]), node(p2[1])
 	}
 	recv := []lab.Node{{Name: "n2", Netns: rf.Nodes[1].Netns, Role: "host"}, tb.Receiver}
-	tb.Stages = map[string]string{}
-	for i := range recv {
-		recv[i].Devices = devicesOf(recv[i].Netns, recv[i].Role == "container")
-		for _, d := range recv[i].Devices {
-			if d.Stage != "" {
-				tb.Stages[recv[i].Netns+"/"+d.Name] = d.Stage
-			}
-		}
-	}
-	tb.Offloads = readOffloads(ctx, recv)
+	tb.describeReceive(ctx, recv)
 	return tb, nil
 }
 
@@ -140,4 +131,19 @@ func devicesOf(ns string, pod bool) []lab.Device {
 		return nil
 	})
 	return out
+}
+
+// describeReceive records the receiving side's devices by stage and their offloads: recv is the
+// receiving host and its container (pod).
+func (tb *Testbed) describeReceive(ctx context.Context, recv []lab.Node) {
+	tb.Stages = map[string]string{}
+	for i := range recv {
+		recv[i].Devices = devicesOf(recv[i].Netns, recv[i].Role == "container")
+		for _, d := range recv[i].Devices {
+			if d.Stage != "" {
+				tb.Stages[recv[i].Netns+"/"+d.Name] = d.Stage
+			}
+		}
+	}
+	tb.Offloads = readOffloads(ctx, recv)
 }
