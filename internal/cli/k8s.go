@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab/k8s"
 )
 
@@ -48,7 +49,7 @@ func (k *k8sUpFlags) up(cmd *cobra.Command, name string, asJSON bool) error {
 	if name != k8s.Name && cmd.Flags().Changed("name") {
 		return fmt.Errorf("--name %q: the k8s lab is always named %q (one cluster per machine)", name, k8s.Name)
 	}
-	s := k8s.Spec{Nodes: k.nodes, ProxyMode: *k.proxyMode, NetworkPolicy: !k.noPolicy, Agent: !k.noAgent, Repo: k.repo, RxCPU: k.rxCPU}
+	s := k8s.Spec{Nodes: k.nodes, ProxyMode: *k.proxyMode, NetworkPolicy: !k.noPolicy, Agent: !k.noAgent, Repo: k.repo, RxCPU: k.rxCPU, Forget: datapath.ForgetNamespaces}
 	if s.Agent {
 		s.AgentBinary = k.binary
 		if s.AgentBinary == "" {

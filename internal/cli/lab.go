@@ -187,7 +187,7 @@ func newLabDownCmd() *cobra.Command {
 				return nil
 			}
 			if name == k8s.Name {
-				if err := k8s.Down(stderrLog); err != nil {
+				if err := downK8s(stderrLog); err != nil {
 					return err
 				}
 				fmt.Fprintln(os.Stderr, "k8s lab removed")
@@ -369,4 +369,5 @@ func parseCPUList(s string) ([]int, error) { return cpuset.Parse(s) }
 
 // downK8s is the k8s cluster's part of `lab down --all`, run before the namespace sweep would
 // pull the namespaces from under its daemons and leave their mounts, cgroups and sysctls.
-func downK8s(log lab.Logf) error { return k8s.Down(log) }
+// It forgets the attachments to the cluster's nodes, as lab.Down does for the other labs.
+func downK8s(log lab.Logf) error { return k8s.Down(log, datapath.ForgetNamespaces) }

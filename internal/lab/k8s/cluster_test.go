@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 var (
@@ -74,7 +76,7 @@ func runMain(m *testing.M) int {
 	cl, upErr = Up(ctx, Spec{Nodes: 2, NetworkPolicy: true, AgentBinary: agentBin, Repo: repoRoot}, log.Printf)
 	log.Printf("cluster up in %s (err %v)", time.Since(t1).Round(100*time.Millisecond), upErr)
 	code := m.Run()
-	if err := Down(log.Printf); err != nil {
+	if err := Down(log.Printf, datapath.ForgetNamespaces); err != nil {
 		log.Printf("down: %v", err)
 		code = 1
 	}

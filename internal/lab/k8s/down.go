@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 	"github.com/peregrine-net/peregrine/internal/proc"
 )
@@ -17,9 +18,12 @@ import (
 // Down removes the cluster: every daemon (by pid file), every container (by cgroup), every
 // process left in a node's namespaces, the nodes' mount namespaces (with every mount kubelet
 // and containerd made in them), the network namespaces, the cgroups, the state directory, and
-// it writes back the global sysctls kubelet changed. Nothing up is not an error; something
-// left behind is.
-func Down(log func(string, ...any)) error {
+// it writes back the global sysctls kubelet changed. forget (the datapath's cleanup, as
+// lab.Down is given it; nil forgets nothing) is told the nodes' namespaces once nothing runs in
+// them any more and before they go, so that attachments to the nodes lose their records, pins
+// and agents too: a bench killed with -9 leaves none behind. Nothing up is not an error;
+// something left behind is.
+func Down(log func(string, ...any), forget lab.Forget) error {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
@@ -81,6 +85,9 @@ func Down(log func(string, ...any)) error {
 		if ino, err := netnsutil.Inode(netnsutil.Path(ns)); err == nil {
 			proc.KillAll(netnsutil.PIDsIn(ino))
 		}
+	}
+	if forget != nil && len(nss) > 0 {
+		errs = append(errs, forget(nss, false))
 	}
 	// The mount namespaces go with their last reference: their files' bind mounts.
 	for _, m := range mnts {

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/peregrine-net/peregrine/internal/datapath"
 )
 
 // The e2e workloads: echo pods (one per node, busybox sleeping: the test serves from their
@@ -1162,7 +1164,7 @@ func TestK8sZDownLeavesMachineAsItWas(t *testing.T) {
 		}
 	}
 	t0 := time.Now()
-	err := Down(t.Logf)
+	err := Down(t.Logf, datapath.ForgetNamespaces)
 	cl = nil
 	if err != nil {
 		t.Fatal(err)

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -74,6 +75,8 @@ type Spec struct {
 	AgentBinary string `json:"agent_binary,omitempty"`
 	Repo        string `json:"repo,omitempty"` // the peregrine source tree (deploy/)
 	RxCPU       int    `json:"rx_cpu"`         // the underlay's receive (NAPI thread, RPS) runs here: the NIC's IRQ core
+	// Forget is the datapath's cleanup that Down runs for what an earlier cluster left (see Down).
+	Forget lab.Forget `json:"-"`
 }
 
 // Validate refuses a spec before anything is changed.
@@ -192,7 +195,7 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (c *Cluster, err 
 		return nil, fmt.Errorf("rx cpu %d: this machine has %d CPUs", s.RxCPU, numCPU())
 	}
 	closeInheritedFDs()
-	if err := Down(log); err != nil {
+	if err := Down(log, s.Forget); err != nil {
 		return nil, fmt.Errorf("remove what an earlier cluster left: %w", err)
 	}
 	t0 := time.Now()
@@ -203,7 +206,7 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (c *Cluster, err 
 			if keep := os.Getenv("PEREGRINE_K8S_KEEP_FAILED"); keep != "" {
 				return
 			}
-			if derr := Down(nil); derr != nil {
+			if derr := Down(nil, s.Forget); derr != nil {
 				err = errors.Join(err, fmt.Errorf("and tearing down: %w", derr))
 			}
 			c = nil
