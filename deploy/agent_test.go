@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,7 +58,6 @@ func TestAgentWithDaemonSetCommandLine(t *testing.T) {
 	}
 
 	proc := startAsInImage(t, h1, etc, bin, argv[1:])
-	exited := proc.exited
 
 	_, port := listenAddr(t)
 	client := nsClient(h1)
@@ -80,11 +78,8 @@ func TestAgentWithDaemonSetCommandLine(t *testing.T) {
 			if err == nil && code == http.StatusOK {
 				return body
 			}
-			select {
-			case err := <-exited:
-				proc.stopped = true
-				t.Fatalf("the agent exited (%v) before %s answered 200", err, path)
-			default:
+			if !proc.Alive() {
+				t.Fatalf("the agent exited (%v) before %s answered 200", proc.Exit(), path)
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: no 200 within %v (last: %d %q %v)", path, within, code, body, err)
@@ -100,18 +95,13 @@ func TestAgentWithDaemonSetCommandLine(t *testing.T) {
 		t.Errorf("metrics: %d %v, body starts %q", code, err, head(body))
 	}
 
-	if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
 	grace := time.Duration(*ds.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
-	select {
-	case err := <-exited:
-		proc.stopped = true
-		if err != nil {
-			t.Errorf("the agent exited on SIGTERM with %v, want 0", err)
-		}
-	case <-time.After(grace):
+	exited, err := proc.Stop(syscall.SIGTERM, grace)
+	if !exited {
 		t.Fatalf("the agent did not exit within the grace period (%v) of SIGTERM: the kubelet would SIGKILL it", grace)
+	}
+	if err != nil {
+		t.Errorf("the agent exited on SIGTERM with %v, want 0", err)
 	}
 	states, err := datapath.LoadStates(h1)
 	if err != nil || len(states) == 0 {
@@ -119,38 +109,20 @@ func TestAgentWithDaemonSetCommandLine(t *testing.T) {
 	}
 }
 
-// imageProc is a process started as the image would run it.
-type imageProc struct {
-	cmd     *exec.Cmd
-	exited  chan error
-	stopped bool
-	logs    bytes.Buffer
-}
-
 // startAsInImage starts bin with args in network namespace ns and a mount namespace of its own
 // whose /etc is the directory etc (the image's /etc: peregrine/config.yaml alone). nsenter and
-// unshare run before /etc is replaced; after it only bin, which is static, runs. The test's
-// cleanup kills it unless it exited, and logs its output if the test failed.
-func startAsInImage(t *testing.T, ns, etc, bin string, args []string) *imageProc {
+// unshare run before /etc is replaced; after it only bin, which is static, runs. It runs in a
+// process group of its own, which the test's cleanup kills unless it exited.
+func startAsInImage(t *testing.T, ns, etc, bin string, args []string) *testutil.Proc {
 	t.Helper()
 	script := `mount --bind "$1" /etc && shift && exec "$@"`
 	all := append([]string{"--net=" + netnsutil.Path(ns), "unshare", "--mount", "--propagation", "slave", "sh", "-c", script, "sh", etc, bin}, args...)
-	p := &imageProc{cmd: exec.Command("nsenter", all...), exited: make(chan error, 1)}
-	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
+	cmd := exec.Command("nsenter", all...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p, err := testutil.StartProc(t, cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.exited <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if !p.stopped {
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s log:\n%s", filepath.Base(bin), p.logs.String())
-		}
-	})
 	return p
 }
 

@@ -160,16 +160,31 @@ int pdi_sock_err(struct psock *s)
 	return (int)ld32(s->hdr, SH_ERROR);
 }
 
-ssize_t pd_send(int sid, const void *buf, size_t len)
+/* lock_sock takes the lock for a call on sid and returns its socket; or it releases the lock
+ * and returns NULL with errno set, in this order: the gate's error (no daemon, or it is gone),
+ * EINVAL when the call's arguments are bad, EBADF when sid is no socket. */
+static struct psock *lock_sock(int sid, int bad_args)
 {
 	LOCK();
 	struct psock *s = pdi_get(sid);
 	int e = pdi_gate();
+	if (!e && bad_args)
+		e = EINVAL;
 	if (e || !s) {
 		UNLOCK();
-		return errno = e ? e : EBADF, -1;
+		errno = e ? e : EBADF;
+		return NULL;
 	}
-	if ((e = pdi_sock_err(s))) {
+	return s;
+}
+
+ssize_t pd_send(int sid, const void *buf, size_t len)
+{
+	struct psock *s = lock_sock(sid, 0);
+	if (!s)
+		return -1;
+	int e = pdi_sock_err(s);
+	if (e) {
 		UNLOCK();
 		return errno = e, -1;
 	}
@@ -273,15 +288,10 @@ int pd_buf_refresh(int sid, void **ptrs, int ptrlen)
 
 ssize_t pd_recv(int sid, size_t buflen, void **recvbuf)
 {
-	LOCK();
-	struct psock *s = pdi_get(sid);
-	int e = pdi_gate();
-	if (!e && !recvbuf)
-		e = EINVAL;
-	if (e || !s) {
-		UNLOCK();
-		return errno = e ? e : EBADF, -1;
-	}
+	struct psock *s = lock_sock(sid, !recvbuf);
+	if (!s)
+		return -1;
+	int e;
 	/* the tail is in shared memory: never believe more than one ring */
 	uint64_t avail = ld64(s->hdr, SH_RX_TAIL) - s->head;
 	if (avail > pdi_g.ring)
@@ -303,13 +313,9 @@ ssize_t pd_recv(int sid, size_t buflen, void **recvbuf)
 
 int pd_recv_done(int sid, size_t len)
 {
-	LOCK();
-	struct psock *s = pdi_get(sid);
-	int e = pdi_gate();
-	if (e || !s) {
-		UNLOCK();
-		return errno = e ? e : EBADF, -1;
-	}
+	struct psock *s = lock_sock(sid, 0);
+	if (!s)
+		return -1;
 	uint64_t tail = ld64(s->hdr, SH_RX_TAIL);
 	if (len > tail - s->head || len > pdi_g.ring) {
 		UNLOCK();

@@ -54,11 +54,10 @@ func runAsAgent(args []string) int {
 	return 0
 }
 
-// agentProc is a node agent run as a process of its own.
+// agentProc is a node agent run as a process of its own (with no Proc: one run inside the
+// test's process, of which only the HTTP port is used).
 type agentProc struct {
-	cmd  *exec.Cmd
-	done chan error
-	log  *testutil.SyncBuffer
+	*testutil.Proc
 	port int
 }
 
@@ -118,23 +117,11 @@ func freePort(t *testing.T) int {
 
 func startAgent(t *testing.T, cfg, netns string, port int) *agentProc {
 	t.Helper()
-	p := &agentProc{cmd: exec.Command(os.Args[0], "agent", "--config", cfg, "--netns", netns), done: make(chan error, 1),
-		log: &testutil.SyncBuffer{}, port: port}
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
+	p, err := testutil.StartProc(t, exec.Command(os.Args[0], "agent", "--config", cfg, "--netns", netns))
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("agent %s log:\n%s", netns, p.log.String())
-		}
-	})
-	return p
+	return &agentProc{Proc: p, port: port}
 }
 
 func (p *agentProc) get(path string) (int, string) {
@@ -151,11 +138,8 @@ func (p *agentProc) get(path string) (int, string) {
 func (p *agentProc) waitReady(t *testing.T, within time.Duration) {
 	t.Helper()
 	labtest.Eventually(t, within, "the agent's /readyz answers 200", func() (bool, string) {
-		select {
-		case err := <-p.done:
-			p.done <- err
-			return false, fmt.Sprintf("the agent exited: %v", err)
-		default:
+		if !p.Alive() {
+			return false, fmt.Sprintf("the agent exited: %v", p.Exit())
 		}
 		code, body := p.get("/readyz")
 		return code == 200, fmt.Sprintf("%d %s", code, body)
@@ -164,23 +148,19 @@ func (p *agentProc) waitReady(t *testing.T, within time.Duration) {
 
 func (p *agentProc) kill9(t *testing.T) {
 	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-	p.done <- nil
+	_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.Exit()
 }
 
 // stop sends SIGTERM and wants exit 0.
 func (p *agentProc) stop(t *testing.T) {
 	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if err != nil {
-			t.Errorf("the agent exited on SIGTERM with %v, want 0", err)
-		}
-	case <-time.After(10 * time.Second):
+	exited, err := p.Stop(syscall.SIGTERM, 10*time.Second)
+	if !exited {
 		t.Fatal("the agent did not exit on SIGTERM")
+	}
+	if err != nil {
+		t.Errorf("the agent exited on SIGTERM with %v, want 0", err)
 	}
 }
 

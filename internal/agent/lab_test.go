@@ -140,18 +140,18 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 		t.Errorf("the restarted agent forgot cached flows: %d before, %v %v", before.Flows, v, err)
 	}
 	for _, a := range agents {
-		if !strings.Contains(a.log.String(), "adopted") {
-			t.Errorf("the restarted agent did not adopt:\n%s", a.log.String())
+		if !strings.Contains(a.Log.String(), "adopted") {
+			t.Errorf("the restarted agent did not adopt:\n%s", a.Log.String())
 		}
-		if strings.Contains(a.log.String(), "overlay changed") {
-			t.Errorf("the restarted agent took the unchanged overlay for a changed one (and forgot the flows):\n%s", a.log.String())
+		if strings.Contains(a.Log.String(), "overlay changed") {
+			t.Errorf("the restarted agent took the unchanged overlay for a changed one (and forgot the flows):\n%s", a.Log.String())
 		}
 	}
 
 	// SIGHUP with changed prism rules: changed live, fastpath untouched.
 	for i, a := range agents {
 		writeConfig(t, cfgs[i], modes("proto=udp dport=19"), a.port)
-		_ = a.cmd.Process.Signal(syscall.SIGHUP)
+		_ = a.Cmd.Process.Signal(syscall.SIGHUP)
 	}
 	for _, h := range hosts {
 		labtest.Eventually(t, 3*time.Second, "prism's rules changed live", func() (bool, string) {
@@ -161,8 +161,8 @@ func TestAgentAcrossKillRestartAndReload(t *testing.T) {
 	}
 	for _, a := range agents {
 		a.waitReady(t, 5*time.Second)
-		if strings.Contains(a.log.String(), "detaching and attaching again") {
-			t.Errorf("a mode was detached and attached on reload:\n%s", a.log.String())
+		if strings.Contains(a.Log.String(), "detaching and attaching again") {
+			t.Errorf("a mode was detached and attached on reload:\n%s", a.Log.String())
 		}
 	}
 	same("after the reload")

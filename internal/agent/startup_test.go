@@ -43,16 +43,6 @@ func bareConfig(t *testing.T) string {
 	return p
 }
 
-func alive(p *agentProc) bool {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return false
-	default:
-		return true
-	}
-}
-
 // Item 9: SIGHUP from the agent's first moments (a `systemctl reload` racing the start, a tool
 // that sends SIGHUP to every peregrine) never kills it. Before, signal.Notify came after the
 // config read, the checks and the listen: a SIGHUP in the first ~8 ms was fatal, and systemd
@@ -90,41 +80,36 @@ func TestAgentSurvivesSIGHUPFromItsFirstMillisecond(t *testing.T) {
 		systemd := i%2 == 0
 		cmd := exec.Command(os.Args[0], "agent", "--config", cfg, "--netns", ns)
 		cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
-		log := &testutil.SyncBuffer{}
-		cmd.Stdout, cmd.Stderr = log, log
 		if !systemd {
 			signal.Ignore(syscall.SIGHUP) // inherited by the child across fork and exec
 		}
-		err := cmd.Start()
+		p, err := testutil.StartProc(t, cmd)
 		if !systemd {
 			signal.Reset(syscall.SIGHUP)
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &agentProc{cmd: cmd, done: make(chan error, 1), log: log}
-		go func() { p.done <- cmd.Wait() }()
+		log := p.Log
 		if systemd {
 			select {
 			case msg := <-ready:
 				if !strings.Contains(msg, "READY=1") {
 					t.Fatalf("start %d: sd_notify %q, want READY=1", i, msg)
 				}
-			case err := <-p.done:
-				t.Fatalf("start %d: the agent exited before READY=1: %v\n%s", i, err, log.String())
+			case <-p.Exited():
+				t.Fatalf("start %d: the agent exited before READY=1: %v\n%s", i, p.Exit(), log.String())
 			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
 				t.Fatalf("start %d: no READY=1 on $NOTIFY_SOCKET within 10 s (systemd's Type=notify would never send the reload)\n%s", i, log.String())
 			}
 		}
 		sent := 0
-		for end := time.Now().Add(time.Second); time.Now().Before(end) && alive(p); sent++ {
+		for end := time.Now().Add(time.Second); time.Now().Before(end) && p.Alive(); sent++ {
 			_ = cmd.Process.Signal(syscall.SIGHUP)
 			time.Sleep(100 * time.Microsecond)
 		}
-		if !alive(p) {
-			err := <-p.done
-			t.Fatalf("start %d: the agent died under SIGHUP (%d sent): %v\n%s", i, sent, err, log.String())
+		if !p.Alive() {
+			t.Fatalf("start %d: the agent died under SIGHUP (%d sent): %v\n%s", i, sent, p.Exit(), log.String())
 		}
 		// Handled, not ignored: one more SIGHUP is one more reload.
 		reloads := strings.Count(log.String(), "config re-read")
@@ -137,15 +122,12 @@ func TestAgentSurvivesSIGHUPFromItsFirstMillisecond(t *testing.T) {
 		if strings.Count(log.String(), "config re-read") <= reloads {
 			t.Errorf("start %d: a SIGHUP after the flood did not reload\n%s", i, log.String())
 		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.done:
-			if err != nil {
-				t.Fatalf("start %d: exit on SIGTERM: %v\n%s", i, err, log.String())
-			}
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+		exited, err := p.Stop(syscall.SIGTERM, 10*time.Second)
+		if !exited {
 			t.Fatalf("start %d: no exit on SIGTERM\n%s", i, log.String())
+		}
+		if err != nil {
+			t.Fatalf("start %d: exit on SIGTERM: %v\n%s", i, err, log.String())
 		}
 		if i < 2 {
 			t.Logf("start %d (systemd %v): %d SIGHUPs in 1 s survived", i, systemd, sent)
@@ -163,55 +145,36 @@ func TestTwoAgentsStartedTogetherOneRuns(t *testing.T) {
 		exec.Command(os.Args[0], "agent", "--config", cfg1, "--netns", ns),
 		exec.Command(os.Args[0], "agent", "--config", cfg2, "--netns", netnsutil.Path(ns)),
 	}
-	var procs []*agentProc
-	for _, cmd := range cmds {
-		log := &testutil.SyncBuffer{}
-		cmd.Stdout, cmd.Stderr = log, log
-		procs = append(procs, &agentProc{cmd: cmd, done: make(chan error, 1), log: log})
-	}
-	for _, p := range procs { // back to back
-		if err := p.cmd.Start(); err != nil {
+	var procs []*testutil.Proc
+	for _, cmd := range cmds { // back to back
+		p, err := testutil.StartProc(t, cmd)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	for _, p := range procs {
-		go func() { p.done <- p.cmd.Wait() }()
-		t.Cleanup(func() {
-			if alive(p) {
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-		})
+		procs = append(procs, p)
 	}
 	time.Sleep(3 * time.Second)
-	var running, refused []*agentProc
+	var running, refused []*testutil.Proc
 	for _, p := range procs {
-		if alive(p) {
+		if p.Alive() {
 			running = append(running, p)
 		} else {
 			refused = append(refused, p)
 		}
 	}
 	if len(running) != 1 {
-		for i, p := range procs {
-			t.Logf("agent %d:\n%s", i, p.log.String())
-		}
-		t.Fatalf("%d agents run for one namespace, want exactly 1", len(running))
+		t.Fatalf("%d agents run for one namespace, want exactly 1", len(running)) // their logs follow
 	}
-	err := <-refused[0].done
-	refused[0].done <- err
+	err := refused[0].Exit()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Errorf("the second agent: %v, want exit 1", err)
 	}
-	msg := refused[0].log.String()
-	if !strings.Contains(msg, "another node agent manages") || !strings.Contains(msg, fmt.Sprintf("pid %d", running[0].cmd.Process.Pid)) {
-		t.Errorf("the second agent's message does not name the first (pid %d):\n%s", running[0].cmd.Process.Pid, msg)
+	msg := refused[0].Log.String()
+	if !strings.Contains(msg, "another node agent manages") || !strings.Contains(msg, fmt.Sprintf("pid %d", running[0].Cmd.Process.Pid)) {
+		t.Errorf("the second agent's message does not name the first (pid %d):\n%s", running[0].Cmd.Process.Pid, msg)
 	}
-	_ = running[0].cmd.Process.Signal(syscall.SIGTERM)
-	err = <-running[0].done
-	running[0].done <- err
-	if err != nil {
-		t.Errorf("the running agent on SIGTERM: %v\n%s", err, running[0].log.String())
+	if exited, err := running[0].Stop(syscall.SIGTERM, 10*time.Second); !exited || err != nil {
+		t.Errorf("the running agent on SIGTERM: exited %v, %v\n%s", exited, err, running[0].Log.String())
 	}
 }

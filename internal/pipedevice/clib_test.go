@@ -38,19 +38,26 @@ func buildLibpd(t *testing.T) (out, root string) {
 	return out, root
 }
 
+// buildCTest builds libpd, then the C test program libpd/test/<name>.c against pd.h and the
+// libpd.so just built (found at run time by its rpath): the library's directory and the program.
+func buildCTest(t *testing.T, name string) (out, prog string) {
+	out, root := buildLibpd(t)
+	prog = filepath.Join(out, name)
+	// -nostdinc is not possible (pd.h needs libc headers); the include path has only libpd/
+	cmd := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-D_DEFAULT_SOURCE",
+		"-I", filepath.Join(root, "libpd"), "-o", prog, filepath.Join(root, "libpd", "test", name+".c"),
+		"-L", out, "-lpd", "-Wl,-rpath,"+out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s against pd.h and libpd.so: %v\n%s", name, err, b)
+	}
+	return out, prog
+}
+
 // A C program that includes only pd.h and links only libpd.so checks the API's errors, epoll,
 // and a long transfer byte by byte, in both daemon modes; then the paper's Listing 1 examples
 // (libpd/examples) move data between two processes with matching checksums.
 func TestCLibrary(t *testing.T) {
-	out, root := buildLibpd(t)
-	check := filepath.Join(out, "pd_check")
-	// -nostdinc is not possible (pd.h needs libc headers); the include path has only libpd/
-	cmd := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-D_DEFAULT_SOURCE",
-		"-I", filepath.Join(root, "libpd"), "-o", check, filepath.Join(root, "libpd", "test", "pd_check.c"),
-		"-L", out, "-lpd", "-Wl,-rpath,"+out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build pd_check against pd.h and libpd.so: %v\n%s", err, b)
-	}
+	out, check := buildCTest(t, "pd_check")
 	if b, err := exec.Command("sh", "-c", "ldd "+check+" | grep libpd.so").CombinedOutput(); err != nil || !strings.Contains(string(b), out) {
 		t.Fatalf("pd_check does not load the libpd.so just built: %s", b)
 	}

@@ -23,14 +23,7 @@ import (
 // point of libpd (a C program built from pd.h) and of the Go client must say ECONNRESET.
 func TestDaemonGoneEveryCall(t *testing.T) {
 	t.Run("libpd", func(t *testing.T) {
-		out, root := buildLibpd(t)
-		prog := filepath.Join(out, "pd_dead")
-		cmd := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-D_DEFAULT_SOURCE",
-			"-I", filepath.Join(root, "libpd"), "-o", prog, filepath.Join(root, "libpd", "test", "pd_dead.c"),
-			"-L", out, "-lpd", "-Wl,-rpath,"+out)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build pd_dead: %v\n%s", err, b)
-		}
+		_, prog := buildCTest(t, "pd_dead")
 		sock, dm := startKillableDaemon(t)
 		c := exec.Command(prog, sock, "7960")
 		in, err := c.StdinPipe()

@@ -10,19 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "pd.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			printf("FAIL: line %d: ", __LINE__);                               \
-			printf(__VA_ARGS__);                                               \
-			printf(" (errno %d %s)\n", errno, strerror(errno));                \
-			fails++;                                                           \
-		}                                                                          \
-	} while (0)
 
 #define EXPECT_ERR(call, want) CHECK((call) < 0 && errno == (want), "%s: want errno %s", #call, #want)
 

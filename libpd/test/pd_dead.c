@@ -14,19 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "pd.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			printf("FAIL: line %d: ", __LINE__);                               \
-			printf(__VA_ARGS__);                                               \
-			printf(" (errno %d %s)\n", errno, strerror(errno));                \
-			fails++;                                                           \
-		}                                                                          \
-	} while (0)
 
 #define EXPECT_RESET(call) \
 	do { errno = 0; CHECK((call) < 0 && errno == ECONNRESET, "%s: want -1/ECONNRESET", #call); } while (0)

@@ -3,12 +3,10 @@ package testbed
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
 	"github.com/peregrine-net/peregrine/internal/lab/realflannel"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -68,20 +66,13 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 			}
 		}
 	}
-	for _, a := range s.Stack {
-		for _, n := range rf.Nodes {
-			st, err := datapath.Attach(ctx, n.Netns, a.Mode, datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, CPUs: s.ModeCPUs, Extra: maps.Clone(a.Extra)})
-			if err != nil {
-				tb.Teardown()
-				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)
-			}
-			if !slices.Contains(tb.Attached, n.Netns) {
-				tb.Attached = append(tb.Attached, n.Netns)
-			}
-			for _, k := range st.Knobs {
-				tb.Knobs[k.Netns+":"+k.Path] = k.New
-			}
-		}
+	nodes := make([]string, len(rf.Nodes))
+	for i, n := range rf.Nodes {
+		nodes[i] = n.Netns
+	}
+	if err := tb.attachStack(ctx, s, nodes, ""); err != nil {
+		tb.Teardown()
+		return nil, err
 	}
 	node := func(p realflannel.Pod) lab.Node {
 		return lab.Node{Name: fmt.Sprintf("n%d-%s", p.Node, p.Name), Netns: p.Netns, Role: "container",

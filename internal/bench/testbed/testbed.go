@@ -97,22 +97,14 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 		return nil, fmt.Errorf("%s: %w", s.Config, err)
 	}
 	tb := &Testbed{Config: s.Config, Lab: l, Knobs: map[string]string{}}
-	for _, a := range s.Stack {
-		for _, h := range l.Hosts {
-			// Lab: a mode that programs the lab's own devices (its switches) is told which lab.
-			opts := datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, CPUs: s.ModeCPUs, Lab: l.Spec.Name, Extra: maps.Clone(a.Extra)}
-			st, err := datapath.Attach(ctx, h.Netns, a.Mode, opts)
-			if err != nil {
-				tb.Teardown()
-				return nil, fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)
-			}
-			if !slices.Contains(tb.Attached, h.Netns) {
-				tb.Attached = append(tb.Attached, h.Netns)
-			}
-			for _, k := range st.Knobs {
-				tb.Knobs[k.Netns+":"+k.Path] = k.New
-			}
-		}
+	hosts := make([]string, len(l.Hosts))
+	for i, h := range l.Hosts {
+		hosts[i] = h.Netns
+	}
+	// Lab: a mode that programs the lab's own devices (its switches) is told which lab.
+	if err := tb.attachStack(ctx, s, hosts, l.Spec.Name); err != nil {
+		tb.Teardown()
+		return nil, err
 	}
 	eps := l.Endpoints()
 	tb.Sender, tb.Receiver = eps[0], eps[len(eps)-1]
@@ -272,6 +264,27 @@ func (tb *Testbed) pickBackground() error {
 		}
 	}
 	tb.BGSender, tb.BGReceiver = *snd, *rcv
+	return nil
+}
+
+// attachStack attaches s's stack of modes, bottom first, on each of the hosts, and records every
+// host it attached on and every knob it set, for Teardown and the run's config record.
+func (tb *Testbed) attachStack(ctx context.Context, s Spec, hosts []string, labName string) error {
+	for _, a := range s.Stack {
+		for _, ns := range hosts {
+			opts := datapath.Options{KeepUnderlay: len(s.RxCPUs) > 0, CPUs: s.ModeCPUs, Lab: labName, Extra: maps.Clone(a.Extra)}
+			st, err := datapath.Attach(ctx, ns, a.Mode, opts)
+			if err != nil {
+				return fmt.Errorf("%s: attach %s: %w", s.Config, a.Mode, err)
+			}
+			if !slices.Contains(tb.Attached, ns) {
+				tb.Attached = append(tb.Attached, ns)
+			}
+			for _, k := range st.Knobs {
+				tb.Knobs[k.Netns+":"+k.Path] = k.New
+			}
+		}
+	}
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
+	"github.com/peregrine-net/peregrine/internal/testutil"
 )
 
 // This test binary started with PRG_TEST_NODE_AGENT set stands for a node agent
@@ -27,12 +28,10 @@ func init() {
 func TestStopNeverSignalsTheNodeAgent(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "agent", "--config", "/nonexistent/prg-test.yaml")
 	cmd.Env = append(os.Environ(), "PRG_TEST_NODE_AGENT=1")
-	if err := cmd.Start(); err != nil {
+	p, err := testutil.StartProc(t, cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	pid := cmd.Process.Pid
 	time.Sleep(50 * time.Millisecond) // its cmdline is the exec'd one
 	if !IsNodeAgent(pid) {
@@ -46,10 +45,8 @@ func TestStopNeverSignalsTheNodeAgent(t *testing.T) {
 	if err := a.Stop(st); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-exited:
+	if exited, _ := p.Wait(200 * time.Millisecond); exited {
 		t.Fatal("Stop signalled the node agent")
-	case <-time.After(200 * time.Millisecond):
 	}
 	if err := syscall.Kill(pid, 0); err != nil {
 		t.Fatalf("the node agent is gone: %v", err)
