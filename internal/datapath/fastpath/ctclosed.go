@@ -1,0 +1,215 @@
+package fastpath
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
+)
+
+// A short TCP connection (fHsOnly: conntrack saw only its SYN and SYN-ACK) closes on the fast
+// path, so conntrack's entry would wait in SYN_RECV for 60 s, and a new connection on the same
+// ports (a client's ports wrap within seconds under load) would meet it: its SYN ignored as
+// INVALID, dropped by kube-proxy's KUBE-FORWARD, the connection waiting for SYN
+// retransmissions. The programs hand each such close over as it happens (closed_push,
+// bpf/fastpath_closed.h: a ring buffer, one record per connection, the CPU that completed the
+// close pushes it), and the agent deletes the entries: it drains the ring continuously and
+// sends the deletes in batches (closedBatchWait, closedBatchMax) to every namespace whose
+// conntrack the overlay's traffic crosses. A walk of the flow table once a second used to find
+// these connections; it missed some (measured on the k8s lab: 786-1244 SYN_RECV entries left
+// after a 4-rep crr run): an entry leaves the table FP_CLOSE_NS after its close, a new
+// generation resets its flags and a reused port clears them, before a walk late under load.
+
+const (
+	// closedBatchWait bounds how long a closed connection's entry outlives it: well under
+	// the time a client takes to reuse its port (seconds at thousands of connections/s).
+	closedBatchWait = 50 * time.Millisecond
+	closedBatchMax  = 256
+	// closedRecheck is how often a namespace without conntrack is looked at again.
+	closedRecheck = 10 * time.Second
+)
+
+// sizeofClosed is struct fp_closed (bpf/fastpath_closed.h): local, remote, lport, rport,
+// proto, ovl, pad[2], ns.
+const sizeofClosed = 24
+
+// parseClosed reads one ring record: the conntrack tuple of the closed connection (as the
+// flow's key holds it) and when it closed (CLOCK_MONOTONIC ns); false for a short record.
+func parseClosed(b []byte) (ctTuple, uint64, bool) {
+	if len(b) < sizeofClosed {
+		return ctTuple{}, 0, false
+	}
+	t := ctTuple{src: binary.NativeEndian.Uint32(b[0:]), dst: binary.NativeEndian.Uint32(b[4:]),
+		sport: binary.NativeEndian.Uint16(b[8:]), dport: binary.NativeEndian.Uint16(b[10:]), proto: b[12]}
+	return t, binary.NativeEndian.Uint64(b[16:]), true
+}
+
+// closedStats is what the hand-over did since the last note.
+type closedStats struct {
+	records, deleted, missing int
+	maxLag                    time.Duration
+}
+
+// ctDeleter sends conntrack deletes to a set of namespaces, each socket opened once.
+type ctDeleter struct {
+	nss    []string
+	socks  map[string]*ctSock
+	absent map[string]time.Time // namespace without conntrack -> when to look again
+	failed map[string]bool      // said once
+	logf   func(string, ...any)
+}
+
+func newCTDeleter(nss []string, logf func(string, ...any)) *ctDeleter {
+	return &ctDeleter{nss: nss, socks: map[string]*ctSock{}, absent: map[string]time.Time{}, failed: map[string]bool{}, logf: logf}
+}
+
+func (d *ctDeleter) Close() {
+	for _, s := range d.socks {
+		s.Close()
+	}
+}
+
+// delete deletes the entries of tuples ts in every namespace and returns how many were there
+// (summed over the namespaces) and how many were not.
+func (d *ctDeleter) delete(ts []ctTuple) (deleted, missing int) {
+	for _, ns := range d.nss {
+		s := d.socks[ns]
+		if s == nil {
+			if t, ok := d.absent[ns]; ok && time.Now().Before(t) {
+				continue
+			}
+			if _, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil {
+				d.absent[ns] = time.Now().Add(closedRecheck) // no conntrack there (yet)
+				continue
+			}
+			delete(d.absent, ns)
+			var err error
+			if s, err = openCTSock(ns); err != nil {
+				if !d.failed[ns] {
+					d.logf("conntrack entries of connections closed on the fast path: %v (they stay in SYN_RECV for 60 s)", err)
+					d.failed[ns] = true
+				}
+				d.absent[ns] = time.Now().Add(closedRecheck)
+				continue
+			}
+			d.socks[ns] = s
+		}
+		miss, err := sendCounted(s, ts, appendCTDelete)
+		if err != nil && !d.failed[ns] {
+			d.logf("conntrack entries of connections closed on the fast path in %s: %v", netnsutil.Label(ns), err)
+			d.failed[ns] = true
+		}
+		deleted += len(ts) - miss
+		missing += miss
+	}
+	return deleted, missing
+}
+
+// deleteClosed drains the programs' ring of connections closed on the fast path and deletes
+// their conntrack entries in namespaces nss until ctx ends.
+func (a *agent) deleteClosed(ctx context.Context, nss []string) {
+	rd, err := ringbuf.NewReader(a.p.PrgFastpathClosed)
+	if err != nil {
+		a.lg.Printf("connections closed on the fast path: open the ring: %v (their conntrack entries stay in SYN_RECV for 60 s)", err)
+		return
+	}
+	go func() {
+		<-ctx.Done()
+		rd.Close() // interrupts a blocked read
+	}()
+	d := newCTDeleter(nss, a.lg.Printf)
+	defer d.Close()
+	var st closedStats
+	logged := time.Now()
+	drainClosed(ctx, rd, func(ts []ctTuple, lag time.Duration) {
+		del, miss := d.delete(ts)
+		st.records += len(ts)
+		st.deleted += del
+		st.missing += miss
+		st.maxLag = max(st.maxLag, lag)
+		if time.Since(logged) >= ctLogEvery {
+			// A line per ctLogEvery at most: short connections close all the time.
+			a.lg.Printf("connections closed on the fast path: %d, their conntrack entries deleted %d, already gone %d (over %d namespaces); hand-over within %v",
+				st.records, st.deleted, st.missing, len(nss), st.maxLag.Round(time.Millisecond))
+			st, logged = closedStats{}, time.Now()
+		}
+	})
+}
+
+// closedReader is the part of *ringbuf.Reader drainClosed uses.
+type closedReader interface {
+	ReadInto(*ringbuf.Record) error
+	SetDeadline(time.Time)
+}
+
+// drainClosed reads batches of closed connections from rd, each gathered for at most
+// closedBatchWait after its first record or up to closedBatchMax, and hands each to flush with
+// the largest delay between a close and its read, until the reader is closed or ctx ends.
+func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, time.Duration)) {
+	var rec ringbuf.Record
+	batch := make([]ctTuple, 0, closedBatchMax)
+	var lag time.Duration
+	add := func() {
+		t, at, ok := parseClosed(rec.RawSample)
+		if !ok {
+			return
+		}
+		batch = append(batch, t)
+		if now := monoNs(); now > at {
+			lag = max(lag, time.Duration(now-at))
+		}
+	}
+	for ctx.Err() == nil {
+		rd.SetDeadline(time.Time{})
+		if err := rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				time.Sleep(closedBatchWait) // not expected; no busy loop should it repeat
+			}
+			continue
+		}
+		add()
+		rd.SetDeadline(time.Now().Add(closedBatchWait))
+		for len(batch) < closedBatchMax {
+			if err := rd.ReadInto(&rec); err != nil {
+				break // the deadline (or the reader closed: the next read says)
+			}
+			add()
+		}
+		if len(batch) > 0 {
+			flush(batch, lag)
+		}
+		batch, lag = batch[:0], 0
+	}
+}
+
+// sendCounted sends one request per tuple, made by add, in buffers of up to 32 KiB, and
+// returns how many the kernel refused as ENOENT (no such entry: no error) and the first error.
+func sendCounted(s *ctSock, ts []ctTuple, add func([]byte, ctTuple, uint32) []byte) (int, error) {
+	var b []byte
+	var first error
+	missing := 0
+	flush := func() {
+		m, err := s.send(b)
+		missing += m
+		if err != nil && first == nil {
+			first = err
+		}
+		b = b[:0]
+	}
+	for i, t := range ts {
+		b = add(b, t, uint32(i+1))
+		if len(b) > 32<<10 {
+			flush()
+		}
+	}
+	flush()
+	return missing, first
+}
