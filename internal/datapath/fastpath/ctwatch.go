@@ -175,6 +175,14 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 		if learnedBy != 0 && (f.OutNs == 0 || f.OutNs > learnedBy) {
 			return false
 		}
+		if f.Flags&(fDone|fHsOnly) == fDone|fHsOnly {
+			// Closed on the fast path: the agent deleted the entry itself (ctclosed.go), and
+			// the connection's last packets (the final ACK, a retransmitted FIN) must stay on
+			// the fast path. Due, they would meet conntrack without an entry: an ACK picked up
+			// as a new ESTABLISHED one (which the next connection on the ports then meets, its
+			// SYN ignored as INVALID), a FIN or RST called INVALID and dropped.
+			return false
+		}
 		return markDue(f, now)
 	}
 	n := 0
