@@ -82,3 +82,19 @@ func TestDrainClosed(t *testing.T) {
 		t.Fatal("a short record parsed")
 	}
 }
+
+// The conntrack watch skips the DESTROY events of entries the agent deleted itself, by either
+// of their tuples: the client node deletes a Service connection by the Service address (its
+// entry's original tuple), the backend's node by the backend's tuple (its entry's reply).
+func TestSelfDeleted(t *testing.T) {
+	var s selfDeleted
+	pod, svc, be := uint32(0x0201f40a), uint32(0x0a0060a), uint32(0x0301f40a)
+	s.add([]ctTuple{{src: pod, dst: svc, sport: 40000, dport: 80, proto: 6}})  // client node
+	s.add([]ctTuple{{src: be, dst: pod, sport: 8080, dport: 40001, proto: 6}}) // backend node
+	client := ctEntry{orig: ctTuple{pod, svc, 40000, 80, 6}, reply: ctTuple{be, pod, 8080, 40000, 6}}
+	backend := ctEntry{orig: ctTuple{pod, be, 40001, 8080, 6}, reply: ctTuple{be, pod, 8080, 40001, 6}}
+	other := ctEntry{orig: ctTuple{pod, be, 40002, 8080, 6}, reply: ctTuple{be, pod, 8080, 40002, 6}}
+	if !s.has(client) || !s.has(backend) || s.has(other) {
+		t.Fatalf("self-deleted: client %v, backend %v, other %v; want true, true, false", s.has(client), s.has(backend), s.has(other))
+	}
+}

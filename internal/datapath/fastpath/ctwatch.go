@@ -105,6 +105,9 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 			case <-ctx.Done():
 				return
 			case e := <-ev:
+				if a.ctSelf.has(e) {
+					continue // deleted by the agent: a connection closed on the fast path (ctclosed.go)
+				}
 				b.add(e)
 			case why := <-lost:
 				b.all = why
@@ -118,6 +121,9 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 					timer.Stop()
 					return
 				case e := <-ev:
+					if a.ctSelf.has(e) {
+						continue
+					}
 					if len(b.keys) < ctBatchAll {
 						b.add(e)
 					} else if b.all == "" {
