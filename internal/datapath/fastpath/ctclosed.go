@@ -6,9 +6,12 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -52,7 +55,7 @@ func parseClosed(b []byte) (ctTuple, uint64, bool) {
 
 // closedStats is what the hand-over did since the last note.
 type closedStats struct {
-	records, deleted, missing int
+	records, deleted, missing, kept int
 	maxLag                    time.Duration
 }
 
@@ -75,9 +78,13 @@ func (d *ctDeleter) Close() {
 	}
 }
 
-// delete deletes the entries of tuples ts in every namespace and returns how many were there
-// (summed over the namespaces) and how many were not.
-func (d *ctDeleter) delete(ts []ctTuple) (deleted, missing int) {
+// delete deletes the entries of tuples ts in every namespace and returns how many it deleted,
+// how many were gone already and how many it kept, summed over the namespaces. It asks for each
+// entry first and deletes that entry only (by its id), unless it is a new connection's, waiting
+// for its SYN-ACK (SYN_SENT): a client that reuses its port within the hand-over's delay makes
+// a new entry under the same tuple once the old one is gone, and deleting that would make the
+// server's SYN-ACK INVALID. The old entry, in SYN_RECV, goes.
+func (d *ctDeleter) delete(ts []ctTuple) (deleted, missing, kept int) {
 	for _, ns := range d.nss {
 		s := d.socks[ns]
 		if s == nil {
@@ -100,15 +107,126 @@ func (d *ctDeleter) delete(ts []ctTuple) (deleted, missing int) {
 			}
 			d.socks[ns] = s
 		}
-		miss, err := sendCounted(s, ts, appendCTDelete)
+		found, err := s.entries(ts)
+		var del []ctIdent
+		for i, e := range found {
+			if e.state == ctTCPSynSent {
+				kept++
+				continue
+			}
+			del = append(del, ctIdent{ts[i], e.id})
+		}
+		missing += len(ts) - len(found)
+		var miss int
+		if err == nil {
+			miss, err = sendCounted(s, del, appendCTDeleteID)
+		}
 		if err != nil && !d.failed[ns] {
 			d.logf("conntrack entries of connections closed on the fast path in %s: %v", netnsutil.Label(ns), err)
 			d.failed[ns] = true
 		}
-		deleted += len(ts) - miss
+		deleted += len(del) - miss
 		missing += miss
 	}
-	return deleted, missing
+	return deleted, missing, kept
+}
+
+const (
+	ipctnlMsgCTGet = 1 // IPCTNL_MSG_CT_GET
+	ctTCPSynSent   = 1 // TCP_CONNTRACK_SYN_SENT
+)
+
+// ctIdent is one conntrack entry: a tuple of it and its id (CTA_ID, as the kernel wrote it).
+type ctIdent struct {
+	t  ctTuple
+	id uint32
+}
+
+// ctFound is what a GET said of an entry.
+type ctFound struct {
+	id    uint32
+	state uint8 // TCP_CONNTRACK_*
+}
+
+// entries asks conntrack for the entries of tuples ts: by index into ts, those found.
+func (s *ctSock) entries(ts []ctTuple) (map[int]ctFound, error) {
+	found := map[int]ctFound{}
+	var b []byte
+	buf := make([]byte, 256<<10)
+	flush := func() error {
+		if len(b) == 0 {
+			return nil
+		}
+		if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return err
+		}
+		b = b[:0]
+		for { // the kernel answered each request before sendto returned
+			n, _, err := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
+			if errors.Is(err, unix.EAGAIN) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				i := int(m.Header.Seq) - 1
+				if m.Header.Type != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTNew || i < 0 || i >= len(ts) {
+					continue // an error (ENOENT: gone already)
+				}
+				if f, ok := parseCTFound(m.Data); ok {
+					found[i] = f
+				}
+			}
+		}
+	}
+	for i, t := range ts {
+		b = appendCTMsg(b, ipctnlMsgCTGet, uint32(i+1), ctTupleAttr(t))
+		if len(b) > 32<<10 {
+			if err := flush(); err != nil {
+				return found, err
+			}
+		}
+	}
+	return found, flush()
+}
+
+// parseCTFound reads the id and the TCP state of a ctnetlink entry message.
+func parseCTFound(data []byte) (ctFound, bool) {
+	var f ctFound
+	var haveID bool
+	if len(data) < sizeofNfgenmsg {
+		return f, false
+	}
+	nlAttrs(data[sizeofNfgenmsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case nl.CTA_ID:
+			if len(v) == 4 {
+				f.id, haveID = binary.NativeEndian.Uint32(v), true
+			}
+		case nl.CTA_PROTOINFO:
+			nlAttrs(v, func(typ uint16, v []byte) {
+				if typ == nl.CTA_PROTOINFO_TCP {
+					nlAttrs(v, func(typ uint16, v []byte) {
+						if typ == nl.CTA_PROTOINFO_TCP_STATE && len(v) == 1 {
+							f.state = v[0]
+						}
+					})
+				}
+			})
+		}
+	})
+	return f, haveID
+}
+
+// appendCTDeleteID appends a ctnetlink delete of entry e: the entry of its tuple, if its id
+// is still e's (the kernel refuses another one with ENOENT).
+func appendCTDeleteID(b []byte, e ctIdent, seq uint32) []byte {
+	return appendCTMsg(b, ipctnlMsgCTDel, seq, nlAttr(ctTupleAttr(e.t), nl.CTA_ID, be32(e.id)))
 }
 
 // deleteClosed drains the programs' ring of connections closed on the fast path and deletes
@@ -129,15 +247,16 @@ func (a *agent) deleteClosed(ctx context.Context, nss []string) {
 	logged := time.Now()
 	drainClosed(ctx, rd, func(ts []ctTuple, lag time.Duration) {
 		a.ctSelf.add(ts) // before the deletes: their events may be read before they return
-		del, miss := d.delete(ts)
+		del, miss, kept := d.delete(ts)
 		st.records += len(ts)
 		st.deleted += del
 		st.missing += miss
+		st.kept += kept
 		st.maxLag = max(st.maxLag, lag)
 		if time.Since(logged) >= ctLogEvery {
 			// A line per ctLogEvery at most: short connections close all the time.
-			a.lg.Printf("connections closed on the fast path: %d, their conntrack entries deleted %d, already gone %d (over %d namespaces); hand-over within %v",
-				st.records, st.deleted, st.missing, len(nss), st.maxLag.Round(time.Millisecond))
+			a.lg.Printf("connections closed on the fast path: %d; their conntrack entries (over %d namespaces) deleted %d, gone already %d, kept %d (a new connection on the ports); hand-over within %v",
+				st.records, len(nss), st.deleted, st.missing, st.kept, st.maxLag.Round(time.Millisecond))
 			st, logged = closedStats{}, time.Now()
 		}
 	})
@@ -243,9 +362,10 @@ func (s *selfDeleted) has(e ctEntry) bool {
 	return false
 }
 
-// sendCounted sends one request per tuple, made by add, in buffers of up to 32 KiB, and
-// returns how many the kernel refused as ENOENT (no such entry: no error) and the first error.
-func sendCounted(s *ctSock, ts []ctTuple, add func([]byte, ctTuple, uint32) []byte) (int, error) {
+// sendCounted sends one request per tuple (or entry), made by add, in buffers of up to 32
+// KiB, and returns how many the kernel refused as ENOENT (no such entry: no error) and the
+// first error.
+func sendCounted[T any](s *ctSock, ts []T, add func([]byte, T, uint32) []byte) (int, error) {
 	var b []byte
 	var first error
 	missing := 0

@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // fakeRing serves queued records; an empty ring with a deadline says so, one without ends.
@@ -96,5 +99,37 @@ func TestSelfDeleted(t *testing.T) {
 	other := ctEntry{orig: ctTuple{pod, be, 40002, 8080, 6}, reply: ctTuple{be, pod, 8080, 40002, 6}}
 	if !s.has(client) || !s.has(backend) || s.has(other) {
 		t.Fatalf("self-deleted: client %v, backend %v, other %v; want true, true, false", s.has(client), s.has(backend), s.has(other))
+	}
+}
+
+// A GET's answer gives the entry's id and TCP state; the delete carries the id back as it came.
+func TestCTFoundAndDeleteID(t *testing.T) {
+	id := []byte{0xde, 0xad, 0xbe, 0xef}
+	tcp := nlAttr(nil, nl.CTA_PROTOINFO_TCP_STATE, []byte{2}) // SYN_RECV
+	info := nlAttr(nil, nl.CTA_PROTOINFO_TCP|unix.NLA_F_NESTED, tcp)
+	tu := ctTuple{src: 0x0201a8c0, dst: 0x0202a8c0, sport: 0x409c, dport: 0x5000, proto: 6}
+	msg := append([]byte{unix.AF_INET, 0, 0, 0}, ctTupleAttr(tu)...)
+	msg = nlAttr(msg, nl.CTA_ID, id)
+	msg = nlAttr(msg, nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
+	f, ok := parseCTFound(msg)
+	if !ok || f.state != 2 || !bytes.Equal(be32(f.id), id) {
+		t.Fatalf("parsed %+v (%v), want state 2 and id % x", f, ok, id)
+	}
+	if _, ok := parseCTFound(msg[:4]); ok {
+		t.Fatal("an entry without an id parsed")
+	}
+	del := appendCTDeleteID(nil, ctIdent{tu, f.id}, 7)
+	var gotID []byte
+	var gotT ctTuple
+	nlAttrs(del[unix.SizeofNlMsghdr+sizeofNfgenmsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case nl.CTA_ID:
+			gotID = v
+		case nl.CTA_TUPLE_ORIG:
+			gotT, _ = parseCTTuple(v)
+		}
+	})
+	if binary.NativeEndian.Uint16(del[4:]) != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel || !bytes.Equal(gotID, id) || gotT != tu {
+		t.Fatalf("delete: type %#x, id % x, tuple %+v", binary.NativeEndian.Uint16(del[4:]), gotID, gotT)
 	}
 }
