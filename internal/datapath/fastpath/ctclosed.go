@@ -56,7 +56,7 @@ func parseClosed(b []byte) (ctTuple, uint64, bool) {
 // closedStats is what the hand-over did since the last note.
 type closedStats struct {
 	records, deleted, missing, kept int
-	maxLag                    time.Duration
+	maxLag                          time.Duration
 }
 
 // ctDeleter sends conntrack deletes to a set of namespaces, each socket opened once.
