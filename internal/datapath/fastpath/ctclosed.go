@@ -243,10 +243,13 @@ func (a *agent) deleteClosed(ctx context.Context, nss []string) {
 		a.lg.Printf("connections closed on the fast path: open the ring: %v (their conntrack entries stay in SYN_RECV for 60 s)", err)
 		return
 	}
+	// At the end (detach, a new agent), the closes still in the ring are deleted too: Flush
+	// ends a blocked read with what the ring holds; the ring goes with the agent's maps.
 	go func() {
 		<-ctx.Done()
-		rd.Close() // interrupts a blocked read
+		_ = rd.Flush()
 	}()
+	defer rd.Close()
 	d := newCTDeleter(nss, a.lg.Printf)
 	defer d.Close()
 	var st closedStats
@@ -276,10 +279,10 @@ type closedReader interface {
 
 // drainClosed reads the closed connections from rd and hands them to flush in batches of at
 // most closedBatchMax, with the largest delay between a close and its read, until the reader
-// is closed or ctx ends. It waits for the first record of a batch, then closedBatchWait, then
-// reads what came meanwhile without waiting: the kernel wakes a reader only when a record
-// lands in a ring it had read to the end, so the agent wakes once per batch, not once per
-// connection (at thousands of connections a second, a wakeup each cost a tenth of a core).
+// is closed or ctx ends (then with what the ring still holds, flushed). It waits for the first
+// record of a batch, then closedBatchWait, then reads what came meanwhile without waiting: the
+// kernel wakes a reader only when a record lands in a ring it had read to the end, so the
+// agent wakes once per batch, not once per connection (see closedBatchWait for the cost).
 func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, time.Duration)) {
 	var rec ringbuf.Record
 	batch := make([]ctTuple, 0, closedBatchMax)
@@ -300,21 +303,20 @@ func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, tim
 		}
 		batch, lag = batch[:0], 0
 	}
-	for ctx.Err() == nil {
+	for {
 		rd.SetDeadline(time.Time{})
 		if err := rd.ReadInto(&rec); err != nil {
 			if errors.Is(err, os.ErrClosed) || errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
-				return
+				return // closed, or flushed at the end with nothing left
 			}
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
+			if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, ringbuf.ErrFlushed) {
 				time.Sleep(closedBatchWait) // not expected; no busy loop should it repeat
 			}
 			continue
 		}
 		add()
 		select {
-		case <-ctx.Done():
-			return
+		case <-ctx.Done(): // the end: what the ring holds now, at once
 		case <-time.After(closedBatchWait):
 		}
 		rd.SetDeadline(time.Now()) // what is there now, no waiting
@@ -325,6 +327,9 @@ func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, tim
 			}
 		}
 		send()
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 

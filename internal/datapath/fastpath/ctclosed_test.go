@@ -81,6 +81,19 @@ func TestDrainClosed(t *testing.T) {
 			t.Fatalf("a batch of %d (max %d): %v", s, closedBatchMax, sizes)
 		}
 	}
+	// At the end (ctx done, the ring flushed) the records still there are sent, at once.
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	r = &fakeRing{end: func() {}}
+	for i := range 10 {
+		r.recs = append(r.recs, closedRecord(i, at))
+	}
+	got = got[:0]
+	start := time.Now()
+	drainClosed(done, r, func(ts []ctTuple, _ time.Duration) { got = append(got, ts...) })
+	if len(got) != 10 || time.Since(start) > closedBatchWait {
+		t.Fatalf("at the end: %d of 10 records sent, after %v", len(got), time.Since(start))
+	}
 	if _, _, ok := parseClosed(make([]byte, sizeofClosed-1)); ok {
 		t.Fatal("a short record parsed")
 	}
