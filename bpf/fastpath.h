@@ -111,6 +111,8 @@ enum {
 	FP_R_LOCAL,  /* egress: of the hits, those delivered to a pod on this node (also counted as hit) */
 	FP_R_BUDGET, /* a new flow of a local address holding its budget of flows: normal path */
 	FP_R_FULL,   /* a new flow while the flow table is full: normal path */
+	FP_R_CLOSED_LOST, /* a connection closed on the fast path whose record did not fit the
+			   * agent's ring (fastpath_closed.h): its conntrack entry stays (60 s) */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -549,18 +551,20 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 	return TCX_NEXT;
 }
 
+#include "fastpath_closed.h"
+
 /* closing: a TCP FIN or RST of the flow of key k (normal path: conntrack sees the connection
- * close), fin saying whose (FP_F_FIN_OUT, FP_F_FIN_IN, FP_F_DONE for a RST). The flow's entry
- * goes FP_CLOSE_NS after the first, unless a SYN reopens it: short connections leave the table
- * as fast as they come. */
-static __always_inline void closing(struct fp_key *k, __u32 fin)
+ * close), fin saying whose (FP_F_FIN_OUT, FP_F_FIN_IN, FP_F_DONE for a RST), dir the
+ * direction counting a lost hand-over. The flow's entry goes FP_CLOSE_NS after the first,
+ * unless a SYN reopens it: short connections leave the table as fast as they come. */
+static __always_inline void closing(struct fp_key *k, __u32 fin, __u32 dir)
 {
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 	if (!f || (f->flags & FP_F_ALIAS) || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
 		return;
 	if (!(f->flags & FP_F_CLOSING))
 		f->seen_ns = bpf_ktime_get_ns();
-	__sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin);
+	closed_push(k, __sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin), fin, dir);
 }
 
 /* fin_fast: the FIN or RST of flow k takes the fast path (FP_F_HSONLY), when the rest of
@@ -639,7 +643,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 			handover_out(f, k, p, ctx, FP_R_PROTO);
 			return NULL;
 		}
-		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT);
+		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
 		if (!fin_fast(k)) {
 			count(FP_DIR_TX, FP_R_PROTO);
 			return NULL;
@@ -683,7 +687,7 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 			handover_in(ctx, f, k, p, vtep, FP_R_PROTO);
 			return NULL;
 		}
-		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN);
+		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
 		if (!fin_fast(k)) {
 			count(FP_DIR_RX, FP_R_PROTO);
 			return NULL;

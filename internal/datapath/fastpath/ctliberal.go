@@ -73,7 +73,6 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 		}
 	}()
 	marked := map[fpFpKey]uint64{} // flow -> the egress learn time its entry was marked for
-	gone := map[fpFpKey]uint64{}   // flow closed on the fast path -> the learn its entry was deleted for
 	failed := map[string]bool{}
 	tick := time.NewTicker(ctLiberalEvery)
 	defer tick.Stop()
@@ -83,27 +82,16 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 			return
 		case <-tick.C:
 		}
-		var todo, closed []ctTuple
+		var todo []ctTuple
 		next := map[fpFpKey]uint64{}
-		nextGone := map[fpFpKey]uint64{}
 		walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
 			if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
 				return
 			}
-			// Closed on the fast path (its FINs or RST rode it, fHsOnly): conntrack's entry,
-			// which saw only the handshake, would wait in SYN_RECV for 60 s, and a new
-			// connection on the same ports (a client's ports wrap in seconds under load) would
-			// meet it: its SYN ignored, INVALID, dropped by kube-proxy. Its entry goes now, once.
-			if f.Flags&fHsOnly != 0 && f.Flags&fDone == fDone {
-				nextGone[k] = f.OutNs
-				if gone[k] != f.OutNs {
-					closed = append(closed, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})
-				}
-				return
-			}
-			// Both FINs went through conntrack already: no data follows them, nothing of
-			// this connection can meet the window check again. A short connection (TCP_CRR,
-			// HTTP with Connection: close) is over before the tick and costs no update.
+			// Both FINs went through conntrack already, or rode the fast path (fHsOnly: the
+			// agent deletes that entry as the close is handed over, ctclosed.go): no data
+			// follows them, nothing of this connection can meet the window check again. A
+			// short connection (TCP_CRR, HTTP with Connection: close) costs no update.
 			if f.Flags&fDone == fDone {
 				return
 			}
@@ -112,8 +100,8 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 				todo = append(todo, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})
 			}
 		})
-		marked, gone = next, nextGone
-		if len(todo) == 0 && len(closed) == 0 {
+		marked = next
+		if len(todo) == 0 {
 			continue
 		}
 		for _, ns := range nss {
@@ -121,9 +109,9 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 			if v, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil {
 				continue // no conntrack there
 			} else {
-				liberal = strings.TrimSpace(v) == "1" // every entry liberal already: only deletions
+				liberal = strings.TrimSpace(v) == "1" // every entry liberal already
 			}
-			if liberal && len(closed) == 0 {
+			if liberal {
 				continue
 			}
 			s := socks[ns]
@@ -138,15 +126,6 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 				}
 				socks[ns] = s
 			}
-			if len(closed) > 0 {
-				if err := sendAll(s, closed, appendCTDelete); err != nil && !failed[ns] {
-					a.lg.Printf("conntrack entries of connections closed on the fast path in %s: %v", netnsutil.Label(ns), err)
-					failed[ns] = true
-				}
-			}
-			if liberal {
-				continue
-			}
 			if err := markLiberal(s, todo); err != nil && !failed[ns] {
 				a.lg.Printf("liberal TCP tracking in %s: %v", netnsutil.Label(ns), err)
 				failed[ns] = true
@@ -158,23 +137,9 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 // markLiberal sends the updates for tuples ts in buffers of up to 32 KiB.
 func markLiberal(s *ctSock, ts []ctTuple) error { return sendAll(s, ts, appendCTLiberal) }
 
-// sendAll sends one request per tuple, made by add, in buffers of up to 32 KiB; entries already
-// gone are no error.
+// sendAll sends one request per tuple, made by add (sendCounted); entries already gone are no
+// error.
 func sendAll(s *ctSock, ts []ctTuple, add func([]byte, ctTuple, uint32) []byte) error {
-	var b []byte
-	var first error
-	flush := func() {
-		if _, err := s.send(b); err != nil && first == nil {
-			first = err
-		}
-		b = b[:0]
-	}
-	for i, t := range ts {
-		b = add(b, t, uint32(i+1))
-		if len(b) > 32<<10 {
-			flush()
-		}
-	}
-	flush()
-	return first
+	_, err := sendCounted(s, ts, add)
+	return err
 }

@@ -105,6 +105,9 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 			case <-ctx.Done():
 				return
 			case e := <-ev:
+				if a.ctSelf.has(e) {
+					continue // deleted by the agent: a connection closed on the fast path (ctclosed.go)
+				}
 				b.add(e)
 			case why := <-lost:
 				b.all = why
@@ -118,6 +121,9 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 					timer.Stop()
 					return
 				case e := <-ev:
+					if a.ctSelf.has(e) {
+						continue
+					}
 					if len(b.keys) < ctBatchAll {
 						b.add(e)
 					} else if b.all == "" {
@@ -173,6 +179,14 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 			return false // an alias only points at its flow; a flow never learned has nothing to replay
 		}
 		if learnedBy != 0 && (f.OutNs == 0 || f.OutNs > learnedBy) {
+			return false
+		}
+		if f.Flags&(fDone|fHsOnly) == fDone|fHsOnly {
+			// Closed on the fast path: the agent deleted the entry itself (ctclosed.go), and
+			// the connection's last packets (the final ACK, a retransmitted FIN) must stay on
+			// the fast path. Due, they would meet conntrack without an entry: an ACK picked up
+			// as a new ESTABLISHED one (which the next connection on the ports then meets, its
+			// SYN ignored as INVALID), a FIN or RST called INVALID and dropped.
 			return false
 		}
 		return markDue(f, now)

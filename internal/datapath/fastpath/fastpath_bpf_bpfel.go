@@ -110,6 +110,7 @@ type fpPrgPodKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	fpMapPrgFastpathCfg     = "prg_fastpath_cfg"
+	fpMapPrgFastpathClosed  = "prg_fastpath_closed"
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
 	fpMapPrgFastpathHo      = "prg_fastpath_ho"
@@ -182,14 +183,15 @@ type fpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpMapSpecs struct {
-	PrgFastpathCfg   *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp    *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow  *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo    *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPcnt  *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort  *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat  *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathCfg    *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathClosed *ebpf.MapSpec `ebpf:"prg_fastpath_closed"`
+	PrgFastpathEp     *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow   *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo     *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt   *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort   *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat   *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep  *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -219,19 +221,21 @@ func (o *fpObjects) Close() error {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpMaps struct {
-	PrgFastpathCfg   *ebpf.Map `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp    *ebpf.Map `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow  *ebpf.Map `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo    *ebpf.Map `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPcnt  *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort  *ebpf.Map `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat  *ebpf.Map `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep *ebpf.Map `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathCfg    *ebpf.Map `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathClosed *ebpf.Map `ebpf:"prg_fastpath_closed"`
+	PrgFastpathEp     *ebpf.Map `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow   *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathHo     *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt   *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort   *ebpf.Map `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat   *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep  *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 }
 
 func (m *fpMaps) Close() error {
 	return _FpClose(
 		m.PrgFastpathCfg,
+		m.PrgFastpathClosed,
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
 		m.PrgFastpathHo,

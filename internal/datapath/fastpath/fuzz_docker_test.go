@@ -18,7 +18,7 @@ func TestFuzzDockerTx(t *testing.T) {
 	runs := e.fzEach(frames.FuzzCount(20000), g.tx, func(b []byte) {
 		in := append([]byte{}, b...)
 		hit := false
-		if p, r := fzParse(in, 0); r == fzParsed {
+		if p, r := e.fzParseFast(in, 0, true); r == fzParsed {
 			f, ok := e.learned(p.keyOut(), fOut|fIn)
 			hit = ok && f.OutIfindex == 1 && bytes.Equal(in[:12], f.Tmpl[:12]) && f.OutTtlDec == 0
 		}
@@ -42,7 +42,7 @@ func TestFuzzDockerRx(t *testing.T) {
 	runs := e.fzEach(frames.FuzzCount(20000), g.rx, func(b []byte) {
 		in := append([]byte{}, b...)
 		want := []byte(nil)
-		if p, r := fzParse(in, 0); r == fzParsed {
+		if p, r := e.fzParseFast(in, 0, false); r == fzParsed {
 			f, ok := e.learned(p.keyIn(), fOut|fIn)
 			pod, live := e.pods[p.daddr]
 			if ok && live && pod.state == podLive && pod.v.Ifindex == f.InIfindex && bytes.Equal(pod.v.CtrMac[:], f.InMac[:6]) &&

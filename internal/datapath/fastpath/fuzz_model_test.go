@@ -65,6 +65,30 @@ func fzParseCtl(b []byte, off int, ctlStop uint8) (fzPkt, int) {
 	return p, fzParsed
 }
 
+// fzParseFast is parse_at and begin_out (out) or begin_in's test of a TCP control segment: a
+// SYN (SYN-ACK) takes the normal path, which conntrack decides on and the flow is learned from;
+// a FIN or RST (with any other bit but SYN alone) takes it too unless its flow is handshake-only
+// (fin_fast: conntrack saw only the handshake, so the close rides the fast path like the data
+// before it, and the agent deletes conntrack's entry, ctclosed.go). The test looks at the
+// flow as the table holds it, learned both ways or not; the rest of the lookup decides after.
+func (e *fzEnv) fzParseFast(b []byte, off int, out bool) (fzPkt, int) {
+	p, r := fzParseCtl(b, off, 0)
+	if r != fzParsed || p.ctl == 0 {
+		return p, r
+	}
+	if p.ctl == 2 {
+		return p, 3
+	}
+	k := p.keyIn()
+	if out {
+		k = p.keyOut()
+	}
+	if f, ok := e.flows[k]; !ok || f.Flags&(fAlias|fLocal) != 0 || f.Flags&fHsOnly == 0 {
+		return p, 3
+	}
+	return p, fzParsed
+}
+
 func fzAt(b []byte, off, n int) []byte {
 	if off > flow.MaxOff || off+n > len(b) {
 		return nil
@@ -106,7 +130,7 @@ func (e *fzEnv) learned(k fpFpKey, need uint32) (fpFpFlow, bool) {
 
 // modelTx: whether prg_fastpath_tx encapsulates b, and the frame it must make of it.
 func (e *fzEnv) modelTx(b []byte, gso uint32) (bool, []byte) {
-	p, r := fzParse(b, 0)
+	p, r := e.fzParseFast(b, 0, true)
 	if r != fzParsed {
 		return false, nil
 	}
@@ -154,7 +178,7 @@ func (e *fzEnv) modelRx(b []byte) (bool, []byte) {
 	if !vx || daddr != word(vtepA) || !bytes.Equal(b[:6], fzLoMAC) { // PACKET_HOST on lo
 		return false, nil
 	}
-	p, r := fzParse(b, 50)
+	p, r := e.fzParseFast(b, 50, false)
 	if r != fzParsed || !bytes.Equal(p.dst, macVxA) {
 		return false, nil
 	}

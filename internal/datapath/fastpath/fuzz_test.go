@@ -153,6 +153,11 @@ func newFzEnvLayout(t *testing.T, learner, docker bool) *fzEnv {
 				case 7:
 					e.stale[k] = true
 				}
+				if c.proto == 6 && idx%3 != 0 {
+					// Learned from its handshake only: its FIN and RST ride the fast path
+					// (bpf/fastpath.h FP_F_HSONLY); every third TCP flow is tracked instead.
+					f.Flags |= fHsOnly
+				}
 				if docker { // the Ethernet header the bridge sent the flow to the VXLAN device with
 					copy(f.Tmpl[0:], macBridge)
 					copy(f.Tmpl[6:], macPod)

@@ -39,6 +39,7 @@ func policyNotes(host string, ovs []*overlay, agent bool) []string {
 func (a *agent) followPolicy(ctx context.Context, nss []string) {
 	a.watchConntrack(ctx, nss)
 	go a.liberalTCP(ctx, nss)
+	go a.deleteClosed(ctx, nss) // conntrack entries of connections closed on the fast path (ctclosed.go)
 	go watchIPSets(ctx, nss, a.lg, func(why string) {
 		a.lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true }))
 	})

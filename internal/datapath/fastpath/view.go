@@ -10,7 +10,8 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
-	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full"}
+	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full",
+	"closed-lost"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -213,7 +214,7 @@ func (d Direction) Fallbacks() uint64 {
 	var n uint64
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other", "dropped", "local":
+		case "hit", "miss", "learned", "other", "dropped", "local", "closed-lost":
 		default:
 			n += d[r]
 		}
@@ -225,7 +226,7 @@ func (d Direction) reasons() string {
 	var parts []string
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other", "local":
+		case "hit", "miss", "learned", "other", "local", "closed-lost":
 			continue
 		}
 		if d[r] > 0 {
@@ -268,6 +269,10 @@ func (v *View) Format() string {
 			local = fmt.Sprintf(" (%d to pods on this node)", d.c["local"])
 		}
 		fmt.Fprintf(&b, "  fastpath %s: hits %d%s, misses %d, learned %d, fallbacks %d (%s)\n", d.name, d.c["hit"], local, d.c["miss"], d.c["learned"], d.c.Fallbacks(), d.c.reasons())
+	}
+	if n := v.Egress["closed-lost"] + v.Ingress["closed-lost"]; n > 0 {
+		// The agent's ring of connections closed on the fast path was full (ctclosed.go).
+		fmt.Fprintf(&b, "  connections closed on the fast path whose conntrack entry the agent could not delete (its ring was full): %d\n", n)
 	}
 	for _, o := range v.Overlays {
 		state := ""

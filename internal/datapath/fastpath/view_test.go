@@ -19,8 +19,8 @@ func TestFormatLocalAndNAT(t *testing.T) {
 	if !strings.Contains(out, "fastpath ingress: hits 60, misses 0") {
 		t.Fatalf("ingress line:\n%s", out)
 	}
-	if Reasons[len(Reasons)-1] != "full" {
-		t.Fatalf("Reasons must follow FP_R_* (FP_R_FULL last): %v", Reasons)
+	if Reasons[len(Reasons)-1] != "closed-lost" {
+		t.Fatalf("Reasons must follow FP_R_* (FP_R_CLOSED_LOST last): %v", Reasons)
 	}
 	// The counter array is sized by FP_R_N: as many reasons as the programs count.
 	spec, err := loadFp()

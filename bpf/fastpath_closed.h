@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * fastpath_closed.h: the hand-over of connections closed on the fast path to the agent
+ * (included by fastpath.h after its flow types and maps, before closing()).
+ *
+ * A short TCP connection (FP_F_HSONLY: conntrack saw only its SYN and SYN-ACK) sends its data,
+ * FINs and RST on the fast path, so conntrack's entry waits in SYN_RECV for 60 s; a new
+ * connection on the same ports (a client's ports wrap in seconds under load) meets it, its SYN
+ * is ignored (INVALID, dropped by kube-proxy's KUBE-FORWARD) and waits for retransmissions.
+ * The agent deletes such entries. It used to find them by walking the flow table once a
+ * second, which missed some: the sweep deletes a closed entry FP_CLOSE_NS after its first FIN,
+ * a new generation resets its flags, a reused port clears them (syn_open), and a walk late
+ * under load sees none of them. So the close itself hands the tuple over, exactly once: the
+ * CPU whose atomic fetch-or completes FP_F_DONE pushes a record to a ring buffer the agent
+ * drains continuously (internal/datapath/fastpath/ctclosed.go).
+ */
+#ifndef PRG_FASTPATH_CLOSED_H
+#define PRG_FASTPATH_CLOSED_H
+
+/* One closed connection: the flow's key as conntrack knows it on this node. The key of a
+ * Service flow holds the Service address and port the pod sent to (its alias is never closed
+ * here), which is the original tuple of the client node's conntrack entry; the backend's node
+ * keys the same connection by the backend and the client pod, the reply tuple of its entry,
+ * which conntrack finds as well. Same-node flows (FP_F_LOCAL) close on the normal path. */
+struct fp_closed {
+	__u32 local;  /* network order, as fp_key */
+	__u32 remote;
+	__u16 lport;
+	__u16 rport;
+	__u8 proto;
+	__u8 ovl;
+	__u8 pad[2];
+	__u64 ns;     /* when it closed (bpf_ktime_get_ns): the agent reports the hand-over's lag */
+};
+
+/* 1 MiB: 32 768 records of 32 bytes (with the ring's header), 16 s of 2 000 closes a second
+ * should the agent stall; a record that does not fit is counted (FP_R_CLOSED_LOST). */
+#define FP_CLOSED_RING (1U << 20)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, FP_CLOSED_RING);
+} prg_fastpath_closed SEC(".maps");
+
+/* closed_push hands flow k to the agent when this FIN or RST (fin) completed its close: old are
+ * the flags before the fetch-or that set fin, so of the CPUs racing on one flow's last FINs
+ * exactly one sees the transition, and a repeated FIN none. Only a handshake-only connection
+ * whose FIN rides the fast path (fin_fast's condition) leaves conntrack's entry behind. */
+static __always_inline void closed_push(const struct fp_key *k, __u32 old, __u32 fin, __u32 dir)
+{
+	if ((old & FP_F_DONE) == FP_F_DONE || ((old | fin) & FP_F_DONE) != FP_F_DONE)
+		return;
+	if (!(old & FP_F_HSONLY) || (old & (FP_F_ALIAS | FP_F_LOCAL)) || k->proto != IPPROTO_TCP)
+		return;
+	struct fp_closed c = {.local = k->local, .remote = k->remote, .lport = k->lport, .rport = k->rport,
+			      .proto = k->proto, .ovl = k->ovl, .ns = bpf_ktime_get_ns()};
+	/* Flags 0: the kernel wakes the agent only when it had read everything before. */
+	if (bpf_ringbuf_output(&prg_fastpath_closed, &c, sizeof(c), 0))
+		count(dir, FP_R_CLOSED_LOST);
+}
+
+#endif

@@ -1,0 +1,148 @@
+package fastpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// fakeRing serves queued records; an empty ring with a deadline says so, one without ends.
+type fakeRing struct {
+	recs     [][]byte
+	deadline time.Time
+	end      func()
+}
+
+func (r *fakeRing) SetDeadline(t time.Time) { r.deadline = t }
+
+func (r *fakeRing) ReadInto(rec *ringbuf.Record) error {
+	if len(r.recs) == 0 {
+		if r.deadline.IsZero() {
+			r.end()
+			return os.ErrClosed
+		}
+		return os.ErrDeadlineExceeded
+	}
+	rec.RawSample, r.recs = r.recs[0], r.recs[1:]
+	return nil
+}
+
+func closedRecord(i int, at uint64) []byte {
+	b := make([]byte, sizeofClosed)
+	binary.NativeEndian.PutUint32(b[0:], 0x0201a8c0)
+	binary.NativeEndian.PutUint32(b[4:], 0x0202a8c0)
+	binary.NativeEndian.PutUint16(b[8:], uint16(i))
+	binary.NativeEndian.PutUint16(b[10:], 0x5000)
+	b[12] = 6
+	binary.NativeEndian.PutUint64(b[16:], at)
+	return b
+}
+
+// The agent sends the closed connections in batches of at most closedBatchMax, every record
+// once and in order; a short record is skipped.
+func TestDrainClosed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := &fakeRing{end: cancel}
+	at := monoNs() - uint64(30*time.Millisecond)
+	const n = 600
+	for i := range n {
+		r.recs = append(r.recs, closedRecord(i, at))
+		if i == 10 {
+			r.recs = append(r.recs, []byte{1, 2, 3})
+		}
+	}
+	var got []ctTuple
+	var sizes []int
+	drainClosed(ctx, r, func(ts []ctTuple, lag time.Duration) {
+		sizes = append(sizes, len(ts))
+		got = append(got, ts...)
+		if lag < 30*time.Millisecond || lag > time.Minute {
+			t.Errorf("lag %v, want the 30 ms since the records' close", lag)
+		}
+	})
+	if len(got) != n {
+		t.Fatalf("%d tuples sent, want %d (batches %v)", len(got), n, sizes)
+	}
+	for i, tu := range got {
+		if tu.sport != uint16(i) || tu.src != 0x0201a8c0 || tu.dst != 0x0202a8c0 || tu.dport != 0x5000 || tu.proto != 6 {
+			t.Fatalf("tuple %d: %+v", i, tu)
+		}
+	}
+	for _, s := range sizes {
+		if s > closedBatchMax {
+			t.Fatalf("a batch of %d (max %d): %v", s, closedBatchMax, sizes)
+		}
+	}
+	// At the end (ctx done, the ring flushed) the records still there are sent, at once.
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	r = &fakeRing{end: func() {}}
+	for i := range 10 {
+		r.recs = append(r.recs, closedRecord(i, at))
+	}
+	got = got[:0]
+	start := time.Now()
+	drainClosed(done, r, func(ts []ctTuple, _ time.Duration) { got = append(got, ts...) })
+	if len(got) != 10 || time.Since(start) > closedBatchWait {
+		t.Fatalf("at the end: %d of 10 records sent, after %v", len(got), time.Since(start))
+	}
+	if _, _, ok := parseClosed(make([]byte, sizeofClosed-1)); ok {
+		t.Fatal("a short record parsed")
+	}
+}
+
+// The conntrack watch skips the DESTROY events of entries the agent deleted itself, by either
+// of their tuples: the client node deletes a Service connection by the Service address (its
+// entry's original tuple), the backend's node by the backend's tuple (its entry's reply).
+func TestSelfDeleted(t *testing.T) {
+	var s selfDeleted
+	pod, svc, be := uint32(0x0201f40a), uint32(0x0a0060a), uint32(0x0301f40a)
+	s.add([]ctTuple{{src: pod, dst: svc, sport: 40000, dport: 80, proto: 6}})  // client node
+	s.add([]ctTuple{{src: be, dst: pod, sport: 8080, dport: 40001, proto: 6}}) // backend node
+	client := ctEntry{orig: ctTuple{pod, svc, 40000, 80, 6}, reply: ctTuple{be, pod, 8080, 40000, 6}}
+	backend := ctEntry{orig: ctTuple{pod, be, 40001, 8080, 6}, reply: ctTuple{be, pod, 8080, 40001, 6}}
+	other := ctEntry{orig: ctTuple{pod, be, 40002, 8080, 6}, reply: ctTuple{be, pod, 8080, 40002, 6}}
+	if !s.has(client) || !s.has(backend) || s.has(other) {
+		t.Fatalf("self-deleted: client %v, backend %v, other %v; want true, true, false", s.has(client), s.has(backend), s.has(other))
+	}
+}
+
+// A GET's answer gives the entry's id and TCP state; the delete carries the id back as it came.
+func TestCTFoundAndDeleteID(t *testing.T) {
+	id := []byte{0xde, 0xad, 0xbe, 0xef}
+	tcp := nlAttr(nil, nl.CTA_PROTOINFO_TCP_STATE, []byte{2}) // SYN_RECV
+	info := nlAttr(nil, nl.CTA_PROTOINFO_TCP|unix.NLA_F_NESTED, tcp)
+	tu := ctTuple{src: 0x0201a8c0, dst: 0x0202a8c0, sport: 0x409c, dport: 0x5000, proto: 6}
+	msg := append([]byte{unix.AF_INET, 0, 0, 0}, ctTupleAttr(tu)...)
+	msg = nlAttr(msg, nl.CTA_ID, id)
+	msg = nlAttr(msg, nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
+	f, ok := parseCTFound(msg)
+	if !ok || f.state != 2 || !bytes.Equal(be32(f.id), id) {
+		t.Fatalf("parsed %+v (%v), want state 2 and id % x", f, ok, id)
+	}
+	if _, ok := parseCTFound(msg[:4]); ok {
+		t.Fatal("an entry without an id parsed")
+	}
+	del := appendCTDeleteID(nil, ctIdent{tu, f.id}, 7)
+	var gotID []byte
+	var gotT ctTuple
+	nlAttrs(del[unix.SizeofNlMsghdr+sizeofNfgenmsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case nl.CTA_ID:
+			gotID = v
+		case nl.CTA_TUPLE_ORIG:
+			gotT, _ = parseCTTuple(v)
+		}
+	})
+	if binary.NativeEndian.Uint16(del[4:]) != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel || !bytes.Equal(gotID, id) || gotT != tu {
+		t.Fatalf("delete: type %#x, id % x, tuple %+v", binary.NativeEndian.Uint16(del[4:]), gotID, gotT)
+	}
+}
