@@ -411,8 +411,8 @@ func (v *View) Format() string {
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
 	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d, fast path learning %d; HP dropped: vanished %d, stale %d, errors %d\n",
 		s.Miss, s.L2, s.TTL, s.Learn, s.Gone, s.Stale, s.Err)
-	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, not delivered within the window %d), delivered through another veth or MAC than the endpoint's %d, re-verification %d; HP frames the normal path delivered to a pod %d\n",
-		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Elsewhere, s.Probe, s.Delivered)
+	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, not delivered within the window %d), delivered through another veth or MAC than the endpoint's %d, re-verification %d, TCP entry not yet liberal %d (asks lost %d); HP frames the normal path delivered to a pod %d\n",
+		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Elsewhere, s.Probe, s.Strict, s.AskLost, s.Delivered)
 	for _, c := range v.Conflicts {
 		fmt.Fprintf(&b, "    conflict: %s\n", c)
 	}
