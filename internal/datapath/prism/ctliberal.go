@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
@@ -62,7 +63,13 @@ type liberal struct {
 	ns     map[uint32]string // VXLAN device namespace inode -> its name
 	socks  map[string]*ctnl.Sock
 	failed map[string]bool
+	// marked and missing count the updates sent and those that found no entry (gone
+	// meanwhile), logged at most every logEvery.
+	marked, missing, unknown int
+	logged                   time.Time
 }
+
+const logEvery = 10 * time.Second
 
 // runLiberal reads prg_prism_ask until ctx ends and marks each asked entry liberal.
 func runLiberal(ctx context.Context, target string, objs *objects, lg datapath.Logger) error {
@@ -105,7 +112,9 @@ func (l *liberal) mark(domain uint32, t ctnl.Tuple) {
 	if !ok {
 		l.refresh()
 		if ns, ok = l.ns[domain]; !ok {
-			return // a VXLAN device that left
+			l.unknown++ // a VXLAN device that left
+			l.report()
+			return
 		}
 	}
 	s := l.socks[ns]
@@ -120,10 +129,23 @@ func (l *liberal) mark(domain uint32, t ctnl.Tuple) {
 		}
 		l.socks[ns] = s
 	}
-	if _, err := s.Send(ctnl.AppendLiberal(nil, t, 1)); err != nil && !l.failed[ns] {
+	missing, err := s.Send(ctnl.AppendLiberal(nil, t, 1))
+	if err != nil && !l.failed[ns] {
 		l.lg.Printf("liberal TCP tracking in %s: %v (HP TCP flows stay on the normal path there)", netnsutil.Label(ns), err)
 		l.failed[ns] = true
 	}
+	l.marked++
+	l.missing += missing
+	l.report()
+}
+
+// report logs the counts of marks since the last report, at most every logEvery.
+func (l *liberal) report() {
+	if time.Since(l.logged) < logEvery {
+		return
+	}
+	l.lg.Printf("liberal TCP tracking: %d conntrack entries marked for HP flows, %d gone before, %d asks from unknown VXLAN devices", l.marked-l.missing, l.missing, l.unknown)
+	l.marked, l.missing, l.unknown, l.logged = 0, 0, 0, time.Now()
 }
 
 // refresh re-reads which namespace each VXLAN device's inode names.
