@@ -109,6 +109,8 @@ enum {
 	PR_ST_DLV,      /* prg_prism_dlv: HP frames the normal path delivered to a pod (recorded) */
 	PR_ST_ELSEWHERE, /* HP, the normal path delivered the flow through another veth or MAC than the endpoint's */
 	PR_ST_DLV_NOPOD, /* prg_prism_dlv: a tagged frame at a device userspace did not describe: not recorded */
+	PR_ST_STRICT,   /* HP TCP, its conntrack entry tracks windows strictly (not yet marked liberal): normal path */
+	PR_ST_ASKLOST,  /* of those, an ask to the agent that did not fit in prg_prism_ask (no agent reading it) */
 	PR_ST_N,
 };
 

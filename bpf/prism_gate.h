@@ -19,6 +19,7 @@ struct prism_flow_key {
 struct prism_acc {
 	__u64 seen_ns;  /* last time the normal path delivered a frame of the flow to a pod (prg_prism_dlv) */
 	__u64 probe_ns; /* last time prg_prism_vx sent one of its frames through the normal path */
+	__u64 ask_ns;   /* last time prg_prism_vx asked the agent to make the flow's TCP entry liberal */
 	__u32 ifindex;  /* the bridge-side veth that delivery came through */
 	__u8 mac[6];    /* the destination MAC the normal path gave it */
 	__u16 pad;
@@ -32,6 +33,18 @@ struct {
 	__type(key, struct prism_flow_key);
 	__type(value, struct prism_acc);
 } prg_prism_acc SEC(".maps");
+
+/* TCP flows the gate would redirect but whose conntrack entry still tracks windows strictly: the
+ * agent (prism/ctliberal.go) reads each flow key and sets IP_CT_TCP_FLAG_BE_LIBERAL on both
+ * directions of that entry with ctnetlink. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} prg_prism_ask SEC(".maps");
+
+/* An unanswered ask is repeated at most this often per flow. */
+#define PR_ASK_EVERY_NS (20 * 1000 * 1000ULL)
+#define PR_CT_TCP_FLAG_BE_LIBERAL 0x08 /* IP_CT_TCP_FLAG_BE_LIBERAL */
 
 extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple, __u32 tuple__sz,
 					 struct bpf_ct_opts *opts, __u32 opts__sz) __ksym;
@@ -85,6 +98,14 @@ static __always_inline int refuse(struct __sk_buff *ctx, __u32 reason)
  * 3. that delivery went through the endpoint's own veth and carried the endpoint's MAC: the
  *    endpoint table (userspace's) never decides alone where a flow goes; the normal path's own
  *    routing, neighbour and FDB state does, and a table that disagrees sends the flow back to it.
+ * 4. for TCP, the conntrack entry is liberal both ways (IP_CT_TCP_FLAG_BE_LIBERAL). Conntrack
+ *    sees a redirected flow only on its re-verification frames and on what the pod sends back
+ *    through the normal path, whose ack numbers then lie beyond the window conntrack knows:
+ *    strict tracking calls those INVALID, and kube-proxy's KUBE-FORWARD (like most stateful
+ *    firewalls) drops them, one retransmission timeout per exchange. So a flow otherwise accepted
+ *    asks the agent (prg_prism_ask, at most every PR_ASK_EVERY_NS) to mark that one entry
+ *    liberal and stays on the normal path until it is; every other connection of the node keeps
+ *    strict tracking. Without the agent, HP TCP flows are never redirected.
  * Every refusal is counted by its reason; the frame then takes the normal path, never a drop. */
 static __always_inline int accepted(struct __sk_buff *ctx, const struct prg_hdrs *p, __u32 netns,
 				    const struct prism_cfg *cfg, const struct prism_ep *ep)
@@ -114,6 +135,7 @@ static __always_inline int accepted(struct __sk_buff *ctx, const struct prg_hdrs
 	if (!ct)
 		return refuse(ctx, PR_ST_NOCT);
 	unsigned long status = ct->status;
+	__u8 liberal = ct->proto.tcp.seen[0].flags & ct->proto.tcp.seen[1].flags & PR_CT_TCP_FLAG_BE_LIBERAL;
 	bpf_ct_release(ct);
 	if (!(status & IPS_CONFIRMED) || (proto == PR_IPPROTO_TCP && !(status & IPS_SEEN_REPLY)))
 		return refuse(ctx, PR_ST_CTNEW);
@@ -126,6 +148,14 @@ static __always_inline int accepted(struct __sk_buff *ctx, const struct prg_hdrs
 		return refuse(ctx, PR_ST_UNSEEN);
 	if (a->ifindex != ep->ifindex || !mac_eq(a->mac, ep->ctr_mac))
 		return refuse(ctx, PR_ST_ELSEWHERE);
+	if (proto == PR_IPPROTO_TCP && !liberal) {
+		if (now - a->ask_ns >= PR_ASK_EVERY_NS) {
+			a->ask_ns = now;
+			if (bpf_ringbuf_output(&prg_prism_ask, &k, sizeof(k), 0))
+				count(PR_ST_ASKLOST);
+		}
+		return refuse(ctx, PR_ST_STRICT);
+	}
 	if (now - a->probe_ns >= cfg->verify_ns) {
 		a->probe_ns = now;
 		return refuse(ctx, PR_ST_PROBE);
@@ -183,6 +213,7 @@ static __always_inline int record_delivery(struct __sk_buff *ctx)
 	struct prism_acc *a = bpf_map_lookup_elem(&prg_prism_acc, &k);
 	if (a) {
 		v.probe_ns = a->probe_ns;
+		v.ask_ns = a->ask_ns;
 	} else {
 		v.probe_ns = v.seen_ns; /* the flow's next frames need not re-verify at once */
 	}

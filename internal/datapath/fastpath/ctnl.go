@@ -2,20 +2,19 @@ package fastpath
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
-	"syscall"
+	"net/netip"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
-	"github.com/peregrine-net/peregrine/internal/netnsutil"
+	"github.com/peregrine-net/peregrine/internal/datapath/ctnl"
 )
 
 // A few ctnetlink messages, read and written by hand: the conntrack entries' tuples from
-// DESTROY events (ctwatch.go) and the per-entry TCP flag update that makes one connection's
-// window tracking liberal (ctliberal.go). vishvananda/netlink neither parses events nor
-// writes those flags.
+// DESTROY events (ctwatch.go, parsed here) and the per-entry TCP flag update that makes one
+// connection's window tracking liberal and the delete (ctliberal.go; written by the ctnl
+// package, which prism shares). vishvananda/netlink neither parses events nor writes those
+// flags.
 
 // ctTuple is one direction of a conntrack entry, addresses and ports as the fast path's keys
 // hold them (network order read as native integers).
@@ -106,139 +105,48 @@ func parseCTEvent(data []byte) (ctEntry, bool) {
 	return e, okO && okR
 }
 
-// nlAttr appends one attribute (payload padded) to b.
-func nlAttr(b []byte, typ uint16, val []byte) []byte {
-	l := unix.SizeofNlAttr + len(val)
-	b = binary.NativeEndian.AppendUint16(b, uint16(l))
-	b = binary.NativeEndian.AppendUint16(b, typ)
-	b = append(b, val...)
-	for l%unix.NLA_ALIGNTO != 0 {
-		b = append(b, 0)
-		l++
-	}
-	return b
-}
+// nlAttr appends one attribute (payload padded) to b (the shared ctnl package's encoder).
+func nlAttr(b []byte, typ uint16, val []byte) []byte { return ctnl.Attr(b, typ, val) }
 
 func be16(v uint16) []byte { return binary.NativeEndian.AppendUint16(nil, v) }
 func be32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
 
-// IP_CT_TCP_FLAG_BE_LIBERAL (linux/netfilter/nf_conntrack_tcp.h): this direction's window is
-// not checked, as nf_conntrack_tcp_be_liberal does for every entry of a namespace.
-const ctTCPFlagBeLiberal = 0x08
+const ctTCPFlagBeLiberal = ctnl.TCPFlagBeLiberal
 
-// appendCTLiberal appends to b a ctnetlink update (IPCTNL_MSG_CT_NEW without NLM_F_CREATE: an
-// existing entry only) that sets IP_CT_TCP_FLAG_BE_LIBERAL on both directions of the TCP
-// entry one of whose tuples is t (conntrack finds an entry by either direction's tuple).
+// nl is t in the shared ctnl package's form: the addresses' and ports' network-order bytes,
+// which the fast path's keys hold read as native integers.
+func (t ctTuple) nl() ctnl.Tuple {
+	s, d := be32(t.src), be32(t.dst)
+	return ctnl.Tuple{Src: netip.AddrFrom4([4]byte(s)), Dst: netip.AddrFrom4([4]byte(d)),
+		Sport: binary.BigEndian.Uint16(be16(t.sport)), Dport: binary.BigEndian.Uint16(be16(t.dport)), Proto: t.proto}
+}
+
+// appendCTLiberal appends to b the ctnetlink update that makes both directions of the TCP
+// entry one of whose tuples is t liberal (ctnl.AppendLiberal).
 func appendCTLiberal(b []byte, t ctTuple, seq uint32) []byte {
-	var tcp, info []byte
-	flags := []byte{ctTCPFlagBeLiberal, ctTCPFlagBeLiberal} // struct nf_ct_tcp_flags {flags, mask}
-	tcp = nlAttr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags)
-	tcp = nlAttr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
-	info = nlAttr(info, nl.CTA_PROTOINFO_TCP|unix.NLA_F_NESTED, tcp)
-	attrs := nlAttr(ctTupleAttr(t), nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
-	return appendCTMsg(b, ipctnlMsgCTNew, seq, attrs)
+	return ctnl.AppendLiberal(b, t.nl(), seq)
 }
 
 // appendCTDelete appends to b a ctnetlink delete of the entry one of whose tuples is t.
-func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte {
-	return appendCTMsg(b, ipctnlMsgCTDel, seq, ctTupleAttr(t))
-}
+func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte { return ctnl.AppendDelete(b, t.nl(), seq) }
 
-// ctTupleAttr is t as a CTA_TUPLE_ORIG attribute (conntrack finds an entry by either
-// direction's tuple there).
-func ctTupleAttr(t ctTuple) []byte {
-	var ip, proto, tuple []byte
-	ip = nlAttr(ip, nl.CTA_IP_V4_SRC, be32(t.src))
-	ip = nlAttr(ip, nl.CTA_IP_V4_DST, be32(t.dst))
-	proto = nlAttr(proto, nl.CTA_PROTO_NUM, []byte{t.proto})
-	proto = nlAttr(proto, nl.CTA_PROTO_SRC_PORT, be16(t.sport))
-	proto = nlAttr(proto, nl.CTA_PROTO_DST_PORT, be16(t.dport))
-	tuple = nlAttr(tuple, nl.CTA_TUPLE_IP|unix.NLA_F_NESTED, ip)
-	tuple = nlAttr(tuple, nl.CTA_TUPLE_PROTO|unix.NLA_F_NESTED, proto)
-	return nlAttr(nil, nl.CTA_TUPLE_ORIG|unix.NLA_F_NESTED, tuple)
-}
-
-// appendCTMsg appends one ctnetlink request of type typ with attributes attrs; errors come
-// back, no ACK is asked.
-func appendCTMsg(b []byte, typ uint16, seq uint32, attrs []byte) []byte {
-	l := unix.SizeofNlMsghdr + sizeofNfgenmsg + len(attrs)
-	b = binary.NativeEndian.AppendUint32(b, uint32(l))
-	b = binary.NativeEndian.AppendUint16(b, unix.NFNL_SUBSYS_CTNETLINK<<8|typ)
-	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_REQUEST)
-	b = binary.NativeEndian.AppendUint32(b, seq)
-	b = binary.NativeEndian.AppendUint32(b, 0)
-	b = append(b, unix.AF_INET, unix.NFNETLINK_V0, 0, 0) // nfgenmsg: family, version, res_id
-	return append(b, attrs...)
-}
-
-// ctSock is a plain ctnetlink socket in one namespace for requests whose answers are drained,
-// not read one by one.
-type ctSock struct{ fd int }
+// ctSock is a ctnetlink socket in one namespace (ctnl.Sock).
+type ctSock struct{ *ctnl.Sock }
 
 func openCTSock(ns string) (*ctSock, error) {
-	fd := -1
-	err := netnsutil.Do(ns, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-	})
+	s, err := ctnl.Open(ns)
 	if err != nil {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		return nil, fmt.Errorf("ctnetlink socket in %s: %w", netnsutil.Label(ns), err)
+		return nil, err
 	}
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	return &ctSock{fd: fd}, nil
+	return &ctSock{s}, nil
 }
 
-func (s *ctSock) Close() { unix.Close(s.fd) }
-
-// send writes a buffer of requests and drains what came back: the number of requests the
-// kernel refused with ENOENT (no such entry) and the first other error.
-func (s *ctSock) send(b []byte) (missing int, err error) {
-	if len(b) == 0 {
-		return 0, nil
-	}
-	if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, err
-	}
-	buf := make([]byte, 64<<10)
-	for {
-		n, _, rerr := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
-		if rerr != nil {
-			if errors.Is(rerr, unix.EAGAIN) {
-				return missing, err
-			}
-			return missing, errors.Join(err, rerr)
-		}
-		msgs, perr := syscall.ParseNetlinkMessage(buf[:n])
-		if perr != nil {
-			return missing, errors.Join(err, perr)
-		}
-		for _, m := range msgs {
-			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
-				continue
-			}
-			switch e := -int32(binary.NativeEndian.Uint32(m.Data)); unix.Errno(e) {
-			case 0:
-			case unix.ENOENT:
-				missing++
-			default:
-				if err == nil {
-					err = unix.Errno(e)
-				}
-			}
-		}
-	}
-}
+// send writes a buffer of requests and drains the answers (ctnl.Sock.Send).
+func (s *ctSock) send(b []byte) (missing int, err error) { return s.Send(b) }
 
 const (
 	nlaTypeMask    = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-	sizeofNfgenmsg = 4
-	ipctnlMsgCTNew = 0 // IPCTNL_MSG_CT_NEW
-	ipctnlMsgCTDel = 2 // IPCTNL_MSG_CT_DELETE
+	sizeofNfgenmsg = ctnl.SizeofNfgenmsg
+	ipctnlMsgCTNew = ctnl.MsgNew    // IPCTNL_MSG_CT_NEW
+	ipctnlMsgCTDel = ctnl.MsgDelete // IPCTNL_MSG_CT_DELETE
 )

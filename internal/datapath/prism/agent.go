@@ -44,6 +44,15 @@ func runAgent(ctx context.Context, st *datapath.State, lg datapath.Logger) error
 	w := datapath.Watch{Debounce: 20 * time.Millisecond, Every: resyncEvery, SyncFirst: true, Log: lg,
 		Sync: func(context.Context) error { return agentSync(target, objs, lg) }}
 	lg.Printf("started")
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // the gate's asks (ctliberal.go); ends before objs close
+		defer close(done)
+		if err := runLiberal(lctx, target, objs, lg); err != nil {
+			lg.Printf("liberal TCP tracking: %v (HP TCP flows stay on the normal path)", err)
+		}
+	}()
+	defer func() { stop(); <-done }()
 	return w.Run(ctx, append([]string{target}, nsOf(st.Topology.ByStage(datapath.StageVXLAN))...))
 }
 

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/ctnl"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -34,8 +37,51 @@ func (e *progEnv) ctInsert(f frame, reply bool) {
 	e.ctRun(args)
 }
 
-// ctInsertNew is ctInsert(f, true) for a flow known to have no entry (one process less).
-func (e *progEnv) ctInsertNew(f frame) { e.t.Helper(); e.ctRun(e.ctArgs(f, true)) }
+// ctInsertNew is ctInsert(f, true) for a flow known to have no entry (one process less),
+// marked liberal as the agent does for a TCP flow the gate asks about.
+func (e *progEnv) ctInsertNew(f frame) { e.t.Helper(); e.ctRun(e.ctArgs(f, true)); e.liberal(f) }
+
+// liberal does what the agent does when the gate asks about a TCP flow (ctliberal.go): it
+// marks f's conntrack entry liberal both ways. A no-op for UDP.
+func (e *progEnv) liberal(f frame) {
+	e.t.Helper()
+	if f.proto != 6 {
+		return
+	}
+	s, err := ctnl.Open(e.ns.Name())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	if missing, err := s.Send(ctnl.AppendLiberal(nil, e.tuple(f), 1)); err != nil || missing != 0 {
+		e.t.Fatalf("mark %v liberal: %d missing, %v", e.tuple(f), missing, err)
+	}
+}
+
+// strict clears the liberal flag of f's TCP entry both ways: an entry conntrack(8) inserts is
+// liberal already (the kernel cannot know its window), one a real handshake made is not.
+func (e *progEnv) strict(f frame) {
+	e.t.Helper()
+	s, err := ctnl.Open(e.ns.Name())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	var tcp, info []byte
+	clear := []byte{0, ctnl.TCPFlagBeLiberal} // struct nf_ct_tcp_flags {flags, mask}
+	tcp = ctnl.Attr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, clear)
+	tcp = ctnl.Attr(tcp, nl.CTA_PROTOINFO_TCP_FLAGS_REPLY, clear)
+	info = ctnl.Attr(info, nl.CTA_PROTOINFO_TCP|unix.NLA_F_NESTED, tcp)
+	attrs := ctnl.Attr(ctnl.TupleAttr(e.tuple(f)), nl.CTA_PROTOINFO|unix.NLA_F_NESTED, info)
+	if missing, err := s.Send(ctnl.AppendMsg(nil, ctnl.MsgNew, unix.AF_INET, 1, attrs)); err != nil || missing != 0 {
+		e.t.Fatalf("make %v strict: %d missing, %v", e.tuple(f), missing, err)
+	}
+}
+
+// tuple is f's conntrack tuple.
+func (e *progEnv) tuple(f frame) ctnl.Tuple {
+	return ctnl.Tuple{Src: netip.MustParseAddr(f.saddr), Dst: netip.MustParseAddr(f.daddr), Sport: f.sport, Dport: f.dport, Proto: f.proto}
+}
 
 func (e *progEnv) ctArgs(f frame, reply bool) []string {
 	e.t.Helper()
@@ -122,7 +168,35 @@ func (e *progEnv) deliveredTo(f frame, ago, probeAgo time.Duration, ifindex uint
 func (e *progEnv) allow(f frame) {
 	e.t.Helper()
 	e.ctInsert(f, true)
+	e.liberal(f)
 	e.forwarded(f, 0, 0)
+}
+
+// asks returns a reader of the asks the gate sent the agent since this call (prg_prism_ask).
+func (e *progEnv) asks() func() []ctnl.Tuple {
+	e.t.Helper()
+	rd, err := ringbuf.NewReader(e.o.PrgPrismAsk)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { rd.Close() })
+	drain := func() []ctnl.Tuple {
+		var out []ctnl.Tuple
+		for {
+			rd.SetDeadline(time.Now())
+			r, err := rd.Read()
+			if err != nil {
+				return out
+			}
+			dom, tu, ok := parseAsk(r.RawSample)
+			if !ok || dom != e.inode {
+				e.t.Fatalf("ask % x: domain %d (env %d), ok %v", r.RawSample, dom, e.inode, ok)
+			}
+			out = append(out, tu)
+		}
+	}
+	drain()
+	return drain
 }
 
 func TestGate(t *testing.T) {
@@ -161,7 +235,18 @@ func TestGate(t *testing.T) {
 	e.deliveredTo(tcp, 0, 0, loIfindex, srcCtrMAC)
 	step("tcp established, delivered with another MAC", tcp, tcxNext, func(s Stats) uint64 { return s.Elsewhere })
 	e.forwarded(tcp, 0, 0)
-	step("tcp established and forwarded", tcp, tcRedirect, func(s Stats) uint64 { return s.Redirected })
+	e.strict(tcp)
+	asks := e.asks()
+	step("tcp established and forwarded, entry tracked strictly", tcp, tcxNext, func(s Stats) uint64 { return s.Strict })
+	if got := asks(); len(got) != 1 || got[0] != e.tuple(tcp) {
+		t.Fatalf("asks to the agent %v, want [%v]", got, e.tuple(tcp))
+	}
+	step("asked within the last 20 ms: not again", tcp, tcxNext, func(s Stats) uint64 { return s.Strict })
+	if got := asks(); len(got) != 0 {
+		t.Fatalf("asked again at once: %v", got)
+	}
+	e.liberal(tcp)
+	step("tcp established and forwarded, entry liberal", tcp, tcRedirect, func(s Stats) uint64 { return s.Redirected })
 	e.forwarded(tcp, 50*time.Millisecond, 2*defaultVerify)
 	step("re-verification due", tcp, tcxNext, func(s Stats) uint64 { return s.Probe })
 	step("re-verification sent: redirected again", tcp, tcRedirect, nil)

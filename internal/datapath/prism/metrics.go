@@ -19,7 +19,7 @@ func (mode) Counters(st *datapath.State) (map[[2]string]uint64, map[string]int, 
 	for n, c := range map[string]uint64{"seen": s.Seen, "hp": s.HP, "lp": s.LP, "redirected": s.Redirected, "unparsed": s.Unparsed,
 		"no_endpoint": s.Miss, "gone": s.Gone, "stale": s.Stale, "l2": s.L2, "ttl": s.TTL, "error": s.Err, "learning": s.Learn,
 		"not_tcp_udp": s.NoTCPUDP, "no_conntrack": s.NoCT, "conntrack_new": s.CTNew, "not_delivered": s.Unseen,
-		"delivered_elsewhere": s.Elsewhere, "reverify": s.Probe} {
+		"delivered_elsewhere": s.Elsewhere, "reverify": s.Probe, "conntrack_strict": s.Strict, "liberal_ask_lost": s.AskLost} {
 		pk[[2]string{"hp", n}] = c
 	}
 	pk[[2]string{"gate", "delivered"}] = s.Delivered

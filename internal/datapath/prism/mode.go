@@ -20,7 +20,7 @@ import (
 const (
 	OptRules     = "rules"      // rules separated by ';' (see ParseRule)
 	OptRulesFile = "rules_file" // a file of rules, one per line, '#' comments
-	OptAgent     = "agent"      // false: no node agent (endpoints are frozen at attach)
+	OptAgent     = "agent"      // false: no node agent (endpoints are frozen at attach, HP TCP stays on the normal path)
 )
 
 // Name is the mode's name.
@@ -31,7 +31,7 @@ const Name = "prism"
 type Config struct {
 	RuleText     []string      `json:"rule_text,omitempty" opt:"rules" flag:"rule" help:"a high-priority rule, e.g. \"proto=tcp dport=11211\" (repeatable; see \"peregrine prism add --help\")"`
 	RulesFile    string        `json:"rules_file,omitempty" opt:"rules_file" help:"a file of rules, one per line, '#' comments"`
-	Agent        bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go (false: frozen at attach)"`
+	Agent        bool          `json:"agent" opt:"agent" default:"true" help:"run the node agent, which keeps the endpoint map current as containers come and go and marks the HP TCP flows' conntrack entries liberal (false: endpoints frozen at attach, HP TCP flows stay on the normal path)"`
 	HPCPUs       string        `json:"hp_cpus,omitempty" opt:"hp_cpus" help:"a CPU list reserved for high-priority flows from the VXLAN stage on (RPS hash steering; LP gets --cpus or every other CPU), e.g. 1 or 2-3"`
 	Conntrack    bool          `json:"conntrack" opt:"conntrack" default:"true" help:"keep conntrack on in the VXLAN devices' namespaces (an nftables table prg_prism, removed on detach): HP flows are redirected only once conntrack confirmed them, so where nothing else uses conntrack, false leaves every HP flow on the normal path"`
 	Reverify     time.Duration `json:"reverify" opt:"reverify" default:"100ms" range:"10ms..10s" help:"one frame per HP flow takes the normal path this often; a flow the normal path stopped delivering to the pod leaves the redirect 3 intervals (at most 1 s) after the last frame it delivered"`
@@ -228,6 +228,9 @@ func (m mode) Load(ctx context.Context, t *datapath.Topology, o datapath.Options
 	if serr := datapath.SaveModeState(st, ms); err != nil || serr != nil {
 		return errors.Join(err, serr)
 	}
+	if !c.Agent {
+		notes = append(notes, "agent=false: HP TCP flows stay on the normal path (the agent marks their conntrack entries liberal, which the gate waits for; status counts \"TCP entry not yet liberal\")")
+	}
 	if !c.Conntrack {
 		notes = append(notes, "conntrack=false: HP flows are redirected only where something else keeps conntrack on in the VXLAN device's namespace (status counts \"no conntrack entry\" otherwise)")
 	}
@@ -411,8 +414,8 @@ func (v *View) Format() string {
 	fmt.Fprintf(&b, "  prism: seen %d, HP %d (redirected %d), LP %d, unparsed %d, fragments %d\n", s.Seen, s.HP, s.Redirected, s.LP, s.Unparsed, s.Frag)
 	fmt.Fprintf(&b, "  prism: HP to the normal path: no endpoint %d, L2 %d, TTL %d, fast path learning %d; HP dropped: vanished %d, stale %d, errors %d\n",
 		s.Miss, s.L2, s.TTL, s.Learn, s.Gone, s.Stale, s.Err)
-	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, not delivered within the window %d), delivered through another veth or MAC than the endpoint's %d, re-verification %d; HP frames the normal path delivered to a pod %d\n",
-		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Elsewhere, s.Probe, s.Delivered)
+	fmt.Fprintf(&b, "  prism: firewall gate, HP to the normal path: not TCP/UDP %d, no conntrack entry %d, not yet accepted by the normal path (conntrack %d, not delivered within the window %d), delivered through another veth or MAC than the endpoint's %d, re-verification %d, TCP entry not yet liberal %d (asks lost %d); HP frames the normal path delivered to a pod %d\n",
+		s.NoTCPUDP, s.NoCT, s.CTNew, s.Unseen, s.Elsewhere, s.Probe, s.Strict, s.AskLost, s.Delivered)
 	for _, c := range v.Conflicts {
 		fmt.Fprintf(&b, "    conflict: %s\n", c)
 	}

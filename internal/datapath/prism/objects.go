@@ -166,13 +166,18 @@ type Stats struct {
 	// another veth or with another MAC than the endpoint table says (a pod claiming an address
 	// that is not its own). DlvNoPod: tagged frames at a pod device prism has no record of.
 	Elsewhere, DlvNoPod uint64
+	// Strict: HP TCP frames left to the normal path because their conntrack entry still tracks
+	// windows strictly (the gate asked the agent to mark it liberal: ctliberal.go); AskLost: asks
+	// that found prg_prism_ask full (no agent reading it).
+	Strict, AskLost uint64
 }
 
 func (o *objects) stats() (Stats, error) {
 	var s Stats
 	fields := []*uint64{&s.Seen, &s.Unparsed, &s.Frag, &s.LP, &s.HP, &s.Redirected, &s.Miss, &s.Gone, &s.Stale, &s.L2, &s.TTL, &s.Err, &s.NoDev,
 		&s.IsoVXLAN, &s.IsoHP, &s.IsoLP, &s.IsoOff, &s.IsoStay, &s.Learn,
-		&s.NoTCPUDP, &s.NoCT, &s.CTNew, &s.Unseen, &s.Probe, &s.Delivered, &s.Elsewhere, &s.DlvNoPod}
+		&s.NoTCPUDP, &s.NoCT, &s.CTNew, &s.Unseen, &s.Probe, &s.Delivered, &s.Elsewhere, &s.DlvNoPod,
+		&s.Strict, &s.AskLost}
 	for i, f := range fields {
 		var per []uint64
 		if err := o.PrgPrismStat.Lookup(uint32(i), &per); err != nil {

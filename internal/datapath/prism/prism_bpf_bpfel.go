@@ -32,6 +32,7 @@ type prsPrismAcc struct {
 	_       structs.HostLayout
 	SeenNs  uint64
 	ProbeNs uint64
+	AskNs   uint64
 	Ifindex uint32
 	Mac     [6]uint8
 	Pad     uint16
@@ -140,6 +141,7 @@ type prsPrismRule struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	prsMapPrgPrismAcc    = "prg_prism_acc"
+	prsMapPrgPrismAsk    = "prg_prism_ask"
 	prsMapPrgPrismCfg    = "prg_prism_cfg"
 	prsMapPrgPrismCpucls = "prg_prism_cpucls"
 	prsMapPrgPrismDev    = "prg_prism_dev"
@@ -211,6 +213,7 @@ type prsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type prsMapSpecs struct {
 	PrgPrismAcc    *ebpf.MapSpec `ebpf:"prg_prism_acc"`
+	PrgPrismAsk    *ebpf.MapSpec `ebpf:"prg_prism_ask"`
 	PrgPrismCfg    *ebpf.MapSpec `ebpf:"prg_prism_cfg"`
 	PrgPrismCpucls *ebpf.MapSpec `ebpf:"prg_prism_cpucls"`
 	PrgPrismDev    *ebpf.MapSpec `ebpf:"prg_prism_dev"`
@@ -252,6 +255,7 @@ func (o *prsObjects) Close() error {
 // It can be passed to loadPrsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type prsMaps struct {
 	PrgPrismAcc    *ebpf.Map `ebpf:"prg_prism_acc"`
+	PrgPrismAsk    *ebpf.Map `ebpf:"prg_prism_ask"`
 	PrgPrismCfg    *ebpf.Map `ebpf:"prg_prism_cfg"`
 	PrgPrismCpucls *ebpf.Map `ebpf:"prg_prism_cpucls"`
 	PrgPrismDev    *ebpf.Map `ebpf:"prg_prism_dev"`
@@ -269,6 +273,7 @@ type prsMaps struct {
 func (m *prsMaps) Close() error {
 	return _PrsClose(
 		m.PrgPrismAcc,
+		m.PrgPrismAsk,
 		m.PrgPrismCfg,
 		m.PrgPrismCpucls,
 		m.PrgPrismDev,
