@@ -175,3 +175,31 @@ func (s *Sock) Send(b []byte) (missing int, err error) {
 		}
 	}
 }
+
+// Exchange writes a buffer of requests and hands each message that came back (the kernel
+// answers a request within the sendto: entries for a GET, errors) to fn, until none is left.
+func (s *Sock) Exchange(b []byte, fn func(syscall.NetlinkMessage)) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	buf := make([]byte, 256<<10)
+	for {
+		n, _, err := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			fn(m)
+		}
+	}
+}

@@ -158,37 +158,18 @@ type ctFound struct {
 func (s *ctSock) entries(ts []ctTuple) (map[int]ctFound, error) {
 	found := map[int]ctFound{}
 	var b []byte
-	buf := make([]byte, 256<<10)
 	flush := func() error {
-		if len(b) == 0 {
-			return nil
-		}
-		if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-			return err
-		}
+		err := s.Exchange(b, func(m syscall.NetlinkMessage) {
+			i := int(m.Header.Seq) - 1
+			if m.Header.Type != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTNew || i < 0 || i >= len(ts) {
+				return // an error (ENOENT: gone already)
+			}
+			if f, ok := parseCTFound(m.Data); ok {
+				found[i] = f
+			}
+		})
 		b = b[:0]
-		for { // the kernel answered each request before sendto returned
-			n, _, err := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
-			if errors.Is(err, unix.EAGAIN) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-			if err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				i := int(m.Header.Seq) - 1
-				if m.Header.Type != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTNew || i < 0 || i >= len(ts) {
-					continue // an error (ENOENT: gone already)
-				}
-				if f, ok := parseCTFound(m.Data); ok {
-					found[i] = f
-				}
-			}
-		}
+		return err
 	}
 	for i, t := range ts {
 		b = appendCTMsg(b, ipctnlMsgCTGet, uint32(i+1), ctTupleAttr(t))

@@ -127,6 +127,14 @@ func appendCTLiberal(b []byte, t ctTuple, seq uint32) []byte {
 	return ctnl.AppendLiberal(b, t.nl(), seq)
 }
 
+// ctTupleAttr is t as a CTA_TUPLE_ORIG attribute (ctnl.TupleAttr).
+func ctTupleAttr(t ctTuple) []byte { return ctnl.TupleAttr(t.nl()) }
+
+// appendCTMsg appends one IPv4 ctnetlink request of type typ with attributes attrs (ctnl.AppendMsg).
+func appendCTMsg(b []byte, typ uint16, seq uint32, attrs []byte) []byte {
+	return ctnl.AppendMsg(b, typ, unix.AF_INET, seq, attrs)
+}
+
 // appendCTDelete appends to b a ctnetlink delete of the entry one of whose tuples is t.
 func appendCTDelete(b []byte, t ctTuple, seq uint32) []byte { return ctnl.AppendDelete(b, t.nl(), seq) }
 
