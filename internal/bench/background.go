@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/peregrine-net/peregrine/internal/bench/testbed"
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/workload"
 )
@@ -102,11 +103,17 @@ func (bg *background) wait(m map[string]float64) error {
 // gets the keys it declares), completed by the mode's own bench defaults (datapath.BenchDefaulter:
 // e.g. prism makes the measured workload's port high priority in both directions, so
 // `bench compare --modes vanilla,prism` measures the sync path without further setup).
-func (o *Options) modeExtra(mode string) map[string]string {
+// Through a Service (--via-service) the server listens on the Service's target port, which is
+// what a node's programs see after kube-proxy's translation, so that is the port singled out.
+func (o *Options) modeExtra(mode, style string) map[string]string {
 	m := datapath.FilterOptions(mode, o.ModeExtra)
+	port := o.Scenario.port()
+	if o.Scenario.ViaService && port != 0 {
+		port = testbed.ServiceTargetPort(style)
+	}
 	if md, err := datapath.Lookup(mode); err == nil {
 		if bd, ok := md.(datapath.BenchDefaulter); ok {
-			m = bd.BenchOptions(datapath.BenchContext{Port: o.Scenario.port()}, m)
+			m = bd.BenchOptions(datapath.BenchContext{Port: port}, m)
 		}
 	}
 	return m

@@ -39,7 +39,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 		}
 		var stack []string
 		for _, m := range c.Stack {
-			spec.Stack = append(spec.Stack, testbed.Attach{Mode: m.Mode, Extra: mergeExtra(o.modeExtra(m.Mode), m.Extra)})
+			spec.Stack = append(spec.Stack, testbed.Attach{Mode: m.Mode, Extra: mergeExtra(o.modeExtra(m.Mode, c.Style), m.Extra)})
 			stack = append(stack, m.Mode)
 		}
 		tb, err := testbed.Up(ctx, spec, o.Logf)

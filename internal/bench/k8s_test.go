@@ -41,3 +41,23 @@ func TestK8sConfigs(t *testing.T) {
 		t.Error("udp-inject accepted on k8s")
 	}
 }
+
+// Through a Service the server listens on the Service's target port, which is what prism's
+// bench rule must name (it named the scenario's own port, so a --via-service run measured no
+// high-priority frame at all).
+func TestModeExtraViaService(t *testing.T) {
+	for _, tc := range []struct {
+		style string
+		via   bool
+		want  string
+	}{
+		{StyleK8s, false, "dport=11111;sport=11111"},
+		{StyleK8s, true, "dport=47999;sport=47999"},
+		{"flannel", true, "dport=47999;sport=47999"}, {"flannel", false, "dport=11111;sport=11111"},
+	} {
+		o := Options{Scenario: Scenario{Name: "pingpong", ViaService: tc.via}}
+		if got := o.modeExtra("prism", tc.style)["rules"]; got != tc.want {
+			t.Errorf("%s via-service=%v: prism rules %q, want %q", tc.style, tc.via, got, tc.want)
+		}
+	}
+}

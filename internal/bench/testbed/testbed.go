@@ -317,6 +317,19 @@ func (tb *Testbed) pickPair(s Spec) error {
 			return fmt.Errorf("%s: Service %s's backend %s is on the sender's host", s.Config, svcs[0].Name, be.Name)
 		}
 		tb.Receiver, tb.Connect, tb.ServerPort = *be, svcs[0].Target(), svcs[0].Backends[0].Port
+		if tb.ServerPort != ServiceTargetPort(s.Style) {
+			return fmt.Errorf("%s: Service %s targets port %d, not %d", s.Config, svcs[0].Name, tb.ServerPort, ServiceTargetPort(s.Style))
+		}
 	}
 	return nil
+}
+
+// ServiceTargetPort is the port the measured server listens on when a run connects through a
+// Service (its target port) on a bed of style: what modes that single out the workload's port
+// (prism's high-priority rule) must name, known before the bed is up.
+func ServiceTargetPort(style string) int {
+	if IsK8s(style) {
+		return k8sServiceTarget
+	}
+	return lab.VerifyPort
 }
