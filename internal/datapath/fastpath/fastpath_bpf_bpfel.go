@@ -78,6 +78,17 @@ type fpFpKey struct {
 	Pad    [2]uint8
 }
 
+type fpFpKey6 struct {
+	_      structs.HostLayout
+	Local  [4]uint32
+	Remote [4]uint32
+	Lport  uint16
+	Rport  uint16
+	Proto  uint8
+	Ovl    uint8
+	Pad    [2]uint8
+}
+
 type fpFpSweep struct {
 	_ structs.HostLayout
 	T struct {
@@ -112,11 +123,13 @@ const (
 	fpMapPrgFastpathCfg     = "prg_fastpath_cfg"
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
+	fpMapPrgFastpathFlow6   = "prg_fastpath_flow6"
 	fpMapPrgFastpathHo      = "prg_fastpath_ho"
 	fpMapPrgFastpathPcnt    = "prg_fastpath_pcnt"
 	fpMapPrgFastpathPort    = "prg_fastpath_port"
 	fpMapPrgFastpathStat    = "prg_fastpath_stat"
 	fpMapPrgFastpathSweep   = "prg_fastpath_sweep"
+	fpMapPrgFastpathSweep6  = "prg_fastpath_sweep6"
 	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx    = "prg_fastpath_drx"
 	fpProgPrgFastpathDtx    = "prg_fastpath_dtx"
@@ -182,14 +195,16 @@ type fpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpMapSpecs struct {
-	PrgFastpathCfg   *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp    *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow  *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo    *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPcnt  *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort  *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat  *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathCfg    *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathEp     *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow   *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6  *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
+	PrgFastpathHo     *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt   *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort   *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat   *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep  *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6 *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -219,14 +234,16 @@ func (o *fpObjects) Close() error {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpMaps struct {
-	PrgFastpathCfg   *ebpf.Map `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathEp    *ebpf.Map `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow  *ebpf.Map `ebpf:"prg_fastpath_flow"`
-	PrgFastpathHo    *ebpf.Map `ebpf:"prg_fastpath_ho"`
-	PrgFastpathPcnt  *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort  *ebpf.Map `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat  *ebpf.Map `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep *ebpf.Map `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathCfg    *ebpf.Map `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathEp     *ebpf.Map `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow   *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6  *ebpf.Map `ebpf:"prg_fastpath_flow6"`
+	PrgFastpathHo     *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathPcnt   *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort   *ebpf.Map `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat   *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep  *ebpf.Map `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6 *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 }
 
 func (m *fpMaps) Close() error {
@@ -234,11 +251,13 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathCfg,
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
+		m.PrgFastpathFlow6,
 		m.PrgFastpathHo,
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 		m.PrgFastpathSweep,
+		m.PrgFastpathSweep6,
 	)
 }
 
