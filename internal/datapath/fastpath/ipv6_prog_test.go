@@ -3,9 +3,11 @@ package fastpath
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -345,4 +347,26 @@ func TestIPv6SynLearnsFinCloses(t *testing.T) {
 		t.Fatalf("FIN did not mark the entry closing: flags %#x", f.Flags)
 	}
 	e.expect(t, "fin's VXLAN frame", e.o.PrgFastpathLrnTx, encap6(fin), tcxNext, 0, "")
+	// The sweep (its own timer, armed by the first IPv6 flow) deletes the closed entry 2 s
+	// after its FIN and counts it down in pod A's counter (its IPv6 key).
+	pk := pcnt6Key(k)
+	var n uint32
+	if err := e.o.PrgFastpathPcnt.Lookup(pk, &n); err != nil || n != 1 {
+		t.Fatalf("pod A's IPv6 flow counter: %d (%v), want 1", n, err)
+	}
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		var f fpFpFlow
+		err := e.o.PrgFastpathFlow6.Lookup(k, &f)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("closed connection's entry still there 4 s after its FIN: %+v", f)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := e.o.PrgFastpathPcnt.Lookup(pk, &n); err != nil || n != 0 {
+		t.Fatalf("pod A's IPv6 flow counter after the expiry: %d (%v), want 0", n, err)
+	}
 }
