@@ -18,10 +18,28 @@ import (
 // per remote host a route to its /64 via that address (onlink), a permanent neighbour entry for
 // it with the remote VTEP MAC and the FDB entry to the remote VTEP.
 //
-// One difference, on purpose: real flannel carries IPv6 on a second device, flannel-v6.<VNI>,
-// whose VTEP is the node's IPv6 address (an IPv6 underlay). This lab carries the IPv6 pods over
-// flannel.1 and its IPv4 underlay (IPv6 inner, IPv4 outer: what a VXLAN device does with any
-// Ethernet frame), the layout the fast path serves; an IPv6 underlay is not built.
+// Real flannel carries IPv6 on a second device, flannel-v6.<VNI>, whose VTEP is the node's IPv6
+// address (an IPv6 underlay). By default this lab carries the IPv6 pods over flannel.1 and its
+// IPv4 underlay instead (IPv6 inner, IPv4 outer: what a VXLAN device does with any Ethernet
+// frame), the layout the fast path serves. With IPv6Underlay (--ipv6-underlay) it is built as
+// flannel builds it: eth0 gets an IPv6 address from DefaultUnderlayCIDR6, flannel-v6.1 (its own
+// MAC, MTU 70 below the underlay's: the outer IPv6 header is 20 bytes longer) holds the /128 and
+// the routes, neighbours and FDB entries (to the remote hosts' IPv6 addresses).
+
+// DefaultUnderlayCIDR6 is the hosts' IPv6 underlay network (--ipv6-underlay): a /64 beside the
+// pods' /48, host i taking ::i.
+const DefaultUnderlayCIDR6 = "fd70:7267:1::/64"
+
+// HostAddr6 is host i's IPv6 underlay address (--ipv6-underlay).
+func (s *Spec) HostAddr6(i int) netip.Prefix {
+	return netip.PrefixFrom(nth6(netip.MustParsePrefix(DefaultUnderlayCIDR6), i), 64)
+}
+
+// VTEPMAC6 is the MAC of host i's flannel-v6.1 (--ipv6-underlay).
+func (s *Spec) VTEPMAC6(i int) net.HardwareAddr { return macFromAddr(0x16, s.HostAddr(i).Addr()) }
+
+// FlannelV6 is the name of the IPv6 underlay's VXLAN device, as flannel names it.
+func (s *Spec) FlannelV6() string { return fmt.Sprintf("flannel-v6.%d", s.VNI) }
 
 // DefaultOverlayCIDR6 is the lab's IPv6 pod network: a ULA /48 (RFC 4193) whose global ID spells
 // "prg" (70 72 67), so it is recognisably peregrine's and clashes with no real network.
@@ -59,6 +77,9 @@ func (s *Spec) FlannelAddr6(i int) netip.Prefix {
 
 func (s *Spec) validateIPv6() error {
 	if !s.IPv6 {
+		if s.IPv6Underlay {
+			return fmt.Errorf("--ipv6-underlay carries dual-stack pods' IPv6: add --ipv6")
+		}
 		if s.OverlayCIDR6 != "" {
 			return fmt.Errorf("overlay_cidr6 %q is set without ipv6: add --ipv6 (ipv6: true)", s.OverlayCIDR6)
 		}
@@ -147,7 +168,21 @@ func (b *builder) flannelHost6(i int) error {
 	if _, err := netnsutil.Sysctl(s.ns(hostName(i)), "net.ipv6.conf.all.forwarding", "1"); err != nil {
 		return fmt.Errorf("enable IPv6 forwarding on %s: %w", s.ns(hostName(i)), err)
 	}
-	if err := host.addr6("flannel.1", s.FlannelAddr6(i)); err != nil {
+	vx := "flannel.1"
+	if s.IPv6Underlay {
+		vx = s.FlannelV6()
+		if err := host.addr6("eth0", s.HostAddr6(i)); err != nil {
+			return err
+		}
+		if err := host.vxlan(vxlanConf{name: vx, vni: s.VNI, port: s.VXLANPort, local: s.HostAddr6(i).Addr(),
+			dev: "eth0", mtu: s.MTU - 70, mac: s.VTEPMAC6(i)}); err != nil {
+			return err
+		}
+		if err := host.up(vx); err != nil {
+			return err
+		}
+	}
+	if err := host.addr6(vx, s.FlannelAddr6(i)); err != nil {
 		return err
 	}
 	if err := host.addr6("cni0", s.GatewayAddr6(i)); err != nil {
@@ -170,10 +205,17 @@ func (b *builder) flannelHost6(i int) error {
 			continue
 		}
 		gw := s.FlannelAddr6(k).Addr()
-		if err := host.neigh6("flannel.1", gw, s.VTEPMAC(k)); err != nil {
+		mac := s.VTEPMAC(k)
+		if s.IPv6Underlay {
+			mac = s.VTEPMAC6(k)
+			if err := host.fdb(vx, mac, s.HostAddr6(k).Addr()); err != nil {
+				return err
+			}
+		}
+		if err := host.neigh6(vx, gw, mac); err != nil {
 			return err
 		}
-		if err := host.route6("flannel.1", s.HostSubnet6(k), gw, true); err != nil {
+		if err := host.route6(vx, s.HostSubnet6(k), gw, true); err != nil {
 			return err
 		}
 	}

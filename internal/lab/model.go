@@ -111,6 +111,10 @@ type Spec struct {
 	// flannel.1's IPv4 underlay. See ipv6.go.
 	IPv6         bool   `yaml:"ipv6" json:"ipv6,omitempty"`
 	OverlayCIDR6 string `yaml:"overlay_cidr6" json:"overlay_cidr6,omitempty"`
+	// IPv6Underlay (with IPv6) carries the pods' IPv6 as real flannel's EnableIPv6 does: on a
+	// second VXLAN device, flannel-v6.<VNI>, over IPv6 addresses of the hosts' eth0 (an IPv6
+	// underlay). See ipv6.go.
+	IPv6Underlay bool `yaml:"ipv6_underlay" json:"ipv6_underlay,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.

@@ -141,3 +141,85 @@ func TestLabIPv6(t *testing.T) {
 	labtest.MapsGone(t, ids)
 	run(t, c1.Netns, "ping", "-6", "-c", "2", "-w", "5", c2.Addr6Only())
 }
+
+// TestLabIPv6Underlay: the dual-stack layout of real flannel (--ipv6-underlay: the pods' IPv6
+// on flannel-v6.1 over IPv6 addresses of eth0). The fast path does not build an outer IPv6
+// header: attach serves flannel.1's IPv4 and leaves the IPv6 overlay to the normal path. An
+// IPv6 stream between the pods is byte-exact with nothing of it on the fast path or dropped,
+// an IPv4 stream beside it still takes the fast path, and detach leaves nothing attached.
+func TestLabIPv6Underlay(t *testing.T) {
+	l := labForTest(t, lab.Spec{Name: "fp6u", Style: lab.StyleFlannel, Containers: 1, IPv6: true, IPv6Underlay: true})
+	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	c1, c2 := l.Containers[0], l.Containers[1]
+	attachAll(t, hosts)
+	v, err := Inspect(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("attached: %s", v.Format())
+	stream := func(network, addr string, seed uint64) (Direction, Direction, int64) {
+		target := net.JoinHostPort(addr, strconv.Itoa(lab.VerifyPort))
+		ln, err := netnsutil.Listen(c2.Netns, network, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go lab.ServeTCPEchoFor(ln, c2.Name, 0)
+		c, err := netnsutil.DialContext(context.Background(), c1.Netns, &net.Dialer{Timeout: 3 * time.Second}, network, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		r := bufio.NewReader(c)
+		if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != c2.Name {
+			t.Fatalf("%s greeting %q, %v", network, line, err)
+		}
+		eg0, in0 := counters(t, hosts[0])
+		n, err := streamEcho(c, r, 2*time.Second, seed)
+		if err != nil {
+			t.Fatalf("%s stream: %v (%d bytes echoed)", network, err, n)
+		}
+		eg, in := counters(t, hosts[0])
+		for k := range eg {
+			eg[k] -= eg0[k]
+		}
+		for k := range in {
+			in[k] -= in0[k]
+		}
+		return eg, in, n
+	}
+	eg, in, n := stream("tcp6", c2.Addr6Only(), 62)
+	t.Logf("IPv6 over the IPv6 underlay: %d bytes echoed byte-exact; egress %v, ingress %v", n, eg, in)
+	if eg["hit"]+in["hit"] != 0 || eg["dropped"]+in["dropped"] != 0 {
+		t.Fatalf("the IPv6 underlay's stream touched the fast path: egress %v ingress %v", eg, in)
+	}
+	eg, in, n = stream("tcp4", c2.AddrOnly(), 63)
+	if eg["hit"] == 0 || in["hit"] == 0 || eg["dropped"]+in["dropped"] != 0 {
+		t.Fatalf("IPv4 beside it: %d bytes, egress %v ingress %v: want hits both ways, none dropped", n, eg, in)
+	}
+	for _, h := range hosts {
+		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+			t.Fatalf("detach %s: %v", h, err)
+		}
+		if o, _ := netnsutil.Run(context.Background(), h, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
+			t.Fatalf("%s: programs still attached after detach:\n%s", h, o)
+		}
+	}
+}
+
+func counters(t *testing.T, h string) (Direction, Direction) {
+	t.Helper()
+	v, err := Inspect(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eg, in := Direction{}, Direction{}
+	for k, x := range v.Egress {
+		eg[k] = x
+	}
+	for k, x := range v.Ingress {
+		in[k] = x
+	}
+	return eg, in
+}
