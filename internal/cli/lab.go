@@ -299,7 +299,11 @@ func printLab(l *lab.Lab) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, tenant, n.Netns, n.Addr, strings.Join(devs, " "))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, n.Addr, strings.Join(devs, " "))
+		addr := n.Addr
+		if n.Addr6 != "" { // dual-stack (--ipv6)
+			addr += "," + n.Addr6
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, addr, strings.Join(devs, " "))
 	}
 	tw.Flush()
 	printServices(l)
