@@ -44,6 +44,7 @@
  * Every miss returns TCX_NEXT, so later tcx programs and the CNI's own path run unchanged.
  */
 #include "fastpath.h"
+#include "fastpath6.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -58,6 +59,8 @@ int prg_fastpath_tx(struct __sk_buff *ctx)
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
+	if (fp_is_ip6(ctx, 0)) /* a dual-stack pod's IPv6: fastpath6.h */
+		return tx6(ctx);
 	struct fp_flow *f = begin_out(ctx, cfg, &p, &k);
 	if (!f)
 		return TCX_NEXT;
@@ -224,6 +227,8 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, o.reason);
 		return TCX_NEXT;
 	}
+	if (fp_is_ip6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr))) /* IPv6 inside: fastpath6.h */
+		return rx6(ctx, o.saddr);
 	struct fp_flow *f = begin_in(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p, &k, o.saddr, cfg);
 	if (!f)
 		return TCX_NEXT;
@@ -303,6 +308,8 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	outer(ctx, cfg, &o);
 	if (!o.vxlan || o.saddr != cfg->vtep)
 		return TCX_NEXT;
+	if (fp_is_ip6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr)))
+		return lrn_tx6(ctx, o.daddr);
 	if (parse(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key_out(&k, &p);
@@ -350,6 +357,8 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	if (ctx->tc_index == PRG_TC_INDEX_LEARN || handed) /* handovers': give it back */
 		ctx->tc_index = 0;
 	struct fp_cfg *cfg = fp_config();
+	if (cfg && !(cfg->flags & FP_C_DOCKER) && fp_is_ip6(ctx, 0))
+		return lrn_rx6(ctx);
 	if (!cfg || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	if (!(cfg->flags & FP_C_DOCKER))

@@ -121,7 +121,7 @@ func Run(ctx context.Context, o Options) (*results.Run, string, error) {
 		Scenario: results.Scenario{Name: sc.Name, Workload: sc.def().workload, Repetitions: sc.Reps, Warmup: sc.Warmup,
 			Interleaved: true, Primary: sc.def().primary, Baseline: o.Configs[0].Name(),
 			Params: map[string]any{"duration_s": sc.Duration.Seconds(), "sizes": sc.Sizes, "flows": sc.Flows, "proto": sc.Proto, "rate": sc.Rate, "background": sc.Background, "hp_rt": sc.HPRealTime, "injector": sc.Injector, "rates": sc.Rates,
-				"same_node": sc.SameNode, "via_service": sc.ViaService, "proxy_mode": sc.ProxyMode}},
+				"same_node": sc.SameNode, "via_service": sc.ViaService, "proxy_mode": sc.ProxyMode, "ipv6": sc.IPv6}},
 		Arrangement: results.Arrangement{SenderCPUs: o.SenderCPUs, IRQCPUs: o.RxCPUs, AppCPUs: o.AppCPUs, StageCPUs: o.ModeCPUs,
 			Note: "underlay receive pinned with RPS to the IRQ CPUs (a NIC's RSS/IRQ affinity); sender and receiving app pinned with taskset"},
 	}

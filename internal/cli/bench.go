@@ -35,7 +35,7 @@ type benchFlags struct {
 	hpRT                          bool
 	injector, rates               string
 	tor, napiThread               bool
-	sameNode, viaService          bool
+	sameNode, viaService, ipv6    bool
 	proxyMode                     string
 }
 
@@ -85,7 +85,7 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		}
 	}
 	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT,
-		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode}
+		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode, IPv6: b.ipv6}
 	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
 	if b.rates != "" {
 		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {
@@ -205,7 +205,10 @@ func newBenchCompareCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if (b.sameNode || b.viaService) && style != bench.StyleK8s {
+			if b.ipv6 && style != "flannel" {
+				return fmt.Errorf("--ipv6 needs --style flannel (the dual-stack lab), not %s", style)
+			}
+			if (b.sameNode || b.viaService || b.ipv6) && style != bench.StyleK8s {
 				// No native baseline: it has no pods on one node and no Services; the first
 				// mode (vanilla) is the baseline.
 				cfgs = cfgs[1:]
@@ -222,6 +225,7 @@ func newBenchCompareCmd() *cobra.Command {
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
+	c.Flags().BoolVar(&b.ipv6, "ipv6", false, "flannel style: measure between the pods' IPv6 addresses on a dual-stack lab (lab up --ipv6: IPv6 inside flannel.1, the IPv4 underlay outside; tcp and udp; no native baseline: the first mode is the baseline)")
 	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service on the flannel style: kube-proxy's mode, iptables (default) or nftables (the k8s style's is the cluster's: lab up --style k8s --proxy-mode)")
 	return c
 }

@@ -141,6 +141,8 @@ func newLabUpCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the lab as JSON on stdout")
 	f.BoolVar(&spec.ToR, "tor", false, "put a top-of-rack switch namespace (prg-<name>-torN, plain IP router) between each host and the underlay")
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
+	f.BoolVar(&spec.IPv6, "ipv6", false, "flannel style: dual-stack pods, an IPv6 address each from "+lab.DefaultOverlayCIDR6+" (a /64 per host), routed as flannel's EnableIPv6 does but over flannel.1's IPv4 underlay; lab up checks every pair over IPv6 too")
+	f.BoolVar(&spec.IPv6Underlay, "ipv6-underlay", false, "with --ipv6: carry the pods' IPv6 as real flannel does, on flannel-v6.1 over IPv6 addresses of the hosts' eth0 (from "+lab.DefaultUnderlayCIDR6+"); the fast path leaves that overlay to the normal path")
 	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend and NodePort "+strconv.Itoa(lab.ServiceNodePort)+", default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
 	f.StringVar(&spec.ProxyMode, "proxy-mode", "", "with --services: kube-proxy's mode whose rules to write, iptables (default) or nftables")
 	k8sUp = addK8sUpFlags(f, &spec.ProxyMode)
@@ -297,7 +299,11 @@ func printLab(l *lab.Lab) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, tenant, n.Netns, n.Addr, strings.Join(devs, " "))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, n.Addr, strings.Join(devs, " "))
+		addr := n.Addr
+		if n.Addr6 != "" { // dual-stack (--ipv6)
+			addr += "," + n.Addr6
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Netns, addr, strings.Join(devs, " "))
 	}
 	tw.Flush()
 	printServices(l)

@@ -42,6 +42,11 @@ func (b *builder) newNs(short string) (*nsLinks, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.s.IPv6 {
+		if err := b.noDAD(short); err != nil {
+			return nil, err
+		}
+	}
 	return h, h.up("lo")
 }
 

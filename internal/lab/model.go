@@ -106,6 +106,15 @@ type Spec struct {
 	// ProxyMode (iptables, the default, or nftables). Flannel style only. See services.go.
 	Services  bool   `yaml:"services" json:"services,omitempty"`
 	ProxyMode string `yaml:"proxy_mode" json:"proxy_mode,omitempty"`
+	// IPv6 makes the pods dual-stack (flannel style): an IPv6 address each beside the IPv4 one,
+	// from OverlayCIDR6 (default DefaultOverlayCIDR6), routed as flannel's EnableIPv6 does over
+	// flannel.1's IPv4 underlay. See ipv6.go.
+	IPv6         bool   `yaml:"ipv6" json:"ipv6,omitempty"`
+	OverlayCIDR6 string `yaml:"overlay_cidr6" json:"overlay_cidr6,omitempty"`
+	// IPv6Underlay (with IPv6) carries the pods' IPv6 as real flannel's EnableIPv6 does: on a
+	// second VXLAN device, flannel-v6.<VNI>, over IPv6 addresses of the hosts' eth0 (an IPv6
+	// underlay). See ipv6.go.
+	IPv6Underlay bool `yaml:"ipv6_underlay" json:"ipv6_underlay,omitempty"`
 }
 
 // Lab is what exists: the spec it was built from and every node with its devices.
@@ -133,6 +142,8 @@ type Node struct {
 	// Addr is the address applications on this node use: the overlay address of a container,
 	// the underlay address of a host (linux style: the host's overlay address on vxlan0).
 	Addr string `json:"addr,omitempty"`
+	// Addr6 is a dual-stack container's IPv6 address (--ipv6).
+	Addr6 string `json:"addr6,omitempty"`
 	// Tenant is the tenant of a container or overlay namespace in a lab with 2 or more tenants
 	// (from 1); 0 in a single-tenant lab. TenantOf reads it.
 	Tenant int `json:"tenant,omitempty"`
@@ -194,6 +205,14 @@ func (n *Node) Device(name string) *Device {
 		}
 	}
 	return nil
+}
+
+// Addr6Only returns Addr6 without a prefix length ("" when the node has none).
+func (n *Node) Addr6Only() string {
+	if p, err := netip.ParsePrefix(n.Addr6); err == nil {
+		return p.Addr().String()
+	}
+	return n.Addr6
 }
 
 // AddrOnly returns Addr without a prefix length.

@@ -70,6 +70,9 @@ func (s *Spec) Defaults() {
 	if s.Services && s.ProxyMode == "" {
 		s.ProxyMode = ProxyIPTables // kube-proxy's default mode
 	}
+	if s.IPv6 && s.OverlayCIDR6 == "" {
+		s.OverlayCIDR6 = DefaultOverlayCIDR6
+	}
 	if s.VXLANPort == 0 {
 		s.VXLANPort = 4789
 		if s.Style == StyleFlannel {
@@ -144,6 +147,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.VXLANPort < 1 || s.VXLANPort > 65535 {
 		return fmt.Errorf("VXLAN port %d out of range", s.VXLANPort)
+	}
+	if err := s.validateIPv6(); err != nil {
+		return err
 	}
 	if err := s.validateServices(); err != nil {
 		return err

@@ -60,6 +60,9 @@ func Status(name string) (*Lab, error) {
 				if err := add(&l.Containers, containerName(i, j), "container", hostName(i), s.ContainerAddr(i, j).String()); err != nil {
 					return nil, err
 				}
+				if s.IPv6 {
+					l.Containers[len(l.Containers)-1].Addr6 = s.ContainerAddr6(i, j).String()
+				}
 			}
 		}
 	}

@@ -147,6 +147,9 @@ func (b *builder) flannelHost(i int) error {
 			return err
 		}
 	}
+	if s.IPv6 {
+		return b.flannelHost6(i)
+	}
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -66,6 +67,13 @@ func Verify(ctx context.Context, l *Lab) error {
 		if il != nil {
 			go ServeTCPEcho(il, ep.Name)
 		}
+		if ep.Addr6 != "" {
+			cs, err := listen6(ep)
+			closers = append(closers, cs...)
+			if err != nil {
+				return err
+			}
+		}
 	}
 	var mu sync.Mutex
 	var failures []string
@@ -94,12 +102,23 @@ func Verify(ctx context.Context, l *Lab) error {
 				continue
 			}
 			paths += 2
+			if src.Addr6 != "" && dst.Addr6 != "" {
+				paths += 2
+			}
 			wg.Add(1)
 			go func(src, dst Node) {
 				defer wg.Done()
 				for _, proto := range []string{"tcp4", "udp4"} {
 					if err := probeEcho(ctx, src.Netns, proto, dst.AddrOnly(), dst.Name); err != nil {
 						fail(fmt.Sprintf("%s -> %s (%s) %s: %v", src.Name, dst.Name, dst.AddrOnly(), proto[:3], err))
+					}
+				}
+				if src.Addr6 == "" || dst.Addr6 == "" {
+					return
+				}
+				for _, proto := range []string{"tcp6", "udp6"} { // dual-stack: the IPv6 half too
+					if err := probeEcho(ctx, src.Netns, proto, dst.Addr6Only(), dst.Name); err != nil {
+						fail(fmt.Sprintf("%s -> %s (%s) %s: %v", src.Name, dst.Name, dst.Addr6Only(), proto, err))
 					}
 				}
 			}(src, dst)
@@ -182,7 +201,7 @@ func probeEcho(ctx context.Context, src, proto, dst, want string) error {
 	var conn net.Conn
 	err := netnsutil.Do(src, func() error {
 		d := net.Dialer{Timeout: 3 * time.Second}
-		c, err := d.DialContext(ctx, proto, fmt.Sprintf("%s:%d", dst, VerifyPort))
+		c, err := d.DialContext(ctx, proto, net.JoinHostPort(dst, strconv.Itoa(VerifyPort)))
 		conn = c
 		return err
 	})
@@ -241,4 +260,32 @@ func probeEcho(ctx context.Context, src, proto, dst, want string) error {
 		return nil
 	}
 	return fmt.Errorf("no echo: %w", lastErr)
+}
+
+// listen6 starts the TCP and UDP echo of a dual-stack endpoint's IPv6 address.
+func listen6(ep Node) ([]io.Closer, error) {
+	var tl net.Listener
+	var ul net.PacketConn
+	err := netnsutil.Do(ep.Netns, func() error {
+		var err error
+		hp := net.JoinHostPort(ep.Addr6Only(), strconv.Itoa(VerifyPort))
+		if tl, err = net.Listen("tcp6", hp); err != nil {
+			return err
+		}
+		ul, err = net.ListenPacket("udp6", hp)
+		return err
+	})
+	var cs []io.Closer
+	if tl != nil {
+		cs = append(cs, tl)
+		go ServeTCPEcho(tl, ep.Name)
+	}
+	if ul != nil {
+		cs = append(cs, ul)
+		go serveUDPEcho(ul, ep.Name)
+	}
+	if err != nil {
+		return cs, fmt.Errorf("verify: listen on %s in %s: %w", ep.Addr6Only(), ep.Netns, err)
+	}
+	return cs, nil
 }

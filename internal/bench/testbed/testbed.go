@@ -38,6 +38,9 @@ type Spec struct {
 	Background bool
 	// SameNode measures between two pods of the sender's host (no overlay crossed).
 	SameNode bool
+	// IPv6 builds a dual-stack lab (flannel style) and measures between the pods' IPv6
+	// addresses: the receiver's Addr is its IPv6 one.
+	IPv6 bool
 	// ProxyMode, set, builds the lab with kube-proxy style Services in that mode and has the
 	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver.
 	ProxyMode string
@@ -90,7 +93,10 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 		return s.K8s.Bed(ctx, s), nil
 	}
 	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,
-		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode}
+		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode, IPv6: s.IPv6}
+	if s.IPv6 && s.Style != lab.StyleFlannel {
+		return nil, fmt.Errorf("%s: --ipv6 needs the flannel style (dual-stack pods), not %s", s.Config, s.Style)
+	}
 	log("building lab %s for %s", spec.Name, s.Config)
 	l, err := lab.Up(ctx, spec, nil)
 	if err != nil {
@@ -111,6 +117,10 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 	if err := tb.pickPair(s); err != nil {
 		tb.Teardown()
 		return nil, err
+	}
+	if s.IPv6 { // the tools take the receiver's Addr: make it the IPv6 one
+		tb.Receiver.Addr = tb.Receiver.Addr6
+		tb.Sender.Addr = tb.Sender.Addr6
 	}
 	tb.SenderHost = tb.Sender.Netns
 	recvHost := tb.Receiver.Name

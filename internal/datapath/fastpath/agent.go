@@ -156,6 +156,7 @@ func (a *agent) forgetAll(why string) {
 		}
 	})
 	a.liberalBeforeForget(tcp)
+	a.liberalBeforeForget6(true, nil) // the IPv6 table's (ctliberal6.go)
 	var n []string
 	for _, ov := range *a.ovs.Load() {
 		if err := a.putCfg(ov, true); err != nil {

@@ -78,6 +78,17 @@ type fpFpKey struct {
 	Pad    [2]uint8
 }
 
+type fpFpKey6 struct {
+	_      structs.HostLayout
+	Local  [4]uint32
+	Remote [4]uint32
+	Lport  uint16
+	Rport  uint16
+	Proto  uint8
+	Ovl    uint8
+	Pad    [2]uint8
+}
+
 type fpFpSweep struct {
 	_ structs.HostLayout
 	T struct {
@@ -113,11 +124,13 @@ const (
 	fpMapPrgFastpathClosed  = "prg_fastpath_closed"
 	fpMapPrgFastpathEp      = "prg_fastpath_ep"
 	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
+	fpMapPrgFastpathFlow6   = "prg_fastpath_flow6"
 	fpMapPrgFastpathHo      = "prg_fastpath_ho"
 	fpMapPrgFastpathPcnt    = "prg_fastpath_pcnt"
 	fpMapPrgFastpathPort    = "prg_fastpath_port"
 	fpMapPrgFastpathStat    = "prg_fastpath_stat"
 	fpMapPrgFastpathSweep   = "prg_fastpath_sweep"
+	fpMapPrgFastpathSweep6  = "prg_fastpath_sweep6"
 	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx    = "prg_fastpath_drx"
 	fpProgPrgFastpathDtx    = "prg_fastpath_dtx"
@@ -187,11 +200,13 @@ type fpMapSpecs struct {
 	PrgFastpathClosed *ebpf.MapSpec `ebpf:"prg_fastpath_closed"`
 	PrgFastpathEp     *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow   *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6  *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo     *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
 	PrgFastpathPcnt   *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort   *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat   *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 	PrgFastpathSweep  *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6 *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -225,11 +240,13 @@ type fpMaps struct {
 	PrgFastpathClosed *ebpf.Map `ebpf:"prg_fastpath_closed"`
 	PrgFastpathEp     *ebpf.Map `ebpf:"prg_fastpath_ep"`
 	PrgFastpathFlow   *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6  *ebpf.Map `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo     *ebpf.Map `ebpf:"prg_fastpath_ho"`
 	PrgFastpathPcnt   *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort   *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat   *ebpf.Map `ebpf:"prg_fastpath_stat"`
 	PrgFastpathSweep  *ebpf.Map `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6 *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 }
 
 func (m *fpMaps) Close() error {
@@ -238,11 +255,13 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathClosed,
 		m.PrgFastpathEp,
 		m.PrgFastpathFlow,
+		m.PrgFastpathFlow6,
 		m.PrgFastpathHo,
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 		m.PrgFastpathSweep,
+		m.PrgFastpathSweep6,
 	)
 }
 

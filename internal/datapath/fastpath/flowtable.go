@@ -121,7 +121,7 @@ func (p *pinned) flowCounts() (perOvl map[int]int, top map[int]int, err error) {
 	var n uint32
 	it := p.PrgFastpathPcnt.Iterate()
 	for it.Next(&k, &n) {
-		o := int(k >> 32)
+		o := int(k>>32) & 0xffff // IPv6 addresses' keys carry FP_PCNT6 (bit 48) above the overlay
 		perOvl[o] += int(n)
 		top[o] = max(top[o], int(n))
 	}

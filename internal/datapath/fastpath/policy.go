@@ -40,7 +40,9 @@ func (a *agent) followPolicy(ctx context.Context, nss []string) {
 	a.watchConntrack(ctx, nss)
 	go a.liberalTCP(ctx, nss)
 	go a.deleteClosed(ctx, nss) // conntrack entries of connections closed on the fast path (ctclosed.go)
+	go a.liberalTCP6(ctx, nss)  // ctliberal6.go
 	go watchIPSets(ctx, nss, a.lg, func(why string) {
-		a.lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true }))
+		a.lg.Printf("%s: forgot %d flows", why, a.forget(func(fpFpKey, *fpFpFlow) bool { return true })+
+			a.forget6(func(fpFpKey6, *fpFpFlow) bool { return true }))
 	})
 }

@@ -1,0 +1,555 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * fastpath6.h: IPv6 pods on the fast path (flannel layout, included by fastpath.bpf.c after
+ * fastpath.h). A dual-stack pod's IPv6 flows to a pod on another node cross the same VXLAN
+ * device as its IPv4 ones: IPv6 inside, the node's IPv4 underlay outside (the lab's --ipv6).
+ * They are learned and replayed as the IPv4 flows are (see fastpath.bpf.c), in a table of their
+ * own keyed by the 128-bit addresses, so the IPv4 hit path and its key stay as they were: each
+ * program of the flannel layout looks at the (inner) EtherType once and hands an IPv6 frame to
+ * the function here.
+ *
+ * What differs from IPv4:
+ *  - the hop limit is the TTL (no header checksum to fix);
+ *  - ingress decapsulation changes the frame's network protocol (IPv4 outside, IPv6 inside):
+ *    bpf_skb_adjust_room's DECAP_L3_IPV6 sets skb->protocol, or the pod's stack would read the
+ *    IPv6 header as IPv4; egress encapsulation sets it to IPv4 the same way (ENCAP_L3_IPV4);
+ *  - any extension header (hop-by-hop, routing, a fragment) keeps the packet on the normal path
+ *    (counted "opts" or "frag"), as IPv4 options do;
+ *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
+ * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), Services (DNAT,
+ * fastpath_nat.h), the docker layout, BIG TCP, a TCP FIN/RST (always the normal path), and an
+ * IPv6 underlay (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum). Such
+ * packets take the normal path, counted, and never learn.
+ *
+ * Entries go by their own sweep (prg_fastpath_sweep6, the lifetimes of fastpath.h) and count
+ * against the local address's budget in prg_fastpath_pcnt under a key of their own (pcnt6_key).
+ */
+#ifndef PRG_FASTPATH6_H
+#define PRG_FASTPATH6_H
+
+#define FP_ETH_P_IPV6_BE 0xdd86 /* htons(ETH_P_IPV6) as a constant */
+#define FP_IP6_HLEN 40
+#define FP_MAX_FLOWS6 16384
+/* prg_fastpath_pcnt keys of IPv6 addresses: this bit above the overlay, a fold of the address
+ * below (two IPv6 addresses whose fold collides share a budget; IPv4 keys never have it). */
+#define FP_PCNT6 (1ULL << 48)
+
+struct fp_key6 {
+	__u32 local[4]; /* the local pod's IPv6 (network order words) */
+	__u32 remote[4];
+	__u16 lport; /* network order */
+	__u16 rport;
+	__u8 proto;
+	__u8 ovl;
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_FLOWS6);
+	__type(key, struct fp_key6);
+	__type(value, struct fp_flow);
+} prg_fastpath_flow6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_sweep);
+} prg_fastpath_sweep6 SEC(".maps");
+
+/* The inner IPv6 packet, as far as the caches look at it. */
+struct fp_pkt6 {
+	struct ethhdr eth;
+	__u32 saddr[4], daddr[4];
+	__u16 sport, dport;
+	__u8 proto, hlim, tclass;
+	__u8 hdrs; /* IPv6 + L4 header bytes (the MTU check of GSO segments) */
+	__u8 ctl;  /* TCP: FP_TCP_* */
+};
+
+static __always_inline __u64 pcnt6_key(const struct fp_key6 *k)
+{
+	return FP_PCNT6 | ((__u64)k->ovl << 32) | (k->local[0] ^ k->local[1] ^ k->local[2] ^ k->local[3]);
+}
+
+/* fp_is_ip6 says whether the Ethernet frame at off carries IPv6 (off a constant). */
+static __always_inline int fp_is_ip6(struct __sk_buff *ctx, __u32 off)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data + off;
+	if ((void *)(eth + 1) > end) {
+		__u16 proto;
+		return !bpf_skb_load_bytes(ctx, off + 12, &proto, 2) && proto == FP_ETH_P_IPV6_BE;
+	}
+	return eth->h_proto == FP_ETH_P_IPV6_BE;
+}
+
+static __always_inline int parse6_at(const struct prg_pkt *pk, __u32 off, struct fp_pkt6 *p)
+{
+	struct prg_hdrs h = {};
+	int r = prg_parse_frame(pk, off, 0, &h);
+	if (r == PRG_SHORT)
+		return PRG_SHORT;
+	if (r != PRG_OK || h.family != 6)
+		return FP_R_NOTIP; /* a longer extension chain than the parser walks, ... */
+	struct ethhdr *eth = prg_hdr(pk, off, struct ethhdr);
+	struct ipv6hdr *ip6 = prg_hdr(pk, h.l3_off, struct ipv6hdr);
+	if (!eth || !ip6)
+		return PRG_SHORT;
+	__builtin_memcpy(&p->eth, eth, sizeof(p->eth));
+	if (p->eth.h_dest[0] & 1)
+		return FP_R_L2;
+	if (h.frag)
+		return FP_R_FRAG;
+	if (h.l4_off - h.l3_off != FP_IP6_HLEN)
+		return FP_R_OPTS; /* extension headers */
+	__builtin_memcpy(p->saddr, h.flow.saddr, 16);
+	__builtin_memcpy(p->daddr, h.flow.daddr, 16);
+	p->proto = h.flow.proto;
+	p->hlim = h.ttl;
+	p->tclass = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+	p->sport = h.flow.sport;
+	p->dport = h.flow.dport;
+	p->ctl = 0;
+	if (p->proto == PRG_IPPROTO_TCP) {
+		__u8 *t = prg_at(pk, h.l4_off, 14);
+		if (!t)
+			return PRG_SHORT;
+		p->ctl = t[13] & 0x07;
+		p->hdrs = FP_IP6_HLEN + (t[12] >> 4) * 4;
+		return 0;
+	}
+	if (p->proto == PRG_IPPROTO_UDP) {
+		p->hdrs = FP_IP6_HLEN + 8;
+		return 0;
+	}
+	return FP_R_PROTO;
+}
+
+static __always_inline int parse6(struct __sk_buff *ctx, __u32 off, struct fp_pkt6 *p)
+{
+	struct prg_pkt pk;
+	int r;
+
+	prg_pkt_tc(&pk, ctx);
+	PRG_TC_PARSE(r, &pk, ctx, parse6_at(&pk, off, p));
+	return r == PRG_SHORT ? FP_R_NOTIP : r;
+}
+
+static __always_inline void key6_out(struct fp_key6 *k, const struct fp_pkt6 *p)
+{
+	__builtin_memcpy(k->local, p->saddr, 16);
+	__builtin_memcpy(k->remote, p->daddr, 16);
+	k->lport = p->sport;
+	k->rport = p->dport;
+	k->proto = p->proto;
+	k->ovl = fp_ovl;
+}
+
+static __always_inline void key6_in(struct fp_key6 *k, const struct fp_pkt6 *p)
+{
+	__builtin_memcpy(k->local, p->daddr, 16);
+	__builtin_memcpy(k->remote, p->saddr, 16);
+	k->lport = p->dport;
+	k->rport = p->sport;
+	k->proto = p->proto;
+	k->ovl = fp_ovl;
+}
+
+/* sweep_one6 is sweep_one (fastpath.h) for the IPv6 table. */
+static long sweep_one6(struct bpf_map *map, struct fp_key6 *k, struct fp_flow *f, __u64 *now)
+{
+	__u64 last, life;
+
+	if (f->flags & FP_F_CLOSING) {
+		last = f->seen_ns;
+		life = FP_CLOSE_NS;
+	} else {
+		last = max3(f->out_ns, f->in_ns, f->seen_ns);
+		life = (f->flags & (FP_F_OUT | FP_F_IN)) == (FP_F_OUT | FP_F_IN) ? FP_IDLE_NS : FP_PENDING_NS;
+	}
+	if (*now < last + life)
+		return 0;
+	__u32 counted = f->flags & FP_F_COUNTED;
+	__u64 pk = pcnt6_key(k);
+	if (bpf_map_delete_elem(map, k))
+		return 0;
+	if (counted) {
+		__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+		if (n && *n)
+			__sync_fetch_and_sub(n, 1);
+	}
+	return 0;
+}
+
+static int sweep6(void *map, __u32 *key, struct fp_sweep *s)
+{
+	__u64 now = bpf_ktime_get_ns();
+	bpf_for_each_map_elem(&prg_fastpath_flow6, sweep_one6, &now, 0);
+	bpf_timer_start(&s->t, FP_SWEEP_NS, 0);
+	return 0;
+}
+
+static __always_inline void sweep6_arm(void)
+{
+	__u32 zero = 0;
+	struct fp_sweep *s = bpf_map_lookup_elem(&prg_fastpath_sweep6, &zero);
+	if (!s || s->armed)
+		return;
+	long r = bpf_timer_init(&s->t, &prg_fastpath_sweep6, 1 /* CLOCK_MONOTONIC */);
+	if (r && r != -16 /* EBUSY */)
+		return;
+	if (!r && (bpf_timer_set_callback(&s->t, sweep6) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
+		return;
+	s->armed = 1;
+}
+
+/* flow_new6 is flow_new (fastpath.h) for the IPv6 table. */
+static __always_inline struct fp_flow *flow_new6(const struct fp_cfg *cfg, struct fp_key6 *k, struct fp_flow *nf,
+						 __u32 dir)
+{
+	__u64 pk = pcnt6_key(k);
+	__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+	if (!n) {
+		__u32 zero = 0;
+		bpf_map_update_elem(&prg_fastpath_pcnt, &pk, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
+		if (!n) {
+			count(dir, FP_R_FULL);
+			return NULL;
+		}
+	}
+	if (cfg->budget && *n >= cfg->budget) {
+		count(dir, FP_R_BUDGET);
+		return NULL;
+	}
+	__sync_fetch_and_add(n, 1);
+	nf->gen = cfg->gen;
+	nf->seen_ns = bpf_ktime_get_ns();
+	nf->flags |= FP_F_COUNTED;
+	long err = bpf_map_update_elem(&prg_fastpath_flow6, k, nf, BPF_NOEXIST);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
+	if (err) {
+		__sync_fetch_and_sub(n, 1);
+		if (!f)
+			count(dir, FP_R_FULL);
+		return f;
+	}
+	sweep6_arm();
+	return f;
+}
+
+static __always_inline int handover_out6(struct fp_flow *f, struct fp_key6 *k, const struct fp_pkt6 *p,
+					 struct __sk_buff *ctx, const struct fp_cfg *cfg, __u32 reason)
+{
+	if (f) {
+		flow_reset(f, cfg->gen);
+		f->out_ttl_seen = p->hlim;
+		f->seen_ns = bpf_ktime_get_ns();
+		if (f->out_ifindex != ctx->ifindex) {
+			f->out_ifindex = ctx->ifindex;
+			__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
+		}
+	} else {
+		struct fp_flow nf = {.out_ttl_seen = p->hlim, .out_ifindex = ctx->ifindex};
+		flow_new6(cfg, k, &nf, FP_DIR_TX);
+	}
+	count(FP_DIR_TX, reason);
+	return TCX_NEXT;
+}
+
+static __always_inline int handover_in6(struct __sk_buff *ctx, struct fp_flow *f, struct fp_key6 *k,
+					const struct fp_pkt6 *p, const struct fp_cfg *cfg, __u32 vtep, __u32 reason)
+{
+	if (!ctx->tc_index)
+		ctx->tc_index = PRG_TC_INDEX_LEARN;
+	if (f) {
+		flow_reset(f, cfg->gen);
+		f->in_ttl_seen = p->hlim;
+		f->seen_ns = bpf_ktime_get_ns();
+	} else {
+		struct fp_flow nf = {.in_ttl_seen = p->hlim, .vtep = vtep};
+		flow_new6(cfg, k, &nf, FP_DIR_RX);
+	}
+	count(FP_DIR_RX, reason);
+	return TCX_NEXT;
+}
+
+/* closing6: a TCP FIN or RST of flow k (on the normal path, which conntrack sees): the entry
+ * goes FP_CLOSE_NS later unless a SYN reopens it. */
+static __always_inline void closing6(struct fp_key6 *k, __u32 fin)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
+	if (!f || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
+		return;
+	if (!(f->flags & FP_F_CLOSING))
+		f->seen_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin);
+}
+
+static __always_inline struct fp_flow *lookup6(struct fp_key6 *k, int out, __u32 need, __u32 gen, __u32 *reason)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
+	if (!f) {
+		*reason = FP_R_MISS;
+		return NULL;
+	}
+	if ((f->flags & need) != need || f->gen != gen) {
+		*reason = FP_R_MISS;
+		return f;
+	}
+	__u64 then = out ? f->out_ns : f->in_ns;
+	*reason = bpf_ktime_get_coarse_ns() - then > FP_REVALIDATE_NS ? FP_R_STALE : FP_R_HIT;
+	return f;
+}
+
+/* pod_lookup6 is prg_pod_lookup4 (pod.h) for an IPv6 pod address. */
+static __always_inline int pod_lookup6(__u32 netns, const __u32 *addr, struct prg_pod **out)
+{
+	struct prg_pod_key k = {.netns = netns, .family = 6};
+	__builtin_memcpy(k.addr, addr, 16);
+	struct prg_pod *p = bpf_map_lookup_elem(&prg_fastpath_ep, &k);
+	if (!p)
+		return PRG_POD_MISS;
+	if (p->flags & PRG_POD_F_GONE)
+		return PRG_POD_GONE;
+	__u32 slot = p->slot;
+	struct bpf_devmap_val *v = bpf_map_lookup_elem(&prg_fastpath_port, &slot);
+	if (!v || v->ifindex != p->ifindex)
+		return PRG_POD_STALE;
+	*out = p;
+	return PRG_POD_OK;
+}
+
+/* tx6: prg_fastpath_tx for an IPv6 frame leaving a pod. */
+static __always_inline int tx6(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_key6 k = {};
+	struct fp_pkt6 p;
+	__u32 r;
+
+	if (!cfg)
+		return TCX_NEXT;
+	if (ctx->len > FP_IP_MAX + sizeof(struct ethhdr)) {
+		count(FP_DIR_TX, FP_R_BIG);
+		return TCX_NEXT;
+	}
+	r = parse6(ctx, 0, &p);
+	if (r) {
+		count(FP_DIR_TX, r);
+		return TCX_NEXT;
+	}
+	key6_out(&k, &p);
+	if (p.ctl) {
+		if (p.ctl == FP_TCP_SYN) { /* learned from the normal path, as for IPv4 */
+			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+			syn_open(f);
+			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
+		}
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT);
+		count(FP_DIR_TX, FP_R_PROTO);
+		return TCX_NEXT;
+	}
+	struct fp_flow *f = lookup6(&k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
+	if (r != FP_R_HIT)
+		return handover_out6(f, &k, &p, ctx, cfg, r);
+	if (!f)
+		return TCX_NEXT;
+	if (f->out_ifindex != ctx->ifindex)
+		return handover_out6(f, &k, &p, ctx, cfg, FP_R_STALE);
+	if ((cfg->flags & FP_C_UNSUP) || ctx->mark) {
+		count(FP_DIR_TX, FP_R_UNSUP);
+		return TCX_NEXT;
+	}
+	if (p.hlim <= f->out_ttl_dec) {
+		count(FP_DIR_TX, FP_R_TTL);
+		return TCX_NEXT;
+	}
+	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
+	if (wire > cfg->mtu) {
+		count(FP_DIR_TX, FP_R_MTU);
+		return TCX_NEXT;
+	}
+	/* As prg_fastpath_tx: outer UDP checksum 0, source port from the packet's hash. The
+	 * ENCAP_L3_IPV4 flag also makes the frame's protocol IPv4, as the outer header is. */
+	__u32 hash = ctx->hash;
+	__u32 olen = ctx->len + FP_ENCAP_LEN - sizeof(struct ethhdr);
+	__u16 id = bpf_get_prandom_u32();
+	__u8 dec = f->out_ttl_dec;
+
+	if (bpf_skb_adjust_room(ctx, FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
+					BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+					FP_ADJ_ROOM_ENCAP_L2(sizeof(struct ethhdr)))) {
+		count(FP_DIR_TX, FP_R_ERR);
+		return TCX_NEXT;
+	}
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (data + FP_TMPL_LEN + FP_IP6_HLEN > end) {
+		if (bpf_skb_pull_data(ctx, FP_TMPL_LEN + FP_IP6_HLEN))
+			goto drop;
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + FP_TMPL_LEN + FP_IP6_HLEN > end)
+			goto drop;
+	}
+	__builtin_memcpy(data, f->tmpl, FP_TMPL_LEN);
+	struct iphdr *oip = data + sizeof(struct ethhdr);
+	struct udphdr *oudp = (void *)(oip + 1);
+	oip->tot_len = bpf_htons(olen);
+	oip->id = id;
+	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner traffic class's. */
+	oip->tos = (oip->tos & ~3) | ((p.tclass & 3) == 3 ? 2 : (p.tclass & 3));
+	oip->check = 0;
+	oip->check = ip_csum(oip);
+	if (hash) {
+		hash ^= hash << 16;
+		oudp->source = bpf_htons((__u16)((((__u64)hash) * (__u32)(cfg->port_max - cfg->port_min)) >> 32) +
+					 cfg->port_min);
+	}
+	oudp->len = bpf_htons(olen - sizeof(struct iphdr));
+	oudp->check = 0;
+	struct ipv6hdr *ip6 = data + FP_TMPL_LEN;
+	ip6->hop_limit -= dec;
+	ctx->mark = FP_MARK;
+	count(FP_DIR_TX, FP_R_HIT);
+	return bpf_redirect(cfg->underlay, 0);
+drop:
+	count(FP_DIR_TX, FP_R_DROP);
+	return TC_ACT_SHOT;
+}
+
+/* rx6: prg_fastpath_rx for a VXLAN frame of our overlay (outer headers checked: o) whose inner
+ * frame is IPv6. */
+static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
+{
+	struct fp_cfg *cfg = fp_config();
+	struct fp_key6 k = {};
+	struct fp_pkt6 p;
+	__u32 r;
+
+	if (!cfg)
+		return TCX_NEXT;
+	r = parse6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p);
+	if (r) {
+		count(FP_DIR_RX, r);
+		return TCX_NEXT;
+	}
+	key6_in(&k, &p);
+	if (p.ctl) {
+		if (p.ctl == FP_TCP_SYN) {
+			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+			syn_open(f);
+			return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_PROTO);
+		}
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN);
+		count(FP_DIR_RX, FP_R_PROTO);
+		return TCX_NEXT;
+	}
+	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
+	struct fp_flow *f = lookup6(&k, 0, need, cfg->gen, &r);
+	if (r != FP_R_HIT)
+		return handover_in6(ctx, f, &k, &p, cfg, vtep, r);
+	if (!f)
+		return TCX_NEXT;
+	if ((cfg->flags & FP_C_ROUTED) && !mac_eq(p.eth.h_dest, cfg->vx_mac)) {
+		count(FP_DIR_RX, FP_R_L2);
+		return TCX_NEXT;
+	}
+	if (f->vtep != vtep)
+		return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_STALE);
+	struct prg_pod *pod = NULL;
+	int pr = pod_lookup6(cfg->netns, p.daddr, &pod);
+	if (pr == PRG_POD_MISS || !pod) {
+		count(FP_DIR_RX, FP_R_NOPOD);
+		return TCX_NEXT;
+	}
+	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
+		return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_STALE);
+	if (p.hlim <= f->in_ttl_dec) {
+		count(FP_DIR_RX, FP_R_TTL);
+		return TCX_NEXT;
+	}
+	__u8 dec = f->in_ttl_dec;
+	if (bpf_skb_adjust_room(ctx, -FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_DECAP_L3_IPV6)) {
+		count(FP_DIR_RX, FP_R_ERR);
+		return TCX_NEXT;
+	}
+	if (bpf_csum_level(ctx, BPF_CSUM_LEVEL_QUERY) >= 0)
+		bpf_csum_level(ctx, BPF_CSUM_LEVEL_DEC);
+	/* The frame kept the outer Ethernet header (EtherType IPv4): it now carries IPv6. */
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end) {
+		if (bpf_skb_pull_data(ctx, sizeof(struct ethhdr) + FP_IP6_HLEN))
+			goto drop;
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end)
+			goto drop;
+	}
+	((struct ethhdr *)data)->h_proto = FP_ETH_P_IPV6_BE;
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	ip6->hop_limit -= dec;
+	long v = prg_pod_deliver(ctx, f->in_mac, f->in_mac + 6, pod->ifindex);
+	if (v < 0)
+		goto drop;
+	count(FP_DIR_RX, FP_R_HIT);
+	return v;
+drop:
+	count(FP_DIR_RX, FP_R_DROP);
+	return TC_ACT_SHOT;
+}
+
+/* lrn_tx6: prg_fastpath_lrn_tx for a VXLAN frame from this VTEP (to vtep) whose inner frame is
+ * IPv6: the template of a flow tx6 handed over. */
+static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep)
+{
+	struct fp_key6 k = {};
+	struct fp_pkt6 p;
+
+	if (parse6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
+		return TCX_NEXT;
+	key6_out(&k, &p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.hlim)
+		return TCX_NEXT; /* not a flow the fast path handed over */
+	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
+		return TCX_NEXT;
+	f->vtep = vtep;
+	f->out_ttl_dec = f->out_ttl_seen - p.hlim;
+	f->out_ttl_seen = 0;
+	f->out_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory"); /* the template before the flag */
+	f->flags |= FP_F_OUT;
+	count(FP_DIR_TX, FP_R_LEARN);
+	return TCX_NEXT;
+}
+
+/* lrn_rx6: prg_fastpath_lrn_rx for an IPv6 frame the normal path delivers to a pod. */
+static __always_inline int lrn_rx6(struct __sk_buff *ctx)
+{
+	struct fp_key6 k = {};
+	struct fp_pkt6 p;
+
+	if (parse6(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
+		return TCX_NEXT;
+	key6_in(&k, &p);
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.hlim)
+		return TCX_NEXT;
+	__builtin_memcpy(f->in_mac, p.eth.h_dest, 6);
+	__builtin_memcpy(f->in_mac + 6, p.eth.h_source, 6);
+	f->in_ifindex = ctx->ifindex;
+	f->in_ttl_dec = f->in_ttl_seen - p.hlim;
+	f->in_ttl_seen = 0;
+	f->in_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory");
+	f->flags |= FP_F_IN;
+	count(FP_DIR_RX, FP_R_LEARN);
+	return TCX_NEXT;
+}
+
+#endif

@@ -1,0 +1,22 @@
+package bench
+
+import "testing"
+
+// --ipv6 measures between the pods' IPv6 addresses with iperf3 only, and alone.
+func TestValidateIPv6(t *testing.T) {
+	for _, c := range []struct {
+		s  Scenario
+		ok bool
+	}{
+		{Scenario{Name: "tcp", IPv6: true}, true},
+		{Scenario{Name: "udp", IPv6: true}, true},
+		{Scenario{Name: "pingpong", IPv6: true, Proto: "tcp"}, false},
+		{Scenario{Name: "crr", IPv6: true}, false},
+		{Scenario{Name: "tcp", IPv6: true, SameNode: true}, false},
+		{Scenario{Name: "tcp", IPv6: true, ViaService: true}, false},
+	} {
+		if err := c.s.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.s, err, c.ok)
+		}
+	}
+}
