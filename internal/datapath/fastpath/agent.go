@@ -245,8 +245,7 @@ func (a *agent) sync(st *datapath.State) {
 	for _, gone := range byDev {
 		// Its device is gone (the kernel removed its links with it): off, flows forgotten.
 		_ = a.p.PrgFastpathCfg.Put(uint32(gone.Index), fpFpCfg{})
-		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == gone.Index })
-		a.p.forgetCounts(func(ovl int, _ uint32) bool { return ovl == gone.Index })
+		n := a.forgetOverlay(gone.Index)
 		a.lg.Printf("overlay %s is gone: config off, forgot %d flows", gone.VX.Dev, n)
 		changedSet = true
 	}
@@ -270,14 +269,7 @@ func (a *agent) sync(st *datapath.State) {
 		a.setBudget(rep.Live, next)
 	}
 	if len(rep.Changed) > 0 {
-		changed := map[uint32]bool{}
-		for _, k := range rep.Changed {
-			if k.Family == 4 {
-				changed[k.Addr[0]] = true
-			}
-		}
-		n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return changed[k.Local] })
-		a.p.forgetCounts(func(_ int, local uint32) bool { return changed[local] })
+		n := a.forgetEndpoints(rep.Changed)
 		a.lg.Printf("endpoints: %d live, %d added, %d updated, %d gone: forgot %d flows", rep.Live, rep.Added, rep.Updated, rep.Gone, n)
 	}
 	for _, ov := range next {
@@ -382,6 +374,41 @@ func devSet(t *datapath.Topology) string {
 	}
 	slices.Sort(ds)
 	return strings.Join(ds, "\n")
+}
+
+// forgetOverlay forgets the flows of both tables (IPv4 and IPv6) of the overlay with index ovl
+// and its per-address counters, and returns how many flows went.
+func (a *agent) forgetOverlay(ovl int) int {
+	n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == ovl })
+	n += a.forget6(func(k fpFpKey6, _ *fpFpFlow) bool { return int(k.Ovl) == ovl })
+	a.p.forgetCounts(func(o int, _ uint32) bool { return o == ovl })
+	return n
+}
+
+// forgetEndpoints forgets the flows whose local address is one of the changed (added, updated
+// or gone) endpoints, IPv4 ones from the IPv4 table and IPv6 ones from the IPv6 table, and
+// returns how many went. A pod's flows name its address, not its netns, so any netns counts.
+func (a *agent) forgetEndpoints(changed []endpoints.Key) int {
+	v4 := map[uint32]bool{}
+	v6 := map[[4]uint32]bool{}
+	for _, k := range changed {
+		switch k.Family {
+		case 4:
+			v4[k.Addr[0]] = true
+		case 6:
+			v6[k.Addr] = true
+		}
+	}
+	n := 0
+	if len(v4) > 0 {
+		n += a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return v4[k.Local] })
+		a.p.forgetCounts(func(_ int, local uint32) bool { return v4[local] })
+	}
+	if len(v6) > 0 {
+		// forget6 counts each deleted entry down in its address's counter.
+		n += a.forget6(func(k fpFpKey6, _ *fpFpFlow) bool { return v6[k.Local] })
+	}
+	return n
 }
 
 // forget deletes the flows drop selects and returns how many.

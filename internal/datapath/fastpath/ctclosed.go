@@ -340,6 +340,9 @@ func (s *selfDeleted) add(ts []ctTuple) {
 // (either direction, NAT included: the client's node deletes by the Service address, the
 // backend's node by the backend's own tuple).
 func (s *selfDeleted) has(e ctEntry) bool {
+	if e.v6 {
+		return false // the agent deletes IPv4 entries only (prg_fastpath_closed is IPv4)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, t := range []ctTuple{e.orig, e.reply} {

@@ -24,9 +24,18 @@ type ctTuple struct {
 	proto        uint8
 }
 
+// ctAddrs6 are one direction's IPv6 addresses of a conntrack entry, as fpFpKey6 holds them.
+type ctAddrs6 struct{ src, dst [4]uint32 }
+
 // ctEntry is what a DESTROY event says: both directions of the entry (reply differs from
 // orig's mirror where NAT translated it).
-type ctEntry struct{ orig, reply ctTuple }
+// For an IPv6 entry v6 is set, orig6/reply6 hold the addresses and orig/reply the ports and
+// protocol (their IPv4 addresses zero).
+type ctEntry struct {
+	orig, reply   ctTuple
+	v6            bool
+	orig6, reply6 ctAddrs6
+}
 
 // nlAttrs walks the netlink attributes in b and calls fn with each one's type (nested and
 // byte-order flags masked off) and payload; it stops quietly at a truncated attribute.
@@ -45,23 +54,36 @@ func nlAttrs(b []byte, fn func(typ uint16, val []byte)) {
 	}
 }
 
-// parseCTTuple reads a CTA_TUPLE_ORIG/REPLY payload; false unless it is IPv4 with a protocol.
+// parseCTTuple reads an IPv4 CTA_TUPLE_ORIG/REPLY payload; false unless it is IPv4 with a
+// protocol.
 func parseCTTuple(b []byte) (ctTuple, bool) {
+	t, _, ok := parseCTTupleOf(b, unix.AF_INET)
+	return t, ok
+}
+
+// parseCTTupleOf reads a CTA_TUPLE_ORIG/REPLY payload of family (AF_INET or AF_INET6): the
+// ports and protocol in the ctTuple, an IPv6 tuple's addresses in the ctAddrs6; false unless it
+// has a source address of that family and a protocol.
+func parseCTTupleOf(b []byte, family byte) (ctTuple, ctAddrs6, bool) {
 	var t ctTuple
+	var a6 ctAddrs6
+	v6 := family == unix.AF_INET6
 	var haveIP, haveProto bool
 	nlAttrs(b, func(typ uint16, v []byte) {
 		switch typ {
 		case nl.CTA_TUPLE_IP:
 			nlAttrs(v, func(typ uint16, v []byte) {
-				if len(v) != 4 {
-					return
-				}
-				switch typ {
-				case nl.CTA_IP_V4_SRC:
+				switch {
+				case !v6 && len(v) == 4 && typ == nl.CTA_IP_V4_SRC:
 					t.src = binary.NativeEndian.Uint32(v)
 					haveIP = true
-				case nl.CTA_IP_V4_DST:
+				case !v6 && len(v) == 4 && typ == nl.CTA_IP_V4_DST:
 					t.dst = binary.NativeEndian.Uint32(v)
+				case v6 && len(v) == 16 && typ == nl.CTA_IP_V6_SRC:
+					a6.src = words16(v)
+					haveIP = true
+				case v6 && len(v) == 16 && typ == nl.CTA_IP_V6_DST:
+					a6.dst = words16(v)
 				}
 			})
 		case nl.CTA_TUPLE_PROTO:
@@ -81,25 +103,36 @@ func parseCTTuple(b []byte) (ctTuple, bool) {
 			})
 		}
 	})
-	return t, haveIP && haveProto
+	return t, a6, haveIP && haveProto
 }
 
 const ctaProtoICMPID = 4 // CTA_PROTO_ICMP_ID
 
+// words16 is a 16-byte IPv6 address (network order) as fpFpKey6's words hold it.
+func words16(v []byte) [4]uint32 {
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(v[4*i:])
+	}
+	return w
+}
+
 // parseCTEvent reads a ctnetlink message (nfgenmsg, then attributes); false unless it is an
-// IPv4 entry with both tuples.
+// IPv4 or IPv6 entry with both tuples.
 func parseCTEvent(data []byte) (ctEntry, bool) {
 	var e ctEntry
-	if len(data) < sizeofNfgenmsg || data[0] != unix.AF_INET {
+	if len(data) < sizeofNfgenmsg || (data[0] != unix.AF_INET && data[0] != unix.AF_INET6) {
 		return e, false
 	}
+	family := data[0]
+	e.v6 = family == unix.AF_INET6
 	var okO, okR bool
 	nlAttrs(data[sizeofNfgenmsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case nl.CTA_TUPLE_ORIG:
-			e.orig, okO = parseCTTuple(v)
+			e.orig, e.orig6, okO = parseCTTupleOf(v, family)
 		case nl.CTA_TUPLE_REPLY:
-			e.reply, okR = parseCTTuple(v)
+			e.reply, e.reply6, okR = parseCTTupleOf(v, family)
 		}
 	})
 	return e, okO && okR

@@ -62,9 +62,20 @@ const (
 // ctBatch is what one batch of events asks for: the destroyed entries' keys (local, remote,
 // ports, protocol; any overlay), or every flow.
 type ctBatch struct {
-	keys map[ctKey]bool
-	all  string // why every flow is due ("" if not)
+	keys  map[ctKey]bool
+	keys6 map[ctKey6]bool // IPv6 entries' keys (the IPv6 table, bpf/fastpath6.h); made by add
+	all   string          // why every flow is due ("" if not)
 }
+
+// ctKey6 is ctKey for IPv6 flows.
+type ctKey6 struct {
+	local, remote [4]uint32
+	lport, rport  uint16
+	proto         uint8
+}
+
+// size is how many keys b holds.
+func (b *ctBatch) size() int { return len(b.keys) + len(b.keys6) }
 
 type ctKey struct {
 	local, remote uint32
@@ -73,6 +84,17 @@ type ctKey struct {
 }
 
 func (b *ctBatch) add(e ctEntry) {
+	if e.v6 {
+		if b.keys6 == nil {
+			b.keys6 = map[ctKey6]bool{}
+		}
+		for i, t := range []ctTuple{e.orig, e.reply} {
+			a := []ctAddrs6{e.orig6, e.reply6}[i]
+			b.keys6[ctKey6{a.src, a.dst, t.sport, t.dport, t.proto}] = true
+			b.keys6[ctKey6{a.dst, a.src, t.dport, t.sport, t.proto}] = true
+		}
+		return
+	}
 	for _, t := range []ctTuple{e.orig, e.reply} {
 		b.keys[ctKey{t.src, t.dst, t.sport, t.dport, t.proto}] = true
 		b.keys[ctKey{t.dst, t.src, t.dport, t.sport, t.proto}] = true
@@ -124,7 +146,7 @@ func (a *agent) watchConntrack(ctx context.Context, nss []string) {
 					if a.ctSelf.has(e) {
 						continue
 					}
-					if len(b.keys) < ctBatchAll {
+					if b.size() < ctBatchAll {
 						b.add(e)
 					} else if b.all == "" {
 						b.all = "conntrack deletion storm"
@@ -192,8 +214,18 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 		return markDue(f, now)
 	}
 	n := 0
-	if b.all == "" && len(b.keys) <= ctLookupMax {
+	if b.all == "" && b.size() <= ctLookupMax {
 		var f fpFpFlow
+		if m := a.p.PrgFastpathFlow6; m != nil {
+			for ck := range b.keys6 {
+				for _, ov := range *a.ovs.Load() {
+					k := fpFpKey6{Local: ck.local, Remote: ck.remote, Lport: ck.lport, Rport: ck.rport, Proto: ck.proto, Ovl: uint8(ov.Index)}
+					if m.Lookup(&k, &f) == nil && due(&f) && m.Update(&k, &f, ebpf.UpdateExist) == nil {
+						n++
+					}
+				}
+			}
+		}
 		for ck := range b.keys {
 			for _, ov := range *a.ovs.Load() {
 				k := fpFpKey{Local: ck.local, Remote: ck.remote, Lport: ck.lport, Rport: ck.rport, Proto: ck.proto, Ovl: uint8(ov.Index)}
@@ -220,6 +252,23 @@ func (a *agent) dueFlows(b *ctBatch, learnedBy uint64) int {
 	for _, u := range upd {
 		if a.p.PrgFastpathFlow.Update(&u.k, &u.f, ebpf.UpdateExist) == nil {
 			n++
+		}
+	}
+	if m := a.p.PrgFastpathFlow6; m != nil && (b.all != "" || len(b.keys6) > 0) {
+		type kv6 struct {
+			k fpFpKey6
+			f fpFpFlow
+		}
+		var upd6 []kv6
+		_ = walkFlows6(m, func(k fpFpKey6, f *fpFpFlow) {
+			if (b.all != "" || b.keys6[ctKey6{k.Local, k.Remote, k.Lport, k.Rport, k.Proto}]) && due(f) {
+				upd6 = append(upd6, kv6{k, *f})
+			}
+		})
+		for _, u := range upd6 {
+			if m.Update(&u.k, &u.f, ebpf.UpdateExist) == nil {
+				n++
+			}
 		}
 	}
 	return n

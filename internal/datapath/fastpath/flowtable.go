@@ -63,18 +63,37 @@ func memTotal() (uint64, error) {
 	return 0, errors.New("meminfo: no MemTotal")
 }
 
-// sizeFlowTable sets the flow table's size in spec from this node's memory.
+// flowTables are the flow tables sized from the node's memory: the IPv4 one and the IPv6 one
+// (bpf/fastpath6.h). Both get the same number of entries, so the per-address budget (taken from
+// the IPv4 table's size, flowBudget) fits either; an IPv6 entry is a little larger (40-byte
+// key), so the two together take a little over 2/flowMemShare of the node's memory.
+var flowTables = []string{"prg_fastpath_flow", "prg_fastpath_flow6"}
+
+// sizeFlowTable sets the flow tables' size in spec from this node's memory.
 func sizeFlowTable(spec *ebpf.CollectionSpec) error {
-	m, ok := spec.Maps["prg_fastpath_flow"]
-	if !ok {
-		return errors.New("fastpath: the objects have no prg_fastpath_flow")
-	}
 	mem, err := memTotal()
 	if err != nil {
 		return fmt.Errorf("fastpath: size the flow table: %w", err)
 	}
-	m.MaxEntries = flowTableSize(mem)
+	for _, name := range flowTables {
+		m, ok := spec.Maps[name]
+		if !ok {
+			return fmt.Errorf("fastpath: the objects have no %s", name)
+		}
+		m.MaxEntries = flowTableSize(mem)
+	}
 	return nil
+}
+
+// keepFlowSizes makes spec's flow tables the size of m's (sized at attach, sizeFlowTable), so
+// that programs loaded from spec can take m's maps as replacements (an overlay's copy of the
+// programs, an upgrade in place).
+func keepFlowSizes(spec *ebpf.CollectionSpec, m *fpMaps) {
+	for name, mp := range map[string]*ebpf.Map{"prg_fastpath_flow": m.PrgFastpathFlow, "prg_fastpath_flow6": m.PrgFastpathFlow6} {
+		if fm := spec.Maps[name]; fm != nil && mp != nil {
+			fm.MaxEntries = mp.MaxEntries()
+		}
+	}
 }
 
 var genMu sync.Mutex

@@ -84,10 +84,8 @@ func loadOverlayPrograms(m *fpMaps, ovl int) (*fpPrograms, error) {
 	if err := v.Set(uint32(ovl)); err != nil {
 		return nil, fmt.Errorf("fastpath: set fp_ovl: %w", err)
 	}
-	// The flow table was sized at attach (sizeFlowTable): the spec must say the same.
-	if fm := spec.Maps["prg_fastpath_flow"]; fm != nil && m.PrgFastpathFlow != nil {
-		fm.MaxEntries = m.PrgFastpathFlow.MaxEntries()
-	}
+	// The flow tables were sized at attach (sizeFlowTable): the spec must say the same.
+	keepFlowSizes(spec, m)
 	repl := map[string]*ebpf.Map{}
 	for name, mp := range mapsOf(m) {
 		repl[name] = *mp

@@ -115,10 +115,8 @@ func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fastpath: %w", err)
 	}
-	// The flow table was sized at attach (sizeFlowTable): the spec must say the same.
-	if fm := spec.Maps["prg_fastpath_flow"]; fm != nil && old.PrgFastpathFlow != nil {
-		fm.MaxEntries = old.PrgFastpathFlow.MaxEntries()
-	}
+	// The flow tables were sized at attach (sizeFlowTable): the spec must say the same.
+	keepFlowSizes(spec, &old.fpMaps)
 	repl := map[string]*ebpf.Map{}
 	for name, m := range mapsOf(&old.fpMaps) {
 		repl[name] = *m

@@ -53,9 +53,10 @@ type View struct {
 	Flows     int              `json:"flows"`         // cached flows (the per-address counters' sum)
 	Both      int              `json:"flows_learned"` // of which learned both ways (estimated from a sample when above it)
 	Sampled   bool             `json:"flows_learned_sampled,omitempty"`
-	Table     int              `json:"flow_table"`    // the flow table's size (from the node's memory)
-	Budget    int              `json:"flow_budget"`   // flows one pod may hold (0: no limit)
-	TopPod    int              `json:"flows_top_pod"` // the most flows one address holds
+	Table     int              `json:"flow_table"`            // the flow table's size (from the node's memory)
+	Table6    int              `json:"flow_table6,omitempty"` // the IPv6 flow table's (bpf/fastpath6.h; as Table)
+	Budget    int              `json:"flow_budget"`           // flows one pod may hold (0: no limit)
+	TopPod    int              `json:"flows_top_pod"`         // the most flows one address holds
 	Endpoints []endpoints.View `json:"endpoints"`
 	Overlays  []OverlayView    `json:"overlays"` // each overlay served; Egress/Ingress/Flows above are their sums
 	Agent     string           `json:"agent"`
@@ -117,6 +118,9 @@ func Inspect(target string) (*View, error) {
 		return nil, fmt.Errorf("fastpath: sample flows: %w", err)
 	}
 	v.Table = int(p.PrgFastpathFlow.MaxEntries())
+	if p.PrgFastpathFlow6 != nil {
+		v.Table6 = int(p.PrgFastpathFlow6.MaxEntries())
+	}
 	for o, n := range per {
 		v.Flows += n
 		v.TopPod = max(v.TopPod, top[o])
@@ -258,8 +262,12 @@ func (v *View) Format() string {
 	if v.Budget > 0 {
 		budget = fmt.Sprintf("%d per pod", v.Budget)
 	}
-	fmt.Fprintf(&b, "  flow table: %d entries (from the node's memory), budget %s, most held by one address %d\n",
-		v.Table, budget, v.TopPod)
+	table := fmt.Sprintf("%d entries", v.Table)
+	if v.Table6 > 0 {
+		table += fmt.Sprintf(" (IPv6 table %d)", v.Table6)
+	}
+	fmt.Fprintf(&b, "  flow table: %s (from the node's memory), budget %s, most held by one address %d\n",
+		table, budget, v.TopPod)
 	for _, d := range []struct {
 		name string
 		c    Direction
