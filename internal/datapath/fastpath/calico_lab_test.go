@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -55,11 +54,9 @@ func TestCalicoLike(t *testing.T) {
 		}
 		return v.Egress, v.Ingress
 	}
-	c := dialIn(t, "prg-fca-n1-p1", "10.65.2.2:"+strconv.Itoa(lab.VerifyPort))
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "n2-p1" {
-		t.Fatalf("greeting %q, %v", line, err)
+	c, r, name := labtest.DialNamed(t, "prg-fca-n1-p1", "10.65.2.2:"+strconv.Itoa(lab.VerifyPort), 20*time.Second)
+	if name != "n2-p1" {
+		t.Fatalf("greeted by %q, want n2-p1", name)
 	}
 	type snapshot struct{ eg, in Direction }
 	snap := make(chan snapshot, 1)
