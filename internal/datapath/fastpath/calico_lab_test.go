@@ -93,20 +93,7 @@ func TestCalicoLike(t *testing.T) {
 	calicoNewPod(t, hosts[0])
 
 	// Detach leaves nothing: no program on any device, no pin, no record.
-	for _, h := range hosts {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatalf("detach %s: %v", h, err)
-		}
-		if o, _ := netnsutil.Run(context.Background(), h, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
-			t.Fatalf("%s: programs still attached after detach:\n%s", h, o)
-		}
-		if st, _ := datapath.LoadState(h, Name); st != nil {
-			t.Fatalf("%s: record left behind", h)
-		}
-		if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(h), "*")); len(m) > 0 {
-			t.Fatalf("%s: pins left: %v", h, m)
-		}
-	}
+	detachLeavesNothing(t, hosts...)
 	run(t, "prg-fca-n1-p1", "ping", "-c", "2", "-w", "5", "10.65.2.2")
 }
 
