@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
@@ -109,8 +112,32 @@ func TestLabIPv6(t *testing.T) {
 	run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-w", "5", c2.AddrOnly())
 
 	// Detach leaves nothing.
-	ids := pinnedMapIDs(t, hosts[0])
-	detachLeavesNothing(t, hosts...)
+	var ids []ebpf.MapID
+	p, err := openPinned(hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mapsOf(&p.fpMaps) {
+		info, _ := (*m).Info()
+		if id, ok := info.ID(); ok {
+			ids = append(ids, id)
+		}
+	}
+	p.Close()
+	for _, h := range hosts {
+		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
+			t.Fatalf("detach %s: %v", h, err)
+		}
+		if o, _ := netnsutil.Run(context.Background(), h, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
+			t.Fatalf("%s: programs still attached after detach:\n%s", h, o)
+		}
+		if st, _ := datapath.LoadState(h, Name); st != nil {
+			t.Fatalf("%s: record left behind", h)
+		}
+		if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(h), "*")); len(m) > 0 {
+			t.Fatalf("%s: pins left: %v", h, m)
+		}
+	}
 	labtest.MapsGone(t, ids)
 	run(t, c1.Netns, "ping", "-6", "-c", "2", "-w", "5", c2.Addr6Only())
 }
