@@ -1,7 +1,6 @@
 package ezpath
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -36,8 +35,7 @@ func ask(ns, addr string, port int) (string, error) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	r := bufio.NewReader(c)
-	banner, err := r.ReadString('\n')
+	r, banner, err := labtest.ReadGreeting(c)
 	if err != nil {
 		return "", fmt.Errorf("banner: %w", err)
 	}
@@ -49,7 +47,7 @@ func ask(ns, addr string, port int) (string, error) {
 	if err != nil || back != msg {
 		return "", fmt.Errorf("echo: %d of %d bytes back, %v", len(back), len(msg), err)
 	}
-	return strings.TrimSpace(banner), nil
+	return banner, nil
 }
 
 // Two tenants with the same addresses on one rack: each tenant's h1-c1 reaches its own h2-c1

@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -55,11 +54,9 @@ func TestCalicoLike(t *testing.T) {
 		}
 		return v.Egress, v.Ingress
 	}
-	c := dialIn(t, "prg-fca-n1-p1", "10.65.2.2:"+strconv.Itoa(lab.VerifyPort))
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "n2-p1" {
-		t.Fatalf("greeting %q, %v", line, err)
+	c, r, name := labtest.DialNamed(t, "prg-fca-n1-p1", "10.65.2.2:"+strconv.Itoa(lab.VerifyPort), 20*time.Second)
+	if name != "n2-p1" {
+		t.Fatalf("greeted by %q, want n2-p1", name)
 	}
 	type snapshot struct{ eg, in Direction }
 	snap := make(chan snapshot, 1)
@@ -96,20 +93,7 @@ func TestCalicoLike(t *testing.T) {
 	calicoNewPod(t, hosts[0])
 
 	// Detach leaves nothing: no program on any device, no pin, no record.
-	for _, h := range hosts {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatalf("detach %s: %v", h, err)
-		}
-		if o, _ := netnsutil.Run(context.Background(), h, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
-			t.Fatalf("%s: programs still attached after detach:\n%s", h, o)
-		}
-		if st, _ := datapath.LoadState(h, Name); st != nil {
-			t.Fatalf("%s: record left behind", h)
-		}
-		if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(h), "*")); len(m) > 0 {
-			t.Fatalf("%s: pins left: %v", h, m)
-		}
-	}
+	detachLeavesNothing(t, hosts...)
 	run(t, "prg-fca-n1-p1", "ping", "-c", "2", "-w", "5", "10.65.2.2")
 }
 

@@ -32,10 +32,8 @@ func TestLabClosedLeaveNoConntrack(t *testing.T) {
 	l := labForTest(t, lab.Spec{Name: "fpct", Style: lab.StyleFlannel, Containers: 1})
 	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
 	c1, c2 := l.Containers[0], l.Containers[1]
-	rule := []string{"FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}
 	for _, h := range hosts {
-		mustRun(t, h, append([]string{"iptables-nft", "-w", "5", "-I"}, rule...)...)
-		cleanupRun(t, h, append([]string{"iptables-nft", "-w", "5", "-D"}, rule...)...)
+		labtest.FirstRule(t, h, "iptables-nft", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	}
 	mustRun(t, c1.Netns, "sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 41023")
 	attachAll(t, hosts)

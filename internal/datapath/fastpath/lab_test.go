@@ -135,36 +135,9 @@ func TestLabFastPath(t *testing.T) {
 			}
 
 			// Detach leaves no program, map or pin.
-			var ids []ebpf.MapID
-			p, err := openPinned(hosts[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range mapsOf(&p.fpMaps) {
-				info, _ := (*m).Info()
-				if id, ok := info.ID(); ok {
-					ids = append(ids, id)
-				}
-			}
-			p.Close()
-			labtest.DetachGone(t, Name, hosts...)
+			ids := pinnedMapIDs(t, hosts[0])
+			detachLeavesNothing(t, hosts...)
 			labtest.MapsGone(t, ids)
-			for _, h := range hosts {
-				for _, ns := range []string{h, h + "-ov"} {
-					if !netnsutil.Exists(ns) {
-						continue
-					}
-					if o, _ := netnsutil.Run(context.Background(), ns, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
-						t.Fatalf("%s: programs still attached after detach:\n%s", ns, o)
-					}
-				}
-			}
-			if st, _ := datapath.LoadState(hosts[0], Name); st != nil {
-				t.Fatalf("record left behind")
-			}
-			if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(hosts[0]), "*")); len(m) > 0 {
-				t.Fatalf("pins left: %v", m)
-			}
 		})
 	}
 }
@@ -330,5 +303,48 @@ func TestInvalidation(t *testing.T) {
 			}
 			run(t, c1.Netns, "ping", "-c", "3", "-i", "0.1", "-w", "5", dst)
 		})
+	}
+}
+
+// pinnedMapIDs is the kernel IDs of the fast path's maps pinned in host: after a detach,
+// labtest.MapsGone checks that none of them is still alive.
+func pinnedMapIDs(t *testing.T, host string) []ebpf.MapID {
+	t.Helper()
+	p, err := openPinned(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var ids []ebpf.MapID
+	for _, m := range mapsOf(&p.fpMaps) {
+		info, _ := (*m).Info()
+		if id, ok := info.ID(); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// detachLeavesNothing detaches the fast path from every host and fails the test unless it
+// left nothing behind: no pin directory (labtest.DetachGone), no prg_fastpath program on a
+// device of the host or of its overlay namespace (host-ov, where the lab has one), no record.
+func detachLeavesNothing(t *testing.T, hosts ...string) {
+	t.Helper()
+	labtest.DetachGone(t, Name, hosts...)
+	for _, h := range hosts {
+		for _, ns := range []string{h, h + "-ov"} {
+			if !netnsutil.Exists(ns) {
+				continue
+			}
+			if o, _ := netnsutil.Run(context.Background(), ns, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
+				t.Fatalf("%s: programs still attached after detach:\n%s", ns, o)
+			}
+		}
+		if st, _ := datapath.LoadState(h, Name); st != nil {
+			t.Fatalf("%s: record left behind", h)
+		}
+		if m, _ := filepath.Glob(filepath.Join(datapath.PinDir(h), "*")); len(m) > 0 {
+			t.Fatalf("%s: pins left: %v", h, m)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/peregrine-net/peregrine/internal/datapath"
 	"github.com/peregrine-net/peregrine/internal/lab"
+	"github.com/peregrine-net/peregrine/internal/testutil/labtest"
 )
 
 // TestSameNodeAndServiceBackends, in both kube-proxy modes, from pod h1-c1 with the fast path
@@ -55,11 +55,9 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 			}
 
 			// Pod to pod on one node.
-			c := dialIn(t, client.Netns, fmt.Sprintf("%s:%d", peer.AddrOnly(), lab.VerifyPort))
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			r := bufio.NewReader(c)
-			if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != peer.Name {
-				t.Fatalf("greeting %q, %v", line, err)
+			c, r, name := labtest.DialNamed(t, client.Netns, fmt.Sprintf("%s:%d", peer.AddrOnly(), lab.VerifyPort), 20*time.Second)
+			if name != peer.Name {
+				t.Fatalf("greeted by %q, want %s", name, peer.Name)
 			}
 			snap := make(chan Direction, 1)
 			go func() { time.Sleep(time.Second); snap <- egress() }()
@@ -94,14 +92,10 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 			done := map[string]bool{}
 			for try := 0; try < 60 && len(done) < 3; try++ {
 				b := egress()
-				c := dialIn(t, client.Netns, svc.Target())
-				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-				r := bufio.NewReader(c)
-				line, err := r.ReadString('\n')
-				name := strings.TrimSpace(line)
+				c, r, name := labtest.DialNamed(t, client.Netns, svc.Target(), 20*time.Second)
 				k, ok := kind[name]
-				if err != nil || !ok {
-					t.Fatalf("answered by %q (%v), not a backend of %s", name, err, svc.Name)
+				if !ok {
+					t.Fatalf("answered by %q, not a backend of %s", name, svc.Name)
 				}
 				if done[k] {
 					closeSettled(c, r)
@@ -140,11 +134,9 @@ func TestSameNodeAndServiceBackends(t *testing.T) {
 			// node's address: works, stays on the normal path, counted "nat".
 			one := l.Services[0]
 			b := egress()
-			c = dialIn(t, client.Netns, fmt.Sprintf("%s:%d", l.Hosts[0].AddrOnly(), lab.ServiceNodePort))
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			r = bufio.NewReader(c)
-			if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != one.Backends[0].Node {
-				t.Fatalf("NodePort greeting %q, %v", line, err)
+			c, r, name = labtest.DialNamed(t, client.Netns, fmt.Sprintf("%s:%d", l.Hosts[0].AddrOnly(), lab.ServiceNodePort), 20*time.Second)
+			if name != one.Backends[0].Node {
+				t.Fatalf("NodePort: greeted by %q, want %s", name, one.Backends[0].Node)
 			}
 			if n, err = streamEcho(c, r, 1500*time.Millisecond, 99); err != nil {
 				t.Fatalf("NodePort stream: %v", err)
@@ -202,7 +194,7 @@ func TestSameNodeServiceConntrackFlush(t *testing.T) {
 // closeSettled ends connection c (r reads it) and waits until its closing handshake is over:
 // the client's last ACK (of the server's FIN) is a plain ACK of a learned flow, which the
 // fast path carries, and must land in this connection's counter window, not the next one's.
-func closeSettled(c net.Conn, r *bufio.Reader) {
+func closeSettled(c net.Conn, r io.Reader) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))

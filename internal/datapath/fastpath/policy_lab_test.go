@@ -115,13 +115,7 @@ func TestLabIPSetChange(t *testing.T) {
 	const set = "prg-fp-deny"
 	mustRun(t, hosts[1], "ipset", "create", set, "hash:ip")
 	cleanupRun(t, hosts[1], "ipset", "destroy", set)
-	rule := []string{"FORWARD", "-m", "set", "--match-set", set, "src", "-j", "DROP"}
-	mustRun(t, hosts[1], append([]string{"iptables-nft", "-w", "5", "-I"}, rule...)...)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = netnsutil.Run(ctx, hosts[1], append([]string{"iptables-nft", "-w", "5", "-D"}, rule...)...)
-	})
+	labtest.FirstRule(t, hosts[1], "iptables-nft", "FORWARD", "-m", "set", "--match-set", set, "src", "-j", "DROP")
 	attachAll(t, hosts)
 	pp := startPingPong(t, c1, c2, 5412)
 	pp.onFastPath(t, hosts[1], "the ping-pong on the fast path into h2")

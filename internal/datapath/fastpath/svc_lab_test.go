@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -38,7 +37,7 @@ func serviceLab(t *testing.T, spec lab.Spec) (*lab.Lab, []string) {
 
 // streamEcho sends d's worth of seeded pseudo-random bytes over c and checks that the echo is
 // byte-exact; it returns how many bytes went each way.
-func streamEcho(c net.Conn, r *bufio.Reader, d time.Duration, seed uint64) (int64, error) {
+func streamEcho(c net.Conn, r io.Reader, d time.Duration, seed uint64) (int64, error) {
 	const chunk = 64 << 10
 	errc := make(chan error, 1)
 	var sent int64
@@ -147,14 +146,11 @@ func TestServiceNATFastPath(t *testing.T) {
 			}
 			streams := 0
 			for try := 0; try < 40 && streams < 1; try++ {
-				c := dialIn(t, client.Netns, svc.Target())
-				r := bufio.NewReader(c)
-				line, err := r.ReadString('\n')
-				name := strings.TrimSpace(line)
-				if err != nil || !remote[name] {
+				c, r, name := labtest.DialNamed(t, client.Netns, svc.Target(), 20*time.Second)
+				if !remote[name] {
 					c.Close()
 					if _, ok := remote[name]; !ok {
-						t.Fatalf("answered by %q (%v), not a backend of %s", name, err, svc.Name)
+						t.Fatalf("answered by %q, not a backend of %s", name, svc.Name)
 					}
 					continue // a backend on the client's node: no overlay to accelerate
 				}
@@ -228,11 +224,9 @@ func TestServiceSNATStaysOnNormalPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := l.Services[0] // default/one: its backend is on h2
-	c := dialIn(t, client.Netns, svc.Target())
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != svc.Backends[0].Node {
-		t.Fatalf("greeting %q, %v", line, err)
+	c, r, name := labtest.DialNamed(t, client.Netns, svc.Target(), 20*time.Second)
+	if name != svc.Backends[0].Node {
+		t.Fatalf("greeted by %q, want %s", name, svc.Backends[0].Node)
 	}
 	if _, err := streamEcho(c, r, 2*time.Second, 7); err != nil {
 		t.Fatal(err)
@@ -271,21 +265,13 @@ func TestServiceConntrackFlush(t *testing.T) {
 	}
 }
 
-// dialIn connects from ns to target over TCP (3 s), closing the connection when the test ends.
-var dialIn = labtest.DialTCP
-
 // echoAcrossFlushes streams an echo from namespace ns to target (a Service) for 13 s while
 // every node's conntrack table is flushed twice (after 2 s and 7 s), and returns the bytes
 // echoed back intact: a flushed entry must be re-created with its translation, never leave the
 // connection to replies the client cannot match.
 func echoAcrossFlushes(t *testing.T, ns, target string, hosts []string, seed uint64) int64 {
 	t.Helper()
-	c := dialIn(t, ns, target)
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(c)
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	c, r, _ := labtest.DialNamed(t, ns, target, 30*time.Second)
 	go func() {
 		for _, at := range []time.Duration{2 * time.Second, 5 * time.Second} {
 			time.Sleep(at)

@@ -24,21 +24,7 @@ const fwPort = 5401
 // returns its removal (also registered as cleanup; a second removal is a no-op).
 func fwRule(t *testing.T, ns, proto string) func() {
 	t.Helper()
-	spec := []string{"FORWARD", "-p", proto, "--dport", strconv.Itoa(fwPort), "-j", "DROP"}
-	if out, err := netnsutil.Run(context.Background(), ns, append([]string{"iptables", "-w", "-I"}, spec...)...); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	done := false
-	del := func() {
-		if !done {
-			done = true
-			if out, err := netnsutil.Run(context.Background(), ns, append([]string{"iptables", "-w", "-D"}, spec...)...); err != nil {
-				t.Errorf("%v\n%s", err, out)
-			}
-		}
-	}
-	t.Cleanup(del)
-	return del
+	return labtest.FirstRule(t, ns, "iptables", "FORWARD", "-p", proto, "--dport", strconv.Itoa(fwPort), "-j", "DROP")
 }
 
 // tcpEcho serves TCP echo on addr:fwPort in ns until the test ends.

@@ -20,13 +20,7 @@ import (
 // a reader of its packet counter; the rule goes when the test ends.
 func invalidDrop(t *testing.T, ns string) func() uint64 {
 	t.Helper()
-	spec := []string{"FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}
-	if out, err := netnsutil.Run(context.Background(), ns, append([]string{"iptables", "-w", "-I"}, spec...)...); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		_, _ = netnsutil.Run(context.Background(), ns, append([]string{"iptables", "-w", "-D"}, spec...)...)
-	})
+	labtest.FirstRule(t, ns, "iptables", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	return func() uint64 {
 		out, err := netnsutil.Run(context.Background(), ns, "iptables", "-w", "-L", "FORWARD", "-v", "-n", "-x")
 		if err != nil {

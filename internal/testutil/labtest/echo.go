@@ -1,9 +1,11 @@
 package labtest
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,4 +71,28 @@ func DialTCP(t testing.TB, ns, addr string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// DialNamed connects from namespace ns to addr, where a named echo listens (EchoNamed,
+// lab.ServeTCPEchoFor), sets deadline d on the whole conversation and reads the greeting. It
+// returns the connection (closed when the test ends), the reader for the rest of it (the
+// greeting's read may have buffered echoed bytes, so read through it, not c) and the name that
+// answered. A failed connection or greeting fails the test.
+func DialNamed(t testing.TB, ns, addr string, d time.Duration) (net.Conn, *bufio.Reader, string) {
+	t.Helper()
+	c := DialTCP(t, ns, addr)
+	_ = c.SetDeadline(time.Now().Add(d))
+	r, name, err := ReadGreeting(c)
+	if err != nil {
+		t.Fatalf("greeting from %s (connected from %s): got %q, %v", addr, ns, name, err)
+	}
+	return c, r, name
+}
+
+// ReadGreeting reads a named echo's greeting line from c and returns the reader for the rest
+// of the conversation and the name, trimmed; it fails when the line does not arrive whole.
+func ReadGreeting(c net.Conn) (*bufio.Reader, string, error) {
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	return r, strings.TrimSpace(line), err
 }
