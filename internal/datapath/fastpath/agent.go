@@ -381,7 +381,7 @@ func devSet(t *datapath.Topology) string {
 func (a *agent) forgetOverlay(ovl int) int {
 	n := a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return int(k.Ovl) == ovl })
 	n += a.forget6(func(k fpFpKey6, _ *fpFpFlow) bool { return int(k.Ovl) == ovl })
-	a.p.forgetCounts(func(o int, _ uint32) bool { return o == ovl })
+	a.p.forgetCounts(func(o int, _ uint32, _ bool) bool { return o == ovl })
 	return n
 }
 
@@ -402,7 +402,7 @@ func (a *agent) forgetEndpoints(changed []endpoints.Key) int {
 	n := 0
 	if len(v4) > 0 {
 		n += a.forget(func(k fpFpKey, _ *fpFpFlow) bool { return v4[k.Local] })
-		a.p.forgetCounts(func(_ int, local uint32) bool { return v4[local] })
+		a.p.forgetCounts(func(_ int, local uint32, ipv4 bool) bool { return ipv4 && v4[local] })
 	}
 	if len(v6) > 0 {
 		// forget6 counts each deleted entry down in its address's counter.

@@ -140,7 +140,7 @@ func (p *pinned) flowCounts() (perOvl map[int]int, top map[int]int, err error) {
 	var n uint32
 	it := p.PrgFastpathPcnt.Iterate()
 	for it.Next(&k, &n) {
-		o := int(k>>32) & 0xffff // IPv6 addresses' keys carry FP_PCNT6 (bit 48) above the overlay
+		o, _, _ := pcntKey(k)
 		perOvl[o] += int(n)
 		top[o] = max(top[o], int(n))
 	}
@@ -173,22 +173,34 @@ func (p *pinned) learnedSample(limit int) (both, seen map[int]int, err error) {
 	return both, seen, it.Err()
 }
 
-// forgetCounts drops the per-address counters the drop function selects (by overlay and local
-// address), after their flows were deleted by a walk (the timers that would have counted them
-// down went with the entries).
-func (p *pinned) forgetCounts(drop func(ovl int, local uint32) bool) {
+// forgetCounts drops the per-address counters the drop function selects (by overlay and, for
+// IPv4, local address), after their flows were deleted by a walk (the timers that would have
+// counted them down went with the entries). An IPv6 address's counter (its key's low word is a
+// fold of the address, not an address) is passed with ipv4 false; forget6 counts those down
+// entry by entry, so only an overlay's end drops them.
+func (p *pinned) forgetCounts(drop func(ovl int, local uint32, ipv4 bool) bool) {
 	var k uint64
 	var n uint32
 	var del []uint64
 	it := p.PrgFastpathPcnt.Iterate()
 	for it.Next(&k, &n) {
-		if drop(int(k>>32), uint32(k)) {
+		ovl, local, ipv4 := pcntKey(k)
+		if drop(ovl, local, ipv4) {
 			del = append(del, k)
 		}
 	}
 	for _, k := range del {
 		_ = p.PrgFastpathPcnt.Delete(k)
 	}
+}
+
+// fpPcnt6 is bpf/fastpath6.h's FP_PCNT6: the bit that marks an IPv6 address's counter key.
+const fpPcnt6 = uint64(1) << 48
+
+// pcntKey splits a flow counter's key (pcnt_key / pcnt6_key in the programs): the overlay index,
+// the low word (an IPv4 address, or an IPv6 address's fold) and whether it is IPv4's.
+func pcntKey(k uint64) (ovl int, local uint32, ipv4 bool) {
+	return int(k>>32) & 0xffff, uint32(k), k&fpPcnt6 == 0
 }
 
 // monoNs is the programs' clock (bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC, coarse).

@@ -56,3 +56,28 @@ func TestFormatOverlays(t *testing.T) {
 		}
 	}
 }
+
+// The counter keys' layout must match pcnt_key and pcnt6_key in bpf/: an IPv6 key's overlay must
+// not carry FP_PCNT6, and its fold must never be taken for an IPv4 address (forgetEndpoints would
+// drop an IPv6 pod's budget when an IPv4 pod whose address equals the fold changes).
+func TestPcntKey(t *testing.T) {
+	for _, c := range []struct {
+		k    uint64
+		ovl  int
+		low  uint32
+		ipv4 bool
+	}{
+		{3<<32 | 0x0a000002, 3, 0x0a000002, true},
+		{fpPcnt6 | 3<<32 | 0x0a000002, 3, 0x0a000002, false},
+		{fpPcnt6 | 0xffff<<32 | 1, 0xffff, 1, false},
+	} {
+		ovl, low, ipv4 := pcntKey(c.k)
+		if ovl != c.ovl || low != c.low || ipv4 != c.ipv4 {
+			t.Errorf("pcntKey(%#x) = %d, %#x, %v; want %d, %#x, %v", c.k, ovl, low, ipv4, c.ovl, c.low, c.ipv4)
+		}
+	}
+	// pcnt6Key mirrors pcnt6_key (the IPv6 prog tests look counters up with it).
+	if ovl, _, ipv4 := pcntKey(pcnt6Key(fpFpKey6{Ovl: 7, Local: [4]uint32{1, 2, 3, 4}})); ovl != 7 || ipv4 {
+		t.Errorf("pcntKey(pcnt6Key(ovl 7)) = overlay %d, ipv4 %v; want 7, false", ovl, ipv4)
+	}
+}
