@@ -110,7 +110,22 @@ func AppendMsg(b []byte, typ uint16, fam uint8, seq uint32, attrs []byte) []byte
 
 // Sock is a plain ctnetlink socket in one namespace for requests whose answers are drained, not
 // read one by one.
-type Sock struct{ fd int }
+type Sock struct {
+	fd  int
+	buf []byte // the answers' receive buffer, made once (see rbuf)
+}
+
+// rbuf is the buffer Send and Exchange read answers into. One per socket, not one per call:
+// the fast path's agent asks conntrack about every connection closed on the fast path (a GET
+// and a delete each, ctclosed.go), and a fresh 256 KiB per exchange was a fifth of the agent's
+// CPU under short connections (allocation and the garbage collections it set off, measured
+// with perf during a CRR run). A Sock serves one caller at a time, as its one fd must.
+func (s *Sock) rbuf() []byte {
+	if s.buf == nil {
+		s.buf = make([]byte, 256<<10)
+	}
+	return s.buf
+}
 
 // Open opens a ctnetlink socket in namespace ns (netnsutil's names).
 func Open(ns string) (*Sock, error) {
@@ -146,7 +161,7 @@ func (s *Sock) Send(b []byte) (missing int, err error) {
 	if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return 0, err
 	}
-	buf := make([]byte, 64<<10)
+	buf := s.rbuf()
 	for {
 		n, _, rerr := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
 		if rerr != nil {
@@ -178,6 +193,7 @@ func (s *Sock) Send(b []byte) (missing int, err error) {
 
 // Exchange writes a buffer of requests and hands each message that came back (the kernel
 // answers a request within the sendto: entries for a GET, errors) to fn, until none is left.
+// A message's Data lies in the socket's receive buffer: fn must copy what it keeps.
 func (s *Sock) Exchange(b []byte, fn func(syscall.NetlinkMessage)) error {
 	if len(b) == 0 {
 		return nil
@@ -185,7 +201,7 @@ func (s *Sock) Exchange(b []byte, fn func(syscall.NetlinkMessage)) error {
 	if err := unix.Sendto(s.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return err
 	}
-	buf := make([]byte, 256<<10)
+	buf := s.rbuf()
 	for {
 		n, _, err := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.EAGAIN) {
