@@ -17,9 +17,13 @@
  *    (counted "opts" or "frag"), as IPv4 options do;
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
  * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), Services (DNAT,
- * fastpath_nat.h), the docker layout, BIG TCP, a TCP FIN/RST (always the normal path), and an
+ * fastpath_nat.h), the docker layout, BIG TCP, and an
  * IPv6 underlay (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum). Such
  * packets take the normal path, counted, and never learn.
+ *
+ * TCP FIN and RST go as IPv4's (fastpath.h's begin_out): the normal path's, but a short
+ * connection's (FP_F_HSONLY, learned from its handshake) ride the fast path and hand the
+ * connection to the agent (struct fp_closed6) to delete its conntrack entry.
  *
  * Entries go by their own sweep (prg_fastpath_sweep6, the lifetimes of fastpath.h) and count
  * against the local address's budget in prg_fastpath_pcnt under a key of their own (pcnt6_key).
@@ -210,11 +214,46 @@ static __always_inline int handover_in6(struct __sk_buff *ctx, struct fp_flow *f
 	return TCX_NEXT;
 }
 
+/* One closed IPv6 connection for the agent (fastpath_closed.h's ring): fp_closed with 128-bit
+ * addresses. A record of its own, not a family field in fp_closed, so the IPv4 record (and the
+ * agent's reading of it) stays as it was; the ring's records carry their length, which tells
+ * the two apart. */
+struct fp_closed6 {
+	__u32 local[4]; /* network order, as fp_key6 */
+	__u32 remote[4];
+	__u16 lport;
+	__u16 rport;
+	__u8 proto;
+	__u8 ovl;
+	__u8 pad[2];
+	__u64 ns;
+};
+
+/* closed_push6 is closed_push for an IPv6 flow. */
+static __always_inline void closed_push6(const struct fp_key6 *k, __u32 old, __u32 fin, __u32 dir)
+{
+	if (!closed_due(old, fin, k->proto))
+		return;
+	struct fp_closed6 c = {.lport = k->lport, .rport = k->rport, .proto = k->proto, .ovl = k->ovl,
+			       .ns = bpf_ktime_get_ns()};
+	__builtin_memcpy(c.local, k->local, 16);
+	__builtin_memcpy(c.remote, k->remote, 16);
+	if (bpf_ringbuf_output(&prg_fastpath_closed, &c, sizeof(c), 0))
+		count(dir, FP_R_CLOSED_LOST);
+}
+
 /* closing6 is closing (fastpath.h) for the IPv6 table. */
-static __always_inline void closing6(struct fp_key6 *k, __u32 fin)
+static __always_inline void closing6(struct fp_key6 *k, __u32 fin, __u32 dir)
 {
 	__u32 old;
-	closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow6, k), fin, &old);
+	if (closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow6, k), fin, &old))
+		closed_push6(k, old, fin, dir);
+}
+
+/* fin_fast6 is fin_fast (fastpath.h) for the IPv6 table. */
+static __always_inline int fin_fast6(struct fp_key6 *k)
+{
+	return fin_fast_flow(bpf_map_lookup_elem(&prg_fastpath_flow6, k));
 }
 
 static __always_inline struct fp_flow *lookup6(struct fp_key6 *k, int out, __u32 need, __u32 gen, __u32 *reason)
@@ -266,9 +305,12 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 			syn_open(f);
 			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT);
-		count(FP_DIR_TX, FP_R_PROTO);
-		return TCX_NEXT;
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
+		if (!fin_fast6(&k)) {
+			count(FP_DIR_TX, FP_R_PROTO);
+			return TCX_NEXT;
+		}
+		/* A short connection's FIN or RST: on the fast path like its data (FP_F_HSONLY). */
 	}
 	struct fp_flow *f = lookup6(&k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
 	if (r != FP_R_HIT)
@@ -362,9 +404,11 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 			syn_open(f);
 			return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN);
-		count(FP_DIR_RX, FP_R_PROTO);
-		return TCX_NEXT;
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
+		if (!fin_fast6(&k)) {
+			count(FP_DIR_RX, FP_R_PROTO);
+			return TCX_NEXT;
+		}
 	}
 	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
 	struct fp_flow *f = lookup6(&k, 0, need, cfg->gen, &r);
