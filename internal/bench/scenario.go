@@ -60,7 +60,7 @@ type Scenario struct {
 	SameNode, ViaService bool
 	ProxyMode            string // with ViaService: iptables (default) or nftables
 	// IPv6 measures between the pods' IPv6 addresses on a dual-stack flannel lab (lab up
-	// --ipv6: IPv6 inside the overlay, the IPv4 underlay outside). tcp and udp (iperf3), crr.
+	// --ipv6: IPv6 inside the overlay, the IPv4 underlay outside). tcp and udp (iperf3).
 	IPv6 bool
 }
 
@@ -247,10 +247,10 @@ func (s *Scenario) validatePair() error {
 		switch {
 		case s.SameNode || s.ViaService:
 			return errors.New("--ipv6 does not combine with --same-node or --via-service")
-		case s.Name != "tcp" && s.Name != "udp" && s.Name != "crr":
+		case s.Name != "tcp" && s.Name != "udp":
 			// sockperf (pingpong, underload) takes IPv6 only from 3.8 on; the distributions'
 			// 3.7 exits with its usage on an IPv6 address.
-			return fmt.Errorf("--ipv6: scenario %s is not supported (tcp, udp: iperf3; crr)", s.Name)
+			return fmt.Errorf("--ipv6: scenario %s is not supported (tcp, udp: iperf3)", s.Name)
 		}
 	}
 	if !s.SameNode && !s.ViaService {

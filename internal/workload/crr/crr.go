@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -70,7 +69,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	if err := sns.Do(func() error {
 		var err error
 		lc := net.ListenConfig{}
-		ln, err = lc.Listen(ctx, network(c.Listen), c.Listen)
+		ln, err = lc.Listen(ctx, "tcp", c.Listen) // the address literal picks the family (IPv6 pods too)
 		return err
 	}); err != nil {
 		return res, fmt.Errorf("crr: listen on %s in %s: %w", c.Listen, c.ServerNS, err)
@@ -166,7 +165,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 // crrOnce is one connection: connect, request, the whole response, close. It returns the
 // response's length.
 func crrOnce(ctx context.Context, d *net.Dialer, addr string, req, buf []byte) (int, error) {
-	conn, err := d.DialContext(ctx, network(addr), addr)
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return 0, err
 	}
@@ -207,12 +206,4 @@ func pctUs(sorted []time.Duration, q float64) float64 {
 	}
 	i := int(q * float64(len(sorted)-1))
 	return float64(sorted[i].Nanoseconds()) / 1e3
-}
-
-// network is "tcp6" for an IPv6 address:port (a dual-stack pod's, bench --ipv6), else "tcp4".
-func network(addr string) string {
-	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is6() && !ap.Addr().Is4In6() {
-		return "tcp6"
-	}
-	return "tcp4"
 }
