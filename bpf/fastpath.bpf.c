@@ -335,14 +335,7 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		__sync_fetch_and_or(&f->flags, FP_F_DNAT);
 	else
 		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
-	f->vtep = o.daddr;
-	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
-	f->out_ttl_seen = 0;
-	f->out_ns = bpf_ktime_get_coarse_ns();
-	asm volatile("" ::: "memory"); /* the template before the flag */
-	f->flags |= FP_F_OUT;
-	hs_learned(f, &p);
-	count(FP_DIR_TX, FP_R_LEARN);
+	learned_out(f, o.daddr, p.ttl, p.proto, p.ctl);
 	return TCX_NEXT;
 }
 
@@ -367,16 +360,7 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
 		return TCX_NEXT;
-	__builtin_memcpy(f->in_mac, p.eth.h_dest, 6);
-	__builtin_memcpy(f->in_mac + 6, p.eth.h_source, 6);
-	f->in_ifindex = ctx->ifindex;
-	f->in_ttl_dec = f->in_ttl_seen - p.ttl;
-	f->in_ttl_seen = 0;
-	f->in_ns = bpf_ktime_get_coarse_ns();
-	asm volatile("" ::: "memory");
-	f->flags |= FP_F_IN;
-	hs_learned(f, &p);
-	count(FP_DIR_RX, FP_R_LEARN);
+	learned_in(f, &p.eth, ctx->ifindex, p.ttl, p.proto, p.ctl);
 	return TCX_NEXT;
 }
 

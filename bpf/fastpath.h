@@ -236,9 +236,9 @@ static __always_inline __u64 max3(__u64 a, __u64 b, __u64 c)
 	return m > c ? m : c;
 }
 
-/* sweep_one deletes entry f once its lifetime (see FP_IDLE_NS) has passed since its last
- * activity, counting it down in its address's counter. */
-static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, __u64 *now)
+/* sweep_entry deletes entry f of either family's table (map, key k) once its lifetime (see
+ * FP_IDLE_NS) has passed since its last activity, counting it down in its address's counter pk. */
+static __always_inline long sweep_entry(void *map, void *k, struct fp_flow *f, __u64 now, __u64 pk)
 {
 	__u64 last, life;
 
@@ -250,10 +250,9 @@ static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, 
 		life = (f->flags & (FP_F_OUT | FP_F_IN)) == (FP_F_OUT | FP_F_IN) || (f->flags & FP_F_ALIAS) ? FP_IDLE_NS
 													   : FP_PENDING_NS;
 	}
-	if (*now < last + life)
+	if (now < last + life)
 		return 0;
 	__u32 counted = f->flags & FP_F_COUNTED;
-	__u64 pk = pcnt_key(k);
 	if (bpf_map_delete_elem(map, k))
 		return 0; /* the next sweep */
 	if (counted) {
@@ -262,6 +261,12 @@ static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, 
 			__sync_fetch_and_sub(n, 1);
 	}
 	return 0;
+}
+
+/* sweep_one is sweep_entry for the IPv4 table (bpf_for_each_map_elem's callback). */
+static long sweep_one(struct bpf_map *map, struct fp_key *k, struct fp_flow *f, __u64 *now)
+{
+	return sweep_entry(map, k, f, *now, pcnt_key(k));
 }
 
 /* The sweep's timer. One timer, not one per entry: a timer per entry costs an allocation per
@@ -289,26 +294,34 @@ static int sweep(void *map, __u32 *key, struct fp_sweep *s)
 	return 0;
 }
 
-/* sweep_arm starts the sweep with the first flow (a failed start is retried with the next). */
-static __always_inline void sweep_arm(void)
+/* sweep_arm_at starts a table's sweep (its timer map, its callback) with the table's first flow
+ * (a failed start is retried with the next). Inlined: timers and cb are constants to the verifier. */
+static __always_inline void sweep_arm_at(void *timers, void *cb)
 {
 	__u32 zero = 0;
-	struct fp_sweep *s = bpf_map_lookup_elem(&prg_fastpath_sweep, &zero);
+	struct fp_sweep *s = bpf_map_lookup_elem(timers, &zero);
 	if (!s || s->armed)
 		return;
-	long r = bpf_timer_init(&s->t, &prg_fastpath_sweep, 1 /* CLOCK_MONOTONIC */);
+	long r = bpf_timer_init(&s->t, timers, 1 /* CLOCK_MONOTONIC */);
 	if (r && r != -16 /* EBUSY: another CPU's */)
 		return;
-	if (!r && (bpf_timer_set_callback(&s->t, sweep) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
+	if (!r && (bpf_timer_set_callback(&s->t, cb) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
 		return;
 	s->armed = 1;
 }
 
-/* flow_new adds entry nf under k, within k's local address's budget. NULL
- * (counted under dir: budget, full) when it cannot. */
-static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct fp_key *k, struct fp_flow *nf, __u32 dir)
+static __always_inline void sweep_arm(void)
 {
-	__u64 pk = pcnt_key(k);
+	sweep_arm_at(&prg_fastpath_sweep, sweep);
+}
+
+/* flow_insert adds entry nf under key k to a flow table (map) of either family, within the
+ * budget of k's local address (counter key pk); *fresh says it inserted one (the caller arms that
+ * table's sweep). NULL (counted under dir: budget, full) when it cannot. */
+static __always_inline struct fp_flow *flow_insert(void *map, const struct fp_cfg *cfg, void *k, __u64 pk,
+						   struct fp_flow *nf, __u32 dir, int *fresh)
+{
+	*fresh = 0;
 	__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
 	if (!n) {
 		__u32 zero = 0;
@@ -327,15 +340,25 @@ static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct
 	nf->gen = cfg->gen;
 	nf->seen_ns = bpf_ktime_get_ns();
 	nf->flags |= FP_F_COUNTED;
-	long err = bpf_map_update_elem(&prg_fastpath_flow, k, nf, BPF_NOEXIST);
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+	long err = bpf_map_update_elem(map, k, nf, BPF_NOEXIST);
+	struct fp_flow *f = bpf_map_lookup_elem(map, k);
 	if (err) {
 		__sync_fetch_and_sub(n, 1);
 		if (!f) /* not a race with another CPU's insert: the table is full */
 			count(dir, FP_R_FULL);
 		return f;
 	}
-	sweep_arm();
+	*fresh = 1;
+	return f;
+}
+
+/* flow_new is flow_insert for the IPv4 table. */
+static __always_inline struct fp_flow *flow_new(const struct fp_cfg *cfg, struct fp_key *k, struct fp_flow *nf, __u32 dir)
+{
+	int fresh;
+	struct fp_flow *f = flow_insert(&prg_fastpath_flow, cfg, k, pcnt_key(k), nf, dir, &fresh);
+	if (fresh)
+		sweep_arm();
 	return f;
 }
 
@@ -494,6 +517,30 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 
 #include "fastpath_nat.h"
 
+/* seen_out records in flow f, of either family, that the fast path hands its egress packet
+ * (ttl, leaving the pod on ifindex) to the normal path, which the learner then learns from. */
+static __always_inline void seen_out(struct fp_flow *f, __u32 gen, __u8 ttl, __u32 ifindex)
+{
+	flow_reset(f, gen);
+	f->out_ttl_seen = ttl;
+	f->seen_ns = bpf_ktime_get_ns();
+	/* The flow now leaves a pod through another veth (a replaced pod with the same
+	 * address): the egress direction was learned on the old one, so it is no longer
+	 * learned until the normal path carries the flow from this veth. */
+	if (f->out_ifindex != ifindex) {
+		f->out_ifindex = ifindex;
+		__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
+	}
+}
+
+/* seen_in is seen_out for the ingress direction. */
+static __always_inline void seen_in(struct fp_flow *f, __u32 gen, __u8 ttl)
+{
+	flow_reset(f, gen);
+	f->in_ttl_seen = ttl;
+	f->seen_ns = bpf_ktime_get_ns();
+}
+
 /* handover records what the normal path will be learned from and lets the packet go there. */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
@@ -502,16 +549,7 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	if (!cfg)
 		return TCX_NEXT;
 	if (f) {
-		flow_reset(f, cfg->gen);
-		f->out_ttl_seen = p->ttl;
-		f->seen_ns = bpf_ktime_get_ns();
-		/* The flow now leaves a pod through another veth (a replaced pod with the same
-		 * address): the egress direction was learned on the old one, so it is no longer
-		 * learned until the normal path carries the flow from this veth. */
-		if (f->out_ifindex != ctx->ifindex) {
-			f->out_ifindex = ctx->ifindex;
-			__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
-		}
+		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		flow_new(cfg, k, &nf, FP_DIR_TX);
@@ -540,9 +578,7 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 	if (!ctx->tc_index)
 		ctx->tc_index = PRG_TC_INDEX_LEARN;
 	if (f) {
-		flow_reset(f, cfg->gen);
-		f->in_ttl_seen = p->ttl;
-		f->seen_ns = bpf_ktime_get_ns();
+		seen_in(f, cfg->gen, p->ttl);
 	} else {
 		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
 		flow_new(cfg, k, &nf, FP_DIR_RX);
@@ -553,46 +589,64 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 
 #include "fastpath_closed.h"
 
+/* closing_mark sets fin (and FP_F_CLOSING) in flow f of either family; 1 and the flags before
+ * (*old) when this changed them, for closed_due. */
+static __always_inline int closing_mark(struct fp_flow *f, __u32 fin, __u32 *old)
+{
+	if (!f || (f->flags & FP_F_ALIAS) || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
+		return 0;
+	if (!(f->flags & FP_F_CLOSING))
+		f->seen_ns = bpf_ktime_get_ns();
+	*old = __sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin);
+	return 1;
+}
+
 /* closing: a TCP FIN or RST of the flow of key k (normal path: conntrack sees the connection
  * close), fin saying whose (FP_F_FIN_OUT, FP_F_FIN_IN, FP_F_DONE for a RST), dir the
  * direction counting a lost hand-over. The flow's entry goes FP_CLOSE_NS after the first,
  * unless a SYN reopens it: short connections leave the table as fast as they come. */
 static __always_inline void closing(struct fp_key *k, __u32 fin, __u32 dir)
 {
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
-	if (!f || (f->flags & FP_F_ALIAS) || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
-		return;
-	if (!(f->flags & FP_F_CLOSING))
-		f->seen_ns = bpf_ktime_get_ns();
-	closed_push(k, __sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin), fin, dir);
+	__u32 old;
+	if (closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow, k), fin, &old))
+		closed_push(k, old, fin, dir);
 }
 
 /* fin_fast: the FIN or RST of flow k takes the fast path (FP_F_HSONLY), when the rest of
  * the lookup lets it. */
+static __always_inline int fin_fast_flow(const struct fp_flow *f)
+{
+	return f && !(f->flags & (FP_F_ALIAS | FP_F_LOCAL)) && (f->flags & FP_F_HSONLY);
+}
+
 static __always_inline int fin_fast(struct fp_key *k)
 {
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
-	return f && !(f->flags & (FP_F_ALIAS | FP_F_LOCAL)) && (f->flags & FP_F_HSONLY);
+	return fin_fast_flow(bpf_map_lookup_elem(&prg_fastpath_flow, k));
 }
 
 /* hs_learned records what a learner learned a TCP direction from: a SYN (SYN-ACK) leaves the
  * connection handshake-only as far as conntrack knows, anything else ends that (FP_F_HSONLY). */
-static __always_inline void hs_learned(struct fp_flow *f, const struct fp_pkt *p)
+static __always_inline void hs_learned_at(struct fp_flow *f, __u8 proto, __u8 ctl)
 {
-	if (p->proto != IPPROTO_TCP)
+	if (proto != IPPROTO_TCP)
 		return;
-	if (p->ctl == FP_TCP_SYN)
+	if (ctl == FP_TCP_SYN)
 		__sync_fetch_and_or(&f->flags, FP_F_HSONLY);
 	else if (f->flags & FP_F_HSONLY)
 		__sync_fetch_and_and(&f->flags, ~FP_F_HSONLY);
 }
 
-/* lookup finds the flow of key k; *reason is MISS (not learned both ways, or of an older
+static __always_inline void hs_learned(struct fp_flow *f, const struct fp_pkt *p)
+{
+	hs_learned_at(f, p->proto, p->ctl);
+}
+
+/* lookup_flow checks flow f (of either family, looked up by key) for the fast path; lookup finds
+ * the IPv4 flow of key k; *reason is MISS (not learned both ways, or of an older
  * generation) or STALE (this direction is due for re-learning) when it cannot take the fast
  * path. */
-static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 gen, __u32 *reason)
+static __always_inline struct fp_flow *lookup_flow(struct fp_flow *f, int out, __u32 need, __u32 gen, __u32 *reason)
 {
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 	if (!f) {
 		*reason = FP_R_MISS;
 		return NULL;
@@ -608,6 +662,11 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 n
 	}
 	*reason = FP_R_HIT;
 	return f;
+}
+
+static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 need, __u32 gen, __u32 *reason)
+{
+	return lookup_flow(bpf_map_lookup_elem(&prg_fastpath_flow, k), out, need, gen, reason);
 }
 
 static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p);
@@ -725,6 +784,37 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		return NULL;
 	}
 	return f;
+}
+
+/* learned_out completes the learning of flow f's egress direction (either family) from a frame
+ * the normal path encapsulated to vtep with inner TTL/hop limit ttl, after its template. */
+static __always_inline void learned_out(struct fp_flow *f, __u32 vtep, __u8 ttl, __u8 proto, __u8 ctl)
+{
+	f->vtep = vtep;
+	f->out_ttl_dec = f->out_ttl_seen - ttl;
+	f->out_ttl_seen = 0;
+	f->out_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory"); /* the template before the flag */
+	f->flags |= FP_F_OUT;
+	hs_learned_at(f, proto, ctl);
+	count(FP_DIR_TX, FP_R_LEARN);
+}
+
+/* learned_in learns flow f's ingress direction (either family) from a frame the normal path
+ * delivers to a pod on ifindex with Ethernet header eth and inner TTL/hop limit ttl. */
+static __always_inline void learned_in(struct fp_flow *f, const struct ethhdr *eth, __u32 ifindex, __u8 ttl,
+				       __u8 proto, __u8 ctl)
+{
+	__builtin_memcpy(f->in_mac, eth->h_dest, 6);
+	__builtin_memcpy(f->in_mac + 6, eth->h_source, 6);
+	f->in_ifindex = ifindex;
+	f->in_ttl_dec = f->in_ttl_seen - ttl;
+	f->in_ttl_seen = 0;
+	f->in_ns = bpf_ktime_get_coarse_ns();
+	asm volatile("" ::: "memory");
+	f->flags |= FP_F_IN;
+	hs_learned_at(f, proto, ctl);
+	count(FP_DIR_RX, FP_R_LEARN);
 }
 
 /* ttl_sub_ip lowers an IPv4 header's TTL by dec, updating its checksum incrementally

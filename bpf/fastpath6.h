@@ -17,9 +17,13 @@
  *    (counted "opts" or "frag"), as IPv4 options do;
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
  * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), Services (DNAT,
- * fastpath_nat.h), the docker layout, BIG TCP, a TCP FIN/RST (always the normal path), and an
+ * fastpath_nat.h), the docker layout, BIG TCP, and an
  * IPv6 underlay (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum). Such
  * packets take the normal path, counted, and never learn.
+ *
+ * TCP FIN and RST go as IPv4's (fastpath.h's begin_out): the normal path's, but a short
+ * connection's (FP_F_HSONLY, learned from its handshake) ride the fast path and hand the
+ * connection to the agent (struct fp_closed6) to delete its conntrack entry.
  *
  * Entries go by their own sweep (prg_fastpath_sweep6, the lifetimes of fastpath.h) and count
  * against the local address's budget in prg_fastpath_pcnt under a key of their own (pcnt6_key).
@@ -63,7 +67,7 @@ struct fp_pkt6 {
 	struct ethhdr eth;
 	__u32 saddr[4], daddr[4];
 	__u16 sport, dport;
-	__u8 proto, hlim, tclass;
+	__u8 proto, ttl, tos; /* hop limit, traffic class: named as fp_pkt's, for the shared helpers */
 	__u8 hdrs; /* IPv6 + L4 header bytes (the MTU check of GSO segments) */
 	__u8 ctl;  /* TCP: FP_TCP_* */
 };
@@ -107,8 +111,8 @@ static __always_inline int parse6_at(const struct prg_pkt *pk, __u32 off, struct
 	__builtin_memcpy(p->saddr, h.flow.saddr, 16);
 	__builtin_memcpy(p->daddr, h.flow.daddr, 16);
 	p->proto = h.flow.proto;
-	p->hlim = h.ttl;
-	p->tclass = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+	p->ttl = h.ttl;
+	p->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
 	p->sport = h.flow.sport;
 	p->dport = h.flow.dport;
 	p->ctl = 0;
@@ -157,30 +161,10 @@ static __always_inline void key6_in(struct fp_key6 *k, const struct fp_pkt6 *p)
 	k->ovl = fp_ovl;
 }
 
-/* sweep_one6 is sweep_one (fastpath.h) for the IPv6 table. */
+/* sweep_one6 is sweep_entry (fastpath.h) for the IPv6 table. */
 static long sweep_one6(struct bpf_map *map, struct fp_key6 *k, struct fp_flow *f, __u64 *now)
 {
-	__u64 last, life;
-
-	if (f->flags & FP_F_CLOSING) {
-		last = f->seen_ns;
-		life = FP_CLOSE_NS;
-	} else {
-		last = max3(f->out_ns, f->in_ns, f->seen_ns);
-		life = (f->flags & (FP_F_OUT | FP_F_IN)) == (FP_F_OUT | FP_F_IN) ? FP_IDLE_NS : FP_PENDING_NS;
-	}
-	if (*now < last + life)
-		return 0;
-	__u32 counted = f->flags & FP_F_COUNTED;
-	__u64 pk = pcnt6_key(k);
-	if (bpf_map_delete_elem(map, k))
-		return 0;
-	if (counted) {
-		__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
-		if (n && *n)
-			__sync_fetch_and_sub(n, 1);
-	}
-	return 0;
+	return sweep_entry(map, k, f, *now, pcnt6_key(k));
 }
 
 static int sweep6(void *map, __u32 *key, struct fp_sweep *s)
@@ -191,52 +175,14 @@ static int sweep6(void *map, __u32 *key, struct fp_sweep *s)
 	return 0;
 }
 
-static __always_inline void sweep6_arm(void)
-{
-	__u32 zero = 0;
-	struct fp_sweep *s = bpf_map_lookup_elem(&prg_fastpath_sweep6, &zero);
-	if (!s || s->armed)
-		return;
-	long r = bpf_timer_init(&s->t, &prg_fastpath_sweep6, 1 /* CLOCK_MONOTONIC */);
-	if (r && r != -16 /* EBUSY */)
-		return;
-	if (!r && (bpf_timer_set_callback(&s->t, sweep6) || bpf_timer_start(&s->t, FP_SWEEP_NS, 0)))
-		return;
-	s->armed = 1;
-}
-
-/* flow_new6 is flow_new (fastpath.h) for the IPv6 table. */
+/* flow_new6 is flow_insert (fastpath.h) for the IPv6 table. */
 static __always_inline struct fp_flow *flow_new6(const struct fp_cfg *cfg, struct fp_key6 *k, struct fp_flow *nf,
 						 __u32 dir)
 {
-	__u64 pk = pcnt6_key(k);
-	__u32 *n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
-	if (!n) {
-		__u32 zero = 0;
-		bpf_map_update_elem(&prg_fastpath_pcnt, &pk, &zero, BPF_NOEXIST);
-		n = bpf_map_lookup_elem(&prg_fastpath_pcnt, &pk);
-		if (!n) {
-			count(dir, FP_R_FULL);
-			return NULL;
-		}
-	}
-	if (cfg->budget && *n >= cfg->budget) {
-		count(dir, FP_R_BUDGET);
-		return NULL;
-	}
-	__sync_fetch_and_add(n, 1);
-	nf->gen = cfg->gen;
-	nf->seen_ns = bpf_ktime_get_ns();
-	nf->flags |= FP_F_COUNTED;
-	long err = bpf_map_update_elem(&prg_fastpath_flow6, k, nf, BPF_NOEXIST);
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
-	if (err) {
-		__sync_fetch_and_sub(n, 1);
-		if (!f)
-			count(dir, FP_R_FULL);
-		return f;
-	}
-	sweep6_arm();
+	int fresh;
+	struct fp_flow *f = flow_insert(&prg_fastpath_flow6, cfg, k, pcnt6_key(k), nf, dir, &fresh);
+	if (fresh)
+		sweep_arm_at(&prg_fastpath_sweep6, sweep6);
 	return f;
 }
 
@@ -244,15 +190,9 @@ static __always_inline int handover_out6(struct fp_flow *f, struct fp_key6 *k, c
 					 struct __sk_buff *ctx, const struct fp_cfg *cfg, __u32 reason)
 {
 	if (f) {
-		flow_reset(f, cfg->gen);
-		f->out_ttl_seen = p->hlim;
-		f->seen_ns = bpf_ktime_get_ns();
-		if (f->out_ifindex != ctx->ifindex) {
-			f->out_ifindex = ctx->ifindex;
-			__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
-		}
+		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
-		struct fp_flow nf = {.out_ttl_seen = p->hlim, .out_ifindex = ctx->ifindex};
+		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		flow_new6(cfg, k, &nf, FP_DIR_TX);
 	}
 	count(FP_DIR_TX, reason);
@@ -265,43 +205,60 @@ static __always_inline int handover_in6(struct __sk_buff *ctx, struct fp_flow *f
 	if (!ctx->tc_index)
 		ctx->tc_index = PRG_TC_INDEX_LEARN;
 	if (f) {
-		flow_reset(f, cfg->gen);
-		f->in_ttl_seen = p->hlim;
-		f->seen_ns = bpf_ktime_get_ns();
+		seen_in(f, cfg->gen, p->ttl);
 	} else {
-		struct fp_flow nf = {.in_ttl_seen = p->hlim, .vtep = vtep};
+		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
 		flow_new6(cfg, k, &nf, FP_DIR_RX);
 	}
 	count(FP_DIR_RX, reason);
 	return TCX_NEXT;
 }
 
-/* closing6: a TCP FIN or RST of flow k (on the normal path, which conntrack sees): the entry
- * goes FP_CLOSE_NS later unless a SYN reopens it. */
-static __always_inline void closing6(struct fp_key6 *k, __u32 fin)
+/* One closed IPv6 connection for the agent (fastpath_closed.h's ring): fp_closed with 128-bit
+ * addresses. A record of its own, not a family field in fp_closed, so the IPv4 record (and the
+ * agent's reading of it) stays as it was; the ring's records carry their length, which tells
+ * the two apart. */
+struct fp_closed6 {
+	__u32 local[4]; /* network order, as fp_key6 */
+	__u32 remote[4];
+	__u16 lport;
+	__u16 rport;
+	__u8 proto;
+	__u8 ovl;
+	__u8 pad[2];
+	__u64 ns;
+};
+
+/* closed_push6 is closed_push for an IPv6 flow. */
+static __always_inline void closed_push6(const struct fp_key6 *k, __u32 old, __u32 fin, __u32 dir)
 {
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
-	if (!f || (f->flags & (FP_F_CLOSING | fin)) == (FP_F_CLOSING | fin))
+	if (!closed_due(old, fin, k->proto))
 		return;
-	if (!(f->flags & FP_F_CLOSING))
-		f->seen_ns = bpf_ktime_get_ns();
-	__sync_fetch_and_or(&f->flags, FP_F_CLOSING | fin);
+	struct fp_closed6 c = {.lport = k->lport, .rport = k->rport, .proto = k->proto, .ovl = k->ovl,
+			       .ns = bpf_ktime_get_ns()};
+	__builtin_memcpy(c.local, k->local, 16);
+	__builtin_memcpy(c.remote, k->remote, 16);
+	if (bpf_ringbuf_output(&prg_fastpath_closed, &c, sizeof(c), 0))
+		count(dir, FP_R_CLOSED_LOST);
+}
+
+/* closing6 is closing (fastpath.h) for the IPv6 table. */
+static __always_inline void closing6(struct fp_key6 *k, __u32 fin, __u32 dir)
+{
+	__u32 old;
+	if (closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow6, k), fin, &old))
+		closed_push6(k, old, fin, dir);
+}
+
+/* fin_fast6 is fin_fast (fastpath.h) for the IPv6 table. */
+static __always_inline int fin_fast6(struct fp_key6 *k)
+{
+	return fin_fast_flow(bpf_map_lookup_elem(&prg_fastpath_flow6, k));
 }
 
 static __always_inline struct fp_flow *lookup6(struct fp_key6 *k, int out, __u32 need, __u32 gen, __u32 *reason)
 {
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
-	if (!f) {
-		*reason = FP_R_MISS;
-		return NULL;
-	}
-	if ((f->flags & need) != need || f->gen != gen) {
-		*reason = FP_R_MISS;
-		return f;
-	}
-	__u64 then = out ? f->out_ns : f->in_ns;
-	*reason = bpf_ktime_get_coarse_ns() - then > FP_REVALIDATE_NS ? FP_R_STALE : FP_R_HIT;
-	return f;
+	return lookup_flow(bpf_map_lookup_elem(&prg_fastpath_flow6, k), out, need, gen, reason);
 }
 
 /* pod_lookup6 is prg_pod_lookup4 (pod.h) for an IPv6 pod address. */
@@ -348,9 +305,12 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 			syn_open(f);
 			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT);
-		count(FP_DIR_TX, FP_R_PROTO);
-		return TCX_NEXT;
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
+		if (!fin_fast6(&k)) {
+			count(FP_DIR_TX, FP_R_PROTO);
+			return TCX_NEXT;
+		}
+		/* A short connection's FIN or RST: on the fast path like its data (FP_F_HSONLY). */
 	}
 	struct fp_flow *f = lookup6(&k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
 	if (r != FP_R_HIT)
@@ -363,7 +323,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_UNSUP);
 		return TCX_NEXT;
 	}
-	if (p.hlim <= f->out_ttl_dec) {
+	if (p.ttl <= f->out_ttl_dec) {
 		count(FP_DIR_TX, FP_R_TTL);
 		return TCX_NEXT;
 	}
@@ -401,7 +361,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 	oip->tot_len = bpf_htons(olen);
 	oip->id = id;
 	/* ip_tunnel_ecn_encap: the outer ECN field follows the inner traffic class's. */
-	oip->tos = (oip->tos & ~3) | ((p.tclass & 3) == 3 ? 2 : (p.tclass & 3));
+	oip->tos = (oip->tos & ~3) | ((p.tos & 3) == 3 ? 2 : (p.tos & 3));
 	oip->check = 0;
 	oip->check = ip_csum(oip);
 	if (hash) {
@@ -444,9 +404,11 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 			syn_open(f);
 			return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN);
-		count(FP_DIR_RX, FP_R_PROTO);
-		return TCX_NEXT;
+		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
+		if (!fin_fast6(&k)) {
+			count(FP_DIR_RX, FP_R_PROTO);
+			return TCX_NEXT;
+		}
 	}
 	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
 	struct fp_flow *f = lookup6(&k, 0, need, cfg->gen, &r);
@@ -468,7 +430,7 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
 		return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_STALE);
-	if (p.hlim <= f->in_ttl_dec) {
+	if (p.ttl <= f->in_ttl_dec) {
 		count(FP_DIR_RX, FP_R_TTL);
 		return TCX_NEXT;
 	}
@@ -514,17 +476,11 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep)
 		return TCX_NEXT;
 	key6_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
-	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.hlim)
+	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
 		return TCX_NEXT; /* not a flow the fast path handed over */
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
-	f->vtep = vtep;
-	f->out_ttl_dec = f->out_ttl_seen - p.hlim;
-	f->out_ttl_seen = 0;
-	f->out_ns = bpf_ktime_get_coarse_ns();
-	asm volatile("" ::: "memory"); /* the template before the flag */
-	f->flags |= FP_F_OUT;
-	count(FP_DIR_TX, FP_R_LEARN);
+	learned_out(f, vtep, p.ttl, p.proto, p.ctl);
 	return TCX_NEXT;
 }
 
@@ -538,17 +494,9 @@ static __always_inline int lrn_rx6(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	key6_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
-	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.hlim)
+	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
 		return TCX_NEXT;
-	__builtin_memcpy(f->in_mac, p.eth.h_dest, 6);
-	__builtin_memcpy(f->in_mac + 6, p.eth.h_source, 6);
-	f->in_ifindex = ctx->ifindex;
-	f->in_ttl_dec = f->in_ttl_seen - p.hlim;
-	f->in_ttl_seen = 0;
-	f->in_ns = bpf_ktime_get_coarse_ns();
-	asm volatile("" ::: "memory");
-	f->flags |= FP_F_IN;
-	count(FP_DIR_RX, FP_R_LEARN);
+	learned_in(f, &p.eth, ctx->ifindex, p.ttl, p.proto, p.ctl);
 	return TCX_NEXT;
 }
 

@@ -21,7 +21,9 @@
  * Service flow holds the Service address and port the pod sent to (its alias is never closed
  * here), which is the original tuple of the client node's conntrack entry; the backend's node
  * keys the same connection by the backend and the client pod, the reply tuple of its entry,
- * which conntrack finds as well. Same-node flows (FP_F_LOCAL) close on the normal path. */
+ * which conntrack finds as well. Same-node flows (FP_F_LOCAL) close on the normal path.
+ * An IPv6 connection's record is struct fp_closed6 (fastpath6.h), 48 bytes where this one is 24:
+ * one ring, the agent tells the two apart by their length (ctclosed.go). */
 struct fp_closed {
 	__u32 local;  /* network order, as fp_key */
 	__u32 remote;
@@ -42,15 +44,22 @@ struct {
 	__uint(max_entries, FP_CLOSED_RING);
 } prg_fastpath_closed SEC(".maps");
 
+/* closed_due: closed_push's test, for either family's record. */
+
 /* closed_push hands flow k to the agent when this FIN or RST (fin) completed its close: old are
  * the flags before the fetch-or that set fin, so of the CPUs racing on one flow's last FINs
  * exactly one sees the transition, and a repeated FIN none. Only a handshake-only connection
  * whose FIN rides the fast path (fin_fast's condition) leaves conntrack's entry behind. */
-static __always_inline void closed_push(const struct fp_key *k, __u32 old, __u32 fin, __u32 dir)
+static __always_inline int closed_due(__u32 old, __u32 fin, __u8 proto)
 {
 	if ((old & FP_F_DONE) == FP_F_DONE || ((old | fin) & FP_F_DONE) != FP_F_DONE)
-		return;
-	if (!(old & FP_F_HSONLY) || (old & (FP_F_ALIAS | FP_F_LOCAL)) || k->proto != IPPROTO_TCP)
+		return 0;
+	return (old & FP_F_HSONLY) && !(old & (FP_F_ALIAS | FP_F_LOCAL)) && proto == IPPROTO_TCP;
+}
+
+static __always_inline void closed_push(const struct fp_key *k, __u32 old, __u32 fin, __u32 dir)
+{
+	if (!closed_due(old, fin, k->proto))
 		return;
 	struct fp_closed c = {.local = k->local, .remote = k->remote, .lport = k->lport, .rport = k->rport,
 			      .proto = k->proto, .ovl = k->ovl, .ns = bpf_ktime_get_ns()};

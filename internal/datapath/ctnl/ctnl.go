@@ -33,6 +33,7 @@ const TCPFlagBeLiberal = 0x08
 // Message types (IPCTNL_MSG_CT_*) and the size of struct nfgenmsg.
 const (
 	MsgNew         = 0
+	MsgGet         = 1
 	MsgDelete      = 2
 	SizeofNfgenmsg = 4
 )
@@ -66,6 +67,19 @@ func AppendLiberal(b []byte, t Tuple, seq uint32) []byte {
 // AppendDelete appends to b a ctnetlink delete of the entry one of whose tuples is t.
 func AppendDelete(b []byte, t Tuple, seq uint32) []byte {
 	return AppendMsg(b, MsgDelete, family(t), seq, TupleAttr(t))
+}
+
+// AppendGet appends to b a ctnetlink GET of the entry one of whose tuples is t: the answer is
+// the entry (IPCTNL_MSG_CT_NEW, with its CTA_ID) or an error (ENOENT: none).
+func AppendGet(b []byte, t Tuple, seq uint32) []byte {
+	return AppendMsg(b, MsgGet, family(t), seq, TupleAttr(t))
+}
+
+// AppendDeleteID appends to b a ctnetlink delete of the entry of tuple t only if its id is still
+// id (CTA_ID; the attribute's 4 bytes as a GET's answer carried them, read as a native integer):
+// the kernel refuses another entry under the same tuple with ENOENT.
+func AppendDeleteID(b []byte, t Tuple, id uint32, seq uint32) []byte {
+	return AppendMsg(b, MsgDelete, family(t), seq, Attr(TupleAttr(t), nl.CTA_ID, binary.NativeEndian.AppendUint32(nil, id)))
 }
 
 func family(t Tuple) uint8 {

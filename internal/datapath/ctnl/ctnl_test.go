@@ -59,3 +59,39 @@ func TestAppendLiberalIPv6(t *testing.T) {
 		t.Errorf("IPv4 delete family %d", d[unix.SizeofNlMsghdr])
 	}
 }
+
+// TestAppendGetDeleteIDIPv6: the GET and the delete-by-id of an IPv6 entry are AF_INET6
+// messages of their type with the 16-byte addresses; the delete carries the id's bytes as a
+// GET's answer held them (native read, native write); an IPv4 tuple gives AF_INET.
+func TestAppendGetDeleteIDIPv6(t *testing.T) {
+	src, dst := netip.MustParseAddr("fd70:7267:0:1::2"), netip.MustParseAddr("fd70:7267:0:2::2")
+	tu := Tuple{Src: src, Dst: dst, Sport: 40000, Dport: 5201, Proto: 6}
+	id := []byte{0xde, 0xad, 0xbe, 0xef}
+	for _, c := range []struct {
+		b   []byte
+		typ uint16
+	}{{AppendGet(nil, tu, 3), MsgGet}, {AppendDeleteID(nil, tu, binary.NativeEndian.Uint32(id), 4), MsgDelete}} {
+		if typ := binary.NativeEndian.Uint16(c.b[4:]); typ != unix.NFNL_SUBSYS_CTNETLINK<<8|c.typ {
+			t.Fatalf("type %#x, want message %d", typ, c.typ)
+		}
+		if fam := c.b[unix.NLMSG_HDRLEN]; fam != unix.AF_INET6 {
+			t.Fatalf("family %d, want AF_INET6", fam)
+		}
+		top := attrs(c.b[unix.NLMSG_HDRLEN+SizeofNfgenmsg:])
+		ip := attrs(attrs(top[nl.CTA_TUPLE_ORIG])[nl.CTA_TUPLE_IP])
+		if s, _ := netip.AddrFromSlice(ip[nl.CTA_IP_V6_SRC]); s != src {
+			t.Fatalf("source %v, want %v", s, src)
+		}
+		if d, _ := netip.AddrFromSlice(ip[nl.CTA_IP_V6_DST]); d != dst {
+			t.Fatalf("destination %v, want %v", d, dst)
+		}
+		gotID, has := top[nl.CTA_ID]
+		if want := c.typ == MsgDelete; has != want || (want && string(gotID) != string(id)) {
+			t.Fatalf("message %d: CTA_ID % x (present %v)", c.typ, gotID, has)
+		}
+	}
+	v4 := Tuple{Src: netip.MustParseAddr("10.244.1.2"), Dst: netip.MustParseAddr("10.244.2.2"), Sport: 1, Dport: 2, Proto: 6}
+	if fam := AppendGet(nil, v4, 1)[unix.NLMSG_HDRLEN]; fam != unix.AF_INET {
+		t.Fatalf("IPv4 GET family %d", fam)
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -149,14 +148,8 @@ func (a *agent) putCfg(ov *overlay, forget bool) error {
 // next packet meets conntrack far beyond the window it last saw, which strict tracking calls
 // INVALID and kube-proxy drops, stalling the connection for good.
 func (a *agent) forgetAll(why string) {
-	var tcp []ctTuple
-	walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
-		if t, ok := learnedTCP(k, f); ok {
-			tcp = append(tcp, t)
-		}
-	})
-	a.liberalBeforeForget(tcp)
-	a.liberalBeforeForget6(true, nil) // the IPv6 table's (ctliberal6.go)
+	a.table4().liberalAll(a)
+	a.table6().liberalAll(a) // the IPv6 table's (ctliberal6.go)
 	var n []string
 	for _, ov := range *a.ovs.Load() {
 		if err := a.putCfg(ov, true); err != nil {
@@ -413,27 +406,7 @@ func (a *agent) forgetEndpoints(changed []endpoints.Key) int {
 
 // forget deletes the flows drop selects and returns how many.
 func (a *agent) forget(drop func(fpFpKey, *fpFpFlow) bool) int {
-	var k fpFpKey
-	var f fpFpFlow
-	var del []fpFpKey
-	var tcp []ctTuple
-	it := a.p.PrgFastpathFlow.Iterate()
-	for it.Next(&k, &f) {
-		if drop(k, &f) {
-			del = append(del, k)
-			if t, ok := learnedTCP(k, &f); ok {
-				tcp = append(tcp, t)
-			}
-		}
-	}
-	a.liberalBeforeForget(tcp)
-	n := 0
-	for _, k := range del {
-		if err := a.p.PrgFastpathFlow.Delete(k); err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
-			n++
-		}
-	}
-	return n
+	return a.table4().forget(a, drop) // its counters go by forgetCounts
 }
 
 // event sorts an update of the watch loop: a change of the underlay or the VXLAN device, of one

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/peregrine-net/peregrine/internal/datapath/ctnl"
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
@@ -45,18 +46,29 @@ const (
 )
 
 // sizeofClosed is struct fp_closed (bpf/fastpath_closed.h): local, remote, lport, rport,
-// proto, ovl, pad[2], ns.
-const sizeofClosed = 24
+// proto, ovl, pad[2], ns; sizeofClosed6 is struct fp_closed6 (bpf/fastpath6.h), the same with
+// 16-byte addresses. One ring carries both; a record's length says which it is.
+const (
+	sizeofClosed  = 24
+	sizeofClosed6 = 48
+)
 
 // parseClosed reads one ring record: the conntrack tuple of the closed connection (as the
-// flow's key holds it) and when it closed (CLOCK_MONOTONIC ns); false for a short record.
-func parseClosed(b []byte) (ctTuple, uint64, bool) {
-	if len(b) < sizeofClosed {
-		return ctTuple{}, 0, false
+// flow's key holds it), IPv4 or IPv6, and when it closed (CLOCK_MONOTONIC ns); false for a
+// record of another length.
+func parseClosed(b []byte) (ctnl.Tuple, uint64, bool) {
+	switch len(b) {
+	case sizeofClosed:
+		t := ctTuple{src: binary.NativeEndian.Uint32(b[0:]), dst: binary.NativeEndian.Uint32(b[4:]),
+			sport: binary.NativeEndian.Uint16(b[8:]), dport: binary.NativeEndian.Uint16(b[10:]), proto: b[12]}
+		return t.nl(), binary.NativeEndian.Uint64(b[16:]), true
+	case sizeofClosed6:
+		t := ctTuple6{src: words16(b[0:16]), dst: words16(b[16:32]),
+			sport: binary.NativeEndian.Uint16(b[32:]), dport: binary.NativeEndian.Uint16(b[34:])}.nl()
+		t.Proto = b[36]
+		return t, binary.NativeEndian.Uint64(b[40:]), true
 	}
-	t := ctTuple{src: binary.NativeEndian.Uint32(b[0:]), dst: binary.NativeEndian.Uint32(b[4:]),
-		sport: binary.NativeEndian.Uint16(b[8:]), dport: binary.NativeEndian.Uint16(b[10:]), proto: b[12]}
-	return t, binary.NativeEndian.Uint64(b[16:]), true
+	return ctnl.Tuple{}, 0, false
 }
 
 // closedStats is what the hand-over did since the last note.
@@ -90,7 +102,7 @@ func (d *ctDeleter) Close() {
 // for its SYN-ACK (SYN_SENT): a client that reuses its port within the hand-over's delay makes
 // a new entry under the same tuple once the old one is gone, and deleting that would make the
 // server's SYN-ACK INVALID. The old entry, in SYN_RECV, goes.
-func (d *ctDeleter) delete(ts []ctTuple) (deleted, missing, kept int) {
+func (d *ctDeleter) delete(ts []ctnl.Tuple) (deleted, missing, kept int) {
 	for _, ns := range d.nss {
 		s := d.socks[ns]
 		if s == nil {
@@ -144,7 +156,7 @@ const (
 
 // ctIdent is one conntrack entry: a tuple of it and its id (CTA_ID, as the kernel wrote it).
 type ctIdent struct {
-	t  ctTuple
+	t  ctnl.Tuple
 	id uint32
 }
 
@@ -155,7 +167,7 @@ type ctFound struct {
 }
 
 // entries asks conntrack for the entries of tuples ts: by index into ts, those found.
-func (s *ctSock) entries(ts []ctTuple) (map[int]ctFound, error) {
+func (s *ctSock) entries(ts []ctnl.Tuple) (map[int]ctFound, error) {
 	found := map[int]ctFound{}
 	var b []byte
 	flush := func() error {
@@ -172,7 +184,7 @@ func (s *ctSock) entries(ts []ctTuple) (map[int]ctFound, error) {
 		return err
 	}
 	for i, t := range ts {
-		b = appendCTMsg(b, ipctnlMsgCTGet, uint32(i+1), ctTupleAttr(t))
+		b = ctnl.AppendGet(b, t, uint32(i+1))
 		if len(b) > 32<<10 {
 			if err := flush(); err != nil {
 				return found, err
@@ -213,7 +225,7 @@ func parseCTFound(data []byte) (ctFound, bool) {
 // appendCTDeleteID appends a ctnetlink delete of entry e: the entry of its tuple, if its id
 // is still e's (the kernel refuses another one with ENOENT).
 func appendCTDeleteID(b []byte, e ctIdent, seq uint32) []byte {
-	return appendCTMsg(b, ipctnlMsgCTDel, seq, nlAttr(ctTupleAttr(e.t), nl.CTA_ID, be32(e.id)))
+	return ctnl.AppendDeleteID(b, e.t, e.id, seq)
 }
 
 // deleteClosed drains the programs' ring of connections closed on the fast path and deletes
@@ -235,7 +247,7 @@ func (a *agent) deleteClosed(ctx context.Context, nss []string) {
 	defer d.Close()
 	var st closedStats
 	logged := time.Now()
-	drainClosed(ctx, rd, func(ts []ctTuple, lag time.Duration) {
+	drainClosed(ctx, rd, func(ts []ctnl.Tuple, lag time.Duration) {
 		a.ctSelf.add(ts) // before the deletes: their events may be read before they return
 		del, miss, kept := d.delete(ts)
 		st.records += len(ts)
@@ -264,9 +276,9 @@ type closedReader interface {
 // record of a batch, then closedBatchWait, then reads what came meanwhile without waiting: the
 // kernel wakes a reader only when a record lands in a ring it had read to the end, so the
 // agent wakes once per batch, not once per connection (see closedBatchWait for the cost).
-func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, time.Duration)) {
+func drainClosed(ctx context.Context, rd closedReader, flush func([]ctnl.Tuple, time.Duration)) {
 	var rec ringbuf.Record
-	batch := make([]ctTuple, 0, closedBatchMax)
+	batch := make([]ctnl.Tuple, 0, closedBatchMax)
 	var lag time.Duration
 	add := func() {
 		t, at, ok := parseClosed(rec.RawSample)
@@ -320,19 +332,19 @@ func drainClosed(ctx context.Context, rd closedReader, flush func([]ctTuple, tim
 // with nothing to re-learn.
 type selfDeleted struct {
 	mu        sync.Mutex
-	cur, prev map[ctKey]struct{}
+	cur, prev map[ctnl.Tuple]struct{}
 	since     time.Time
 }
 
-func (s *selfDeleted) add(ts []ctTuple) {
+func (s *selfDeleted) add(ts []ctnl.Tuple) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil || time.Since(s.since) > time.Second {
-		s.prev, s.cur, s.since = s.cur, make(map[ctKey]struct{}, len(ts)*8), time.Now()
+		s.prev, s.cur, s.since = s.cur, make(map[ctnl.Tuple]struct{}, len(ts)*8), time.Now()
 	}
 	for _, t := range ts {
-		s.cur[ctKey{t.src, t.dst, t.sport, t.dport, t.proto}] = struct{}{}
-		s.cur[ctKey{t.dst, t.src, t.dport, t.sport, t.proto}] = struct{}{}
+		s.cur[t] = struct{}{}
+		s.cur[ctnl.Tuple{Src: t.Dst, Dst: t.Src, Sport: t.Dport, Dport: t.Sport, Proto: t.Proto}] = struct{}{}
 	}
 }
 
@@ -340,13 +352,9 @@ func (s *selfDeleted) add(ts []ctTuple) {
 // (either direction, NAT included: the client's node deletes by the Service address, the
 // backend's node by the backend's own tuple).
 func (s *selfDeleted) has(e ctEntry) bool {
-	if e.v6 {
-		return false // the agent deletes IPv4 entries only (prg_fastpath_closed is IPv4)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, t := range []ctTuple{e.orig, e.reply} {
-		k := ctKey{t.src, t.dst, t.sport, t.dport, t.proto}
+	for _, k := range e.tuples() {
 		if _, ok := s.cur[k]; ok {
 			return true
 		}
@@ -380,4 +388,20 @@ func sendCounted[T any](s *ctSock, ts []T, add func([]byte, T, uint32) []byte) (
 	}
 	flush()
 	return missing, first
+}
+
+// tuples are e's two directions in the ctnl package's form (either family).
+func (e ctEntry) tuples() [2]ctnl.Tuple {
+	if !e.v6 {
+		return [2]ctnl.Tuple{e.orig.nl(), e.reply.nl()}
+	}
+	var out [2]ctnl.Tuple
+	for i, d := range []struct {
+		t ctTuple
+		a ctAddrs6
+	}{{e.orig, e.orig6}, {e.reply, e.reply6}} {
+		out[i] = ctTuple6{src: d.a.src, dst: d.a.dst, sport: d.t.sport, dport: d.t.dport}.nl()
+		out[i].Proto = d.t.proto
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package fastpath
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -23,35 +24,47 @@ import (
 // handshake: the rest rode the fast path) has its SYN ignored, dropped as INVALID, and waits
 // a second for the retransmission. Before the close was handed to the agent through the ring
 // (ctclosed.go) a walk of the flow table once a second found those entries too late.
-func TestLabClosedLeaveNoConntrack(t *testing.T) {
-	for _, tool := range []string{"iptables-nft", "conntrack"} {
+func TestLabClosedLeaveNoConntrack(t *testing.T) { closedLeaveNoConntrack(t, false) }
+
+// closedLeaveNoConntrack is TestLabClosedLeaveNoConntrack between the pods' IPv4 addresses, or
+// with v6 their IPv6 ones on a dual-stack lab (TestLabIPv6ClosedLeaveNoConntrack).
+func closedLeaveNoConntrack(t *testing.T, v6 bool) {
+	fw, name, n, port := "iptables-nft", "fpct", 4000, "9310"
+	if v6 {
+		fw, name, n, port = "ip6tables", "fpct6", 3000, "9311"
+	}
+	for _, tool := range []string{fw, "conntrack"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("no %s (scripts/setup.sh installs it)", tool)
 		}
 	}
-	l := labForTest(t, lab.Spec{Name: "fpct", Style: lab.StyleFlannel, Containers: 1})
+	l := labForTest(t, lab.Spec{Name: name, Style: lab.StyleFlannel, Containers: 1, IPv6: v6})
 	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
 	c1, c2 := l.Containers[0], l.Containers[1]
-	for _, h := range hosts {
-		labtest.FirstRule(t, h, "iptables-nft", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	src, dst := c1.AddrOnly(), c2.AddrOnly()
+	if v6 {
+		src, dst = c1.Addr6Only(), c2.Addr6Only()
 	}
+	for _, h := range hosts {
+		labtest.FirstRule(t, h, fw, "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	}
+	// The range serves IPv6 sockets too.
 	mustRun(t, c1.Netns, "sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 41023")
 	attachAll(t, hosts)
 
-	const n = 4000
 	before, _ := Inspect(hosts[0])
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	addr := c2.AddrOnly() + ":9310"
+	addr := net.JoinHostPort(dst, port)
 	r, err := crr.Run(ctx, crr.Config{ServerNS: c2.Netns, Listen: addr, ClientNS: c1.Netns, Connect: addr,
 		Clients: 2, Response: 512, Count: n, Duration: 50 * time.Second})
 	if err != nil || r.Failures != 0 || r.Connections != n {
-		t.Fatalf("crr: %d connections, %d failures (%s): %v", r.Connections, r.Failures, r.FirstError, err)
+		t.Fatalf("crr to %s: %d connections, %d failures (%s): %v", addr, r.Connections, r.Failures, r.FirstError, err)
 	}
 	after, _ := Inspect(hosts[0])
-	t.Logf("%d connections at %.0f/s (p50 %.0f us, p99 %.0f us); client node: %d egress hits, %d ingress hits",
-		r.Connections, r.PerSec, r.P50Us, r.P99Us, after.Egress["hit"]-before.Egress["hit"], after.Ingress["hit"]-before.Ingress["hit"])
-	if eg := after.Egress["hit"] - before.Egress["hit"]; eg < n {
+	t.Logf("%d connections to %s at %.0f/s (p50 %.0f us, p99 %.0f us); client node: %d egress hits, %d ingress hits",
+		r.Connections, addr, r.PerSec, r.P50Us, r.P99Us, after.Egress["hit"]-before.Egress["hit"], after.Ingress["hit"]-before.Ingress["hit"])
+	if eg := after.Egress["hit"] - before.Egress["hit"]; eg < uint64(n) {
 		t.Fatalf("the connections did not take the fast path: %d egress hits for %d connections", eg, n)
 	}
 	// The hand-over's batch (10 ms) and the deletes: every entry of the connections gone within
@@ -61,7 +74,7 @@ func TestLabClosedLeaveNoConntrack(t *testing.T) {
 		var left []string
 		total := 0
 		for _, h := range hosts {
-			states := ctStates(t, h, c1.AddrOnly(), c2.AddrOnly())
+			states := ctStates(t, h, src, dst, v6)
 			for s, k := range states {
 				total += k
 				left = append(left, fmt.Sprintf("%s %s %d", netnsutil.Label(h), s, k))
@@ -76,7 +89,7 @@ func TestLabClosedLeaveNoConntrack(t *testing.T) {
 	// were left behind and connections failed.)
 	drops := 0
 	for _, h := range hosts {
-		d := invalidDrops(t, h)
+		d := invalidDrops(t, h, fw)
 		drops += d
 		t.Logf("%s: %d packets dropped as INVALID", netnsutil.Label(h), d)
 	}
@@ -88,12 +101,17 @@ func TestLabClosedLeaveNoConntrack(t *testing.T) {
 	}
 }
 
-// ctStates counts the TCP conntrack entries from src to dst in namespace ns by state.
-func ctStates(t *testing.T, ns, src, dst string) map[string]int {
+// ctStates counts the TCP conntrack entries from src to dst in namespace ns by state (IPv6
+// ones with v6).
+func ctStates(t *testing.T, ns, src, dst string, v6 bool) map[string]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := netnsutil.Run(ctx, ns, "conntrack", "-L", "-p", "tcp", "--orig-src", src, "--orig-dst", dst)
+	fam := "ipv4"
+	if v6 {
+		fam = "ipv6"
+	}
+	out, err := netnsutil.Run(ctx, ns, "conntrack", "-L", "-f", fam, "-p", "tcp", "--orig-src", src, "--orig-dst", dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,12 +124,13 @@ func ctStates(t *testing.T, ns, src, dst string) map[string]int {
 	return m
 }
 
-// invalidDrops is the packet counter of the FORWARD chain's INVALID drop rule in ns.
-func invalidDrops(t *testing.T, ns string) int {
+// invalidDrops is the packet counter of the FORWARD chain's INVALID drop rule in ns, as
+// firewall tool fw (iptables-nft, ip6tables) lists it.
+func invalidDrops(t *testing.T, ns, fw string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := netnsutil.Run(ctx, ns, "iptables-nft", "-w", "5", "-L", "FORWARD", "-v", "-n", "-x")
+	out, err := netnsutil.Run(ctx, ns, fw, "-w", "5", "-L", "FORWARD", "-v", "-n", "-x")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/ctnl"
 )
 
 // closedRecords drains the ring of connections closed on the fast path (prg_fastpath_closed).
-func (e *progEnv) closedRecords(t *testing.T) []ctTuple {
+func (e *progEnv) closedRecords(t *testing.T) []ctnl.Tuple {
 	t.Helper()
 	rd, err := ringbuf.NewReader(e.o.PrgFastpathClosed)
 	if err != nil {
@@ -19,7 +21,7 @@ func (e *progEnv) closedRecords(t *testing.T) []ctTuple {
 	}
 	defer rd.Close()
 	rd.SetDeadline(time.Now())
-	var out []ctTuple
+	var out []ctnl.Tuple
 	for {
 		rec, err := rd.Read()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -52,7 +54,7 @@ func remoteFin(src, dst frame, flags uint8) []byte {
 func TestClosedHandOver(t *testing.T) {
 	e := newProgEnv(t)
 	k := keyOf(podA, podB, 40000, 5201, 6)
-	want := ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6}
+	want := ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6}.nl()
 	setFlags := func(k fpFpKey, set, clear uint32) {
 		t.Helper()
 		f := e.flow(t, k)
@@ -68,7 +70,7 @@ func TestClosedHandOver(t *testing.T) {
 	peer := frame{saddr: podB, sport: 5201}
 	self := frame{daddr: podA, dport: 40000}
 	e.learn(t, k, 1)
-	expect := func(what string, n int, tu ctTuple) {
+	expect := func(what string, n int, tu ctnl.Tuple) {
 		t.Helper()
 		got := e.closedRecords(t)
 		if len(got) != n || (n == 1 && got[0] != tu) {
@@ -147,7 +149,7 @@ func TestClosedHandOver(t *testing.T) {
 	}
 	e2.run(t, e2.o.PrgFastpathRx, remoteFin(peer, self, 0x11), 0)
 	got := e2.closedRecords(t)
-	sw := ctTuple{src: sk.Local, dst: sk.Remote, sport: sk.Lport, dport: sk.Rport, proto: 6}
+	sw := ctTuple{src: sk.Local, dst: sk.Remote, sport: sk.Lport, dport: sk.Rport, proto: 6}.nl()
 	if len(got) != 1 || got[0] != sw {
 		t.Fatalf("Service connection: records %+v, want one of %+v (pod A to %s:80)", got, sw, svcAddr)
 	}

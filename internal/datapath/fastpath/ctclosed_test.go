@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/peregrine-net/peregrine/internal/datapath/ctnl"
 )
 
 // fakeRing serves queued records; an empty ring with a deadline says so, one without ends.
@@ -59,9 +61,9 @@ func TestDrainClosed(t *testing.T) {
 			r.recs = append(r.recs, []byte{1, 2, 3})
 		}
 	}
-	var got []ctTuple
+	var got []ctnl.Tuple
 	var sizes []int
-	drainClosed(ctx, r, func(ts []ctTuple, lag time.Duration) {
+	drainClosed(ctx, r, func(ts []ctnl.Tuple, lag time.Duration) {
 		sizes = append(sizes, len(ts))
 		got = append(got, ts...)
 		if lag < 30*time.Millisecond || lag > time.Minute {
@@ -72,7 +74,7 @@ func TestDrainClosed(t *testing.T) {
 		t.Fatalf("%d tuples sent, want %d (batches %v)", len(got), n, sizes)
 	}
 	for i, tu := range got {
-		if tu.sport != uint16(i) || tu.src != 0x0201a8c0 || tu.dst != 0x0202a8c0 || tu.dport != 0x5000 || tu.proto != 6 {
+		if want := (ctTuple{src: 0x0201a8c0, dst: 0x0202a8c0, sport: uint16(i), dport: 0x5000, proto: 6}).nl(); tu != want {
 			t.Fatalf("tuple %d: %+v", i, tu)
 		}
 	}
@@ -90,7 +92,7 @@ func TestDrainClosed(t *testing.T) {
 	}
 	got = got[:0]
 	start := time.Now()
-	drainClosed(done, r, func(ts []ctTuple, _ time.Duration) { got = append(got, ts...) })
+	drainClosed(done, r, func(ts []ctnl.Tuple, _ time.Duration) { got = append(got, ts...) })
 	if len(got) != 10 || time.Since(start) > closedBatchWait {
 		t.Fatalf("at the end: %d of 10 records sent, after %v", len(got), time.Since(start))
 	}
@@ -105,8 +107,8 @@ func TestDrainClosed(t *testing.T) {
 func TestSelfDeleted(t *testing.T) {
 	var s selfDeleted
 	pod, svc, be := uint32(0x0201f40a), uint32(0x0a0060a), uint32(0x0301f40a)
-	s.add([]ctTuple{{src: pod, dst: svc, sport: 40000, dport: 80, proto: 6}})  // client node
-	s.add([]ctTuple{{src: be, dst: pod, sport: 8080, dport: 40001, proto: 6}}) // backend node
+	s.add([]ctnl.Tuple{ctTuple{src: pod, dst: svc, sport: 40000, dport: 80, proto: 6}.nl()})  // client node
+	s.add([]ctnl.Tuple{ctTuple{src: be, dst: pod, sport: 8080, dport: 40001, proto: 6}.nl()}) // backend node
 	client := ctEntry{orig: ctTuple{pod, svc, 40000, 80, 6}, reply: ctTuple{be, pod, 8080, 40000, 6}}
 	backend := ctEntry{orig: ctTuple{pod, be, 40001, 8080, 6}, reply: ctTuple{be, pod, 8080, 40001, 6}}
 	other := ctEntry{orig: ctTuple{pod, be, 40002, 8080, 6}, reply: ctTuple{be, pod, 8080, 40002, 6}}
@@ -131,7 +133,7 @@ func TestCTFoundAndDeleteID(t *testing.T) {
 	if _, ok := parseCTFound(msg[:4]); ok {
 		t.Fatal("an entry without an id parsed")
 	}
-	del := appendCTDeleteID(nil, ctIdent{tu, f.id}, 7)
+	del := appendCTDeleteID(nil, ctIdent{tu.nl(), f.id}, 7)
 	var gotID []byte
 	var gotT ctTuple
 	nlAttrs(del[unix.SizeofNlMsghdr+sizeofNfgenmsg:], func(typ uint16, v []byte) {
@@ -144,5 +146,40 @@ func TestCTFoundAndDeleteID(t *testing.T) {
 	})
 	if binary.NativeEndian.Uint16(del[4:]) != unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel || !bytes.Equal(gotID, id) || gotT != tu {
 		t.Fatalf("delete: type %#x, id % x, tuple %+v", binary.NativeEndian.Uint16(del[4:]), gotID, gotT)
+	}
+}
+
+// An IPv6 record (struct fp_closed6, 48 bytes) reads as the IPv6 tuple of its key; the agent's
+// own deletes of IPv6 entries are recognised by either direction of their DESTROY event.
+func TestClosedIPv6Record(t *testing.T) {
+	k := key6(pod6A, pod6B, 40000, 5201, 6)
+	b := make([]byte, sizeofClosed6)
+	for i := range 4 {
+		binary.NativeEndian.PutUint32(b[4*i:], k.Local[i])
+		binary.NativeEndian.PutUint32(b[16+4*i:], k.Remote[i])
+	}
+	binary.NativeEndian.PutUint16(b[32:], k.Lport)
+	binary.NativeEndian.PutUint16(b[34:], k.Rport)
+	b[36] = 6
+	binary.NativeEndian.PutUint64(b[40:], 12345)
+	tu, at, ok := parseClosed(b)
+	want := ctnl.Tuple{Src: pod6A, Dst: pod6B, Sport: 40000, Dport: 5201, Proto: 6}
+	if !ok || at != 12345 || tu != want {
+		t.Fatalf("parsed %+v at %d (%v), want %+v at 12345", tu, at, ok, want)
+	}
+	for _, n := range []int{sizeofClosed6 - 1, sizeofClosed6 + 8, sizeofClosed + 4} {
+		if _, _, ok := parseClosed(make([]byte, n)); ok {
+			t.Fatalf("a record of %d bytes parsed", n)
+		}
+	}
+	var s selfDeleted
+	s.add([]ctnl.Tuple{want})
+	mine := ctEntry{v6: true, orig: ctTuple{sport: k.Lport, dport: k.Rport, proto: 6}, reply: ctTuple{sport: k.Rport, dport: k.Lport, proto: 6},
+		orig6: ctAddrs6{k.Local, k.Remote}, reply6: ctAddrs6{k.Remote, k.Local}}
+	other := mine
+	other.orig.sport, other.reply.dport = htons(40001), htons(40001)
+	v4 := ctEntry{orig: ctTuple{sport: k.Lport, dport: k.Rport, proto: 6}, reply: ctTuple{sport: k.Rport, dport: k.Lport, proto: 6}}
+	if !s.has(mine) || s.has(other) || s.has(v4) {
+		t.Fatalf("self-deleted: mine %v, other port %v, IPv4 %v; want true, false, false", s.has(mine), s.has(other), s.has(v4))
 	}
 }

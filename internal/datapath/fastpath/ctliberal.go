@@ -2,8 +2,11 @@ package fastpath
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
@@ -36,18 +39,52 @@ const conntrackLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 // Service connection while kube-proxy restarted). So forget marks the entries of the TCP
 // flows it removes first (liberalBeforeForget), synchronously, before their map entries go.
 
-// learnedTCP is the conntrack tuple of a TCP flow the fast path carried in either direction
-// (ok false for any other entry).
-func learnedTCP(k fpFpKey, f *fpFpFlow) (ctTuple, bool) {
-	if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) == 0 {
-		return ctTuple{}, false
-	}
-	return ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6}, true
+// flowTable is one address family's flow table as the agent's walks see it: the IPv4 table
+// (fpFpKey, conntrack tuple ctTuple) and the IPv6 one (fpFpKey6, ctTuple6, ctliberal6.go) share
+// the liberal marking, the marking before a forget and the forget itself through it.
+type flowTable[K comparable, T any] struct {
+	m     *ebpf.Map
+	label string                   // how the log names the family's marking
+	tuple func(K) (T, uint8)       // the conntrack tuple of the flow of key k, and its protocol
+	send  func(*ctSock, []T) error // marks the tuples' entries liberal
+	pcnt  func(K) uint64           // the per-address counter a forgotten entry counts down; nil: none
 }
 
-// liberalBeforeForget marks the conntrack entries of tuples ts liberal in the agent's
-// namespaces (where they are not liberal already); an entry that is gone is no error.
-func (a *agent) liberalBeforeForget(ts []ctTuple) {
+func (a *agent) table4() flowTable[fpFpKey, ctTuple] {
+	return flowTable[fpFpKey, ctTuple]{m: a.p.PrgFastpathFlow, label: "liberal TCP tracking",
+		tuple: tuple4, send: markLiberal}
+}
+
+func tuple4(k fpFpKey) (ctTuple, uint8) {
+	return ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: k.Proto}, k.Proto
+}
+
+// walk is walkTable over the table (nothing where the table is absent: an older object).
+func (t flowTable[K, T]) walk(fn func(K, *fpFpFlow)) {
+	if t.m != nil {
+		walkTable(t.m, fn)
+	}
+}
+
+// learnedTCP is the conntrack tuple of a TCP flow the fast path carried in either direction
+// (ok false for any other entry).
+func (t flowTable[K, T]) learnedTCP(k K, f *fpFpFlow) (T, bool) {
+	tu, proto := t.tuple(k)
+	if proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) == 0 {
+		var zero T
+		return zero, false
+	}
+	return tu, true
+}
+
+func learnedTCP(k fpFpKey, f *fpFpFlow) (ctTuple, bool) {
+	return flowTable[fpFpKey, ctTuple]{tuple: tuple4}.learnedTCP(k, f)
+}
+
+// liberalBeforeForget marks the entries of ts, TCP flows about to be forgotten, liberal in
+// every conntrack namespace the agent found (a.ctNS), synchronously. A namespace that is
+// liberal already, or where the marking fails, is passed over: the forget goes ahead.
+func (t flowTable[K, T]) liberalBeforeForget(a *agent, ts []T) {
 	if len(ts) == 0 {
 		return
 	}
@@ -59,20 +96,76 @@ func (a *agent) liberalBeforeForget(ts []ctTuple) {
 		if err != nil {
 			continue // liberalTCP says once that it cannot mark there
 		}
-		_ = markLiberal(s, ts)
+		_ = t.send(s, ts)
 		s.Close()
 	}
 }
 
-// liberalTCP marks the conntrack entries of learned TCP flows in namespaces nss until ctx ends.
-func (a *agent) liberalTCP(ctx context.Context, nss []string) {
+func (a *agent) liberalBeforeForget(ts []ctTuple) { a.table4().liberalBeforeForget(a, ts) }
+
+// liberalAll marks every learned TCP flow of the table liberal (before all are forgotten).
+func (t flowTable[K, T]) liberalAll(a *agent) {
+	var ts []T
+	t.walk(func(k K, f *fpFpFlow) {
+		if tu, ok := t.learnedTCP(k, f); ok {
+			ts = append(ts, tu)
+		}
+	})
+	t.liberalBeforeForget(a, ts)
+}
+
+// forget deletes the table's flows drop selects, their TCP entries made liberal first, and
+// returns how many went (counting each deleted entry down in its address's counter where the
+// table has one: pcnt).
+func (t flowTable[K, T]) forget(a *agent, drop func(K, *fpFpFlow) bool) int {
+	if t.m == nil {
+		return 0
+	}
+	var del []K
+	var counted []bool
+	var tcp []T
+	t.walk(func(k K, f *fpFpFlow) {
+		if drop(k, f) {
+			del = append(del, k)
+			counted = append(counted, f.Flags&fCounted != 0)
+			if tu, ok := t.learnedTCP(k, f); ok {
+				tcp = append(tcp, tu)
+			}
+		}
+	})
+	t.liberalBeforeForget(a, tcp)
+	n := 0
+	for i, k := range del {
+		err := t.m.Delete(k)
+		if err == nil && counted[i] && t.pcnt != nil {
+			pk := t.pcnt(k)
+			var c uint32
+			if a.p.PrgFastpathPcnt.Lookup(pk, &c) == nil && c > 0 {
+				_ = a.p.PrgFastpathPcnt.Update(pk, c-1, ebpf.UpdateExist)
+			}
+		}
+		if err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
+			n++
+		}
+	}
+	return n
+}
+
+// liberalTCP marks, every ctLiberalEvery until ctx ends, the conntrack entries of the TCP
+// flows the fast path learned both ways since it last looked, in each namespace of nss.
+func (a *agent) liberalTCP(ctx context.Context, nss []string) { a.table4().liberalLoop(ctx, a, nss) }
+
+func (t flowTable[K, T]) liberalLoop(ctx context.Context, a *agent, nss []string) {
+	if t.m == nil {
+		return
+	}
 	socks := map[string]*ctSock{}
 	defer func() {
 		for _, s := range socks {
 			s.Close()
 		}
 	}()
-	marked := map[fpFpKey]uint64{} // flow -> the egress learn time its entry was marked for
+	marked := map[K]uint64{} // flow -> the egress learn time its entry was marked for
 	failed := map[string]bool{}
 	tick := time.NewTicker(ctLiberalEvery)
 	defer tick.Stop()
@@ -82,22 +175,20 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 			return
 		case <-tick.C:
 		}
-		var todo []ctTuple
-		next := map[fpFpKey]uint64{}
-		walkFlows(a.p.PrgFastpathFlow, func(k fpFpKey, f *fpFpFlow) {
-			if k.Proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
+		var todo []T
+		next := map[K]uint64{}
+		t.walk(func(k K, f *fpFpFlow) {
+			tu, proto := t.tuple(k)
+			if proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
 				return
 			}
-			// Both FINs went through conntrack already, or rode the fast path (fHsOnly: the
-			// agent deletes that entry as the close is handed over, ctclosed.go): no data
-			// follows them, nothing of this connection can meet the window check again. A
-			// short connection (TCP_CRR, HTTP with Connection: close) costs no update.
+			// Both FINs went through conntrack (the normal path): closing, nothing to mark.
 			if f.Flags&fDone == fDone {
 				return
 			}
 			next[k] = f.OutNs
 			if marked[k] != f.OutNs {
-				todo = append(todo, ctTuple{src: k.Local, dst: k.Remote, sport: k.Lport, dport: k.Rport, proto: 6})
+				todo = append(todo, tu)
 			}
 		})
 		marked = next
@@ -105,41 +196,35 @@ func (a *agent) liberalTCP(ctx context.Context, nss []string) {
 			continue
 		}
 		for _, ns := range nss {
-			liberal := false
-			if v, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil {
-				continue // no conntrack there
-			} else {
-				liberal = strings.TrimSpace(v) == "1" // every entry liberal already
-			}
-			if liberal {
-				continue
+			if v, err := netnsutil.ReadFileIn(ns, conntrackLiberal); err != nil || strings.TrimSpace(v) == "1" {
+				continue // no conntrack there, or every entry liberal already
 			}
 			s := socks[ns]
 			if s == nil {
 				var err error
 				if s, err = openCTSock(ns); err != nil {
 					if !failed[ns] {
-						a.lg.Printf("liberal TCP tracking: %v (fast-path TCP flows may be dropped as INVALID at their re-learn)", err)
+						a.lg.Printf("%s: %v (fast-path TCP flows may be dropped as INVALID at their re-learn)", t.label, err)
 						failed[ns] = true
 					}
 					continue
 				}
 				socks[ns] = s
 			}
-			if err := markLiberal(s, todo); err != nil && !failed[ns] {
-				a.lg.Printf("liberal TCP tracking in %s: %v", netnsutil.Label(ns), err)
+			if err := t.send(s, todo); err != nil && !failed[ns] {
+				a.lg.Printf("%s in %s: %v", t.label, netnsutil.Label(ns), err)
 				failed[ns] = true
 			}
 		}
 	}
 }
 
-// markLiberal sends the updates for tuples ts in buffers of up to 32 KiB.
+// markLiberal sets IP_CT_TCP_FLAG_BE_LIBERAL on the entries of ts (both directions), in one
+// batch of requests; an entry that is gone (ENOENT) is no error.
 func markLiberal(s *ctSock, ts []ctTuple) error { return sendAll(s, ts, appendCTLiberal) }
 
-// sendAll sends one request per tuple, made by add (sendCounted); entries already gone are no
-// error.
-func sendAll(s *ctSock, ts []ctTuple, add func([]byte, ctTuple, uint32) []byte) error {
+// sendAll sends one request per tuple, made by add (appendCTLiberal, appendCTDelete).
+func sendAll[T any](s *ctSock, ts []T, add func([]byte, T, uint32) []byte) error {
 	_, err := sendCounted(s, ts, add)
 	return err
 }

@@ -44,27 +44,15 @@ func (f frame) bytes() []byte {
 	if et != 0x0800 {
 		return append(out, f.payload...)
 	}
-	var l4 []byte
-	switch f.proto {
-	case 6:
-		l4 = make([]byte, 20)
-		binary.BigEndian.PutUint16(l4[0:], f.sport)
-		binary.BigEndian.PutUint16(l4[2:], f.dport)
-		binary.BigEndian.PutUint32(l4[4:], 1000)
-		binary.BigEndian.PutUint32(l4[8:], 2000)
-		l4[12] = 5 << 4
-		l4[13] = f.tcpFlags
-		binary.BigEndian.PutUint16(l4[14:], 65000)
-	case 17:
-		l4 = make([]byte, 8)
-		binary.BigEndian.PutUint16(l4[0:], f.sport)
-		binary.BigEndian.PutUint16(l4[2:], f.dport)
-		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(f.payload)))
-	case 1:
+	l4 := l4Segment(f.proto, f.sport, f.dport, f.tcpFlags)
+	if f.proto == 1 {
 		l4 = []byte{8, 0, 0, 0, 0, 0, 0, 1}
 		binary.BigEndian.PutUint16(l4[4:], f.sport)
 	}
 	l4 = append(l4, f.payload...)
+	if f.proto == 17 {
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	}
 	ttl := f.ttl
 	if ttl == 0 {
 		ttl = 64
@@ -86,16 +74,47 @@ func (f frame) bytes() []byte {
 	var ph uint32
 	ph += uint32(binary.BigEndian.Uint16(s[0:])) + uint32(binary.BigEndian.Uint16(s[2:]))
 	ph += uint32(binary.BigEndian.Uint16(d[0:])) + uint32(binary.BigEndian.Uint16(d[2:]))
-	ph += uint32(f.proto) + uint32(len(l4))
-	switch f.proto {
+	if f.proto == 1 {
+		binary.BigEndian.PutUint16(l4[2:], csum(l4, 0))
+	} else {
+		l4Checksum(l4, f.proto, ph)
+	}
+	return append(append(out, ip...), l4...)
+}
+
+// l4Segment is the TCP (20 bytes, no options) or UDP header the IPv4 and IPv6 frames of the
+// tests carry, checksum 0 (l4Checksum), a UDP length to be set once the payload is known; nil
+// for another protocol.
+func l4Segment(proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
+	var l4 []byte
+	switch proto {
+	case 6:
+		l4 = make([]byte, 20)
+		binary.BigEndian.PutUint32(l4[4:], 1000)
+		binary.BigEndian.PutUint32(l4[8:], 2000)
+		l4[12] = 5 << 4
+		l4[13] = tcpFlags
+		binary.BigEndian.PutUint16(l4[14:], 65000)
+	case 17:
+		l4 = make([]byte, 8)
+	default:
+		return nil
+	}
+	binary.BigEndian.PutUint16(l4[0:], sport)
+	binary.BigEndian.PutUint16(l4[2:], dport)
+	return l4
+}
+
+// l4Checksum sets the TCP or UDP checksum of segment l4 (header and payload) over pseudo
+// header sum ph, to which it adds the protocol and the length (either family's pseudo header).
+func l4Checksum(l4 []byte, proto uint8, ph uint32) {
+	ph += uint32(proto) + uint32(len(l4))
+	switch proto {
 	case 6:
 		binary.BigEndian.PutUint16(l4[16:], csum(l4, ph))
 	case 17:
 		binary.BigEndian.PutUint16(l4[6:], csum(l4, ph))
-	case 1:
-		binary.BigEndian.PutUint16(l4[2:], csum(l4, 0))
 	}
-	return append(append(out, ip...), l4...)
 }
 
 var (
