@@ -61,15 +61,15 @@ const masqMark = "0x4000"
 
 // Service is one Service of the lab, as `lab status` lists it.
 type Service struct {
-	Name      string    `json:"name"` // namespace/name, as kubectl prints it
-	ClusterIP string    `json:"cluster_ip"`
+	Name      string `json:"name"` // namespace/name, as kubectl prints it
+	ClusterIP string `json:"cluster_ip"`
 	// ClusterIP6 is the Service's IPv6 ClusterIP in a dual-stack lab (--ipv6): the Service is
 	// "PreferDualStack", IPv4 first (spec.clusterIPs [ClusterIP, ClusterIP6]).
-	ClusterIP6 string `json:"cluster_ip6,omitempty"`
-	Port      int       `json:"port"`
-	Protocol  string    `json:"protocol"`
-	NodePort  int       `json:"node_port,omitempty"`
-	Backends  []Backend `json:"backends"`
+	ClusterIP6 string    `json:"cluster_ip6,omitempty"`
+	Port       int       `json:"port"`
+	Protocol   string    `json:"protocol"`
+	NodePort   int       `json:"node_port,omitempty"`
+	Backends   []Backend `json:"backends"`
 }
 
 // Backend is one endpoint of a Service: a lab container and its target port.
