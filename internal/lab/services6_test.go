@@ -1,9 +1,15 @@
 package lab
 
 import (
+	"context"
+	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/peregrine-net/peregrine/internal/netnsutil"
 )
 
 func dualStackServicesSpec(name, mode string, underlay bool) Spec {
@@ -143,5 +149,76 @@ func TestNFT6RulesetLayout(t *testing.T) {
 	}
 	if strings.Contains(nftEndpointChain(v6[1], be), ":") {
 		t.Error("a chain name may not hold ':'")
+	}
+}
+
+// TestServicesDualStack builds a dual-stack lab with Services in each proxy mode (nftables
+// over an IPv6 underlay, so with the IPv6 NodePort): lab up's verification has reached every
+// Service over both ClusterIPs; here each IPv6 ClusterIP is answered by its backends only
+// (greeting), every backend of default/three answers over IPv6, the IPv6 rules are where
+// kube-proxy keeps them, with an IPv6 underlay the IPv6 NodePort answers on every node's IPv6
+// address, and the root namespace gets no rule (lab down's cleanup checks the rest).
+func TestServicesDualStack(t *testing.T) {
+	for _, c := range []struct {
+		mode     string
+		underlay bool
+	}{{ProxyIPTables, false}, {ProxyNFTables, true}} {
+		t.Run(c.mode, func(t *testing.T) {
+			l := upForTest(t, dualStackServicesSpec("tsv6"+c.mode[:2], c.mode, c.underlay))
+			if len(l.Services) != 2 || l.Services[1].ClusterIP6 == "" {
+				t.Fatalf("status lists %+v", l.Services)
+			}
+			h1, _ := l.Node("h1")
+			dump := []string{"ip6tables-save", "-t", "nat"}
+			want := "--comment \"default/three:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-"
+			if c.mode == ProxyNFTables {
+				dump, want = []string{"nft", "list", "table", "ip6", NFTTable}, "ip6 daddr . meta l4proto . th dport vmap @service-ips"
+			}
+			out, err := netnsutil.Run(context.Background(), h1.Netns, dump...)
+			if err != nil || !strings.Contains(out, want) || !strings.Contains(out, l.Services[1].ClusterIP6) {
+				t.Fatalf("%v in %s: %v, want %q and %s:\n%s", dump, h1.Netns, err, want, l.Services[1].ClusterIP6, out)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var stops []func()
+			for _, ep := range l.Endpoints() {
+				cs, err := listen6(ep)
+				for _, c := range cs {
+					stops = append(stops, func() { c.Close() })
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer func() {
+				for _, s := range stops {
+					s()
+				}
+			}()
+			for _, client := range []string{"h1-c1", "h2-c2"} {
+				n, err := l.Node(client)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, sv := range l.Services {
+					if err := probeService(ctx, n.Netns, sv, sv.Target6()); err != nil {
+						t.Errorf("%s -> %s (%s): %v", client, sv.Name, sv.Target6(), err)
+					}
+				}
+				for i, h := range l.Hosts {
+					if !c.underlay {
+						break // no IPv6 node address, no IPv6 NodePort (TestIP6TablesRulesetLayout)
+					}
+					target := net.JoinHostPort(l.Spec.HostAddr6(i+1).Addr().String(), strconv.Itoa(ServiceNodePort))
+					if name, err := ServiceEcho(ctx, n.Netns, target); err != nil || name != l.Services[0].Backends[0].Node {
+						t.Errorf("%s -> IPv6 NodePort %s on %s: answered by %q, %v", client, target, h.Name, name, err)
+					}
+				}
+			}
+			assertRootHasNoServiceRules(t)
+			if out, err := exec.Command("ip6tables-save").CombinedOutput(); err != nil || strings.Contains(string(out), "fd70:7267:2:") {
+				t.Errorf("the root namespace's ip6tables: %v\n%s", err, out)
+			}
+		})
 	}
 }
