@@ -69,7 +69,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	if err := sns.Do(func() error {
 		var err error
 		lc := net.ListenConfig{}
-		ln, err = lc.Listen(ctx, "tcp4", c.Listen)
+		ln, err = lc.Listen(ctx, "tcp", c.Listen) // the address literal picks the family (IPv6 pods too)
 		return err
 	}); err != nil {
 		return res, fmt.Errorf("crr: listen on %s in %s: %w", c.Listen, c.ServerNS, err)
@@ -165,7 +165,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 // crrOnce is one connection: connect, request, the whole response, close. It returns the
 // response's length.
 func crrOnce(ctx context.Context, d *net.Dialer, addr string, req, buf []byte) (int, error) {
-	conn, err := d.DialContext(ctx, "tcp4", addr)
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return 0, err
 	}
