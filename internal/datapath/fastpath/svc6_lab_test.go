@@ -2,8 +2,10 @@ package fastpath
 
 import (
 	"context"
+	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +21,9 @@ import (
 // greets, the echo is byte-exact past the first re-learn (5 s), and after learning at least
 // 99 % of each direction's packets take the fast path on both nodes: on the client's node
 // that means the fast path reproduces the Service's DNAT and its reverse for IPv6 (conntrack's
-// translation), on the backend's node the flow is plain pod-to-pod. None is dropped. Detach
-// leaves no program, record, pin or map, and the Service still answers over IPv6.
+// translation), on the backend's node the flow is plain pod-to-pod. None is dropped. Then 10
+// short connections (the backend's FIN ends each) need no retransmission. Detach leaves no
+// program, record, pin or map, and the Service still answers over IPv6.
 func TestServiceNATFastPathIPv6(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
 		t.Run(mode, func(t *testing.T) {
@@ -86,6 +89,42 @@ func TestServiceNATFastPathIPv6(t *testing.T) {
 				}
 			}
 
+			// Short connections (issue 29 item 1, as crr): each answered by the backend and
+			// echoed, the client half-closes, the backend's FIN ends it. The backend's node
+			// must have retransmitted nothing: a FIN the fast path loses comes back only by
+			// retransmission, with backoff (0.2, 0.4, 0.8 s ...: crr at ~1 connection/s).
+			be, err := l.Node(svc.Backends[0].Node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			retrans0 := tcpRetransSegs(t, be.Netns)
+			for i := 0; i < 10; i++ {
+				c, err := netnsutil.DialContext(context.Background(), client.Netns, &net.Dialer{Timeout: 3 * time.Second}, "tcp6", svc.Target6())
+				if err != nil {
+					t.Fatalf("short connection %d: %v", i, err)
+				}
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				r, name, err := labtest.ReadGreeting(c)
+				token := []byte("prg short connection " + strconv.Itoa(i))
+				if err == nil {
+					_, err = c.Write(token)
+				}
+				if err == nil {
+					err = c.(*net.TCPConn).CloseWrite()
+				}
+				var got []byte
+				if err == nil {
+					got, err = io.ReadAll(r) // to the backend's FIN
+				}
+				c.Close()
+				if err != nil || name != svc.Backends[0].Node || string(got) != string(token) {
+					t.Fatalf("short connection %d via %s: answered by %q, echo %q, %v", i, svc.Target6(), name, got, err)
+				}
+			}
+			if n := tcpRetransSegs(t, be.Netns) - retrans0; n > 0 {
+				t.Errorf("10 short connections via %s: the backend retransmitted %d segments (want 0: a lost FIN or segment)", svc.Target6(), n)
+			}
+
 			ids := pinnedMapIDs(t, hosts[0])
 			detachLeavesNothing(t, hosts...)
 			labtest.MapsGone(t, ids)
@@ -96,4 +135,36 @@ func TestServiceNATFastPathIPv6(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tcpRetransSegs is the TCP segments namespace ns has retransmitted (/proc/net/snmp's
+// Tcp RetransSegs, read by a process inside ns: /proc/net is the reader's namespace).
+func tcpRetransSegs(t *testing.T, ns string) uint64 {
+	t.Helper()
+	out, err := netnsutil.Run(context.Background(), ns, "cat", "/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == "RetransSegs" && i < len(f) {
+				v, err := strconv.ParseUint(f[i], 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+	}
+	t.Fatalf("no Tcp RetransSegs in %s's /proc/net/snmp:\n%s", ns, out)
+	return 0
 }
