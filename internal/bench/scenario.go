@@ -277,6 +277,9 @@ func (s *Scenario) validatePair() error {
 			return fmt.Errorf("proxy mode %q: iptables or nftables", s.ProxyMode)
 		}
 		if s.Name == "udp" || (s.Name != "tcp" && s.Name != "crr" && s.Proto != "tcp") {
+			if s.IPv6 {
+				return errors.New("--via-service: TCP only (the lab's Services are TCP): with --ipv6 use tcp or crr")
+			}
 			return errors.New("--via-service: TCP only (the lab's Services are TCP): use tcp, crr, or pingpong/underload with --proto tcp")
 		}
 	}
