@@ -10,6 +10,8 @@ func TestValidatePair(t *testing.T) {
 	}{
 		{Scenario{Name: "tcp", SameNode: true}, true},
 		{Scenario{Name: "tcp", ViaService: true}, true},
+		{Scenario{Name: "crr", ViaService: true}, true},
+		{Scenario{Name: "crr", SameNode: true}, false},
 		{Scenario{Name: "pingpong", ViaService: true, Proto: "tcp", ProxyMode: "nftables"}, true},
 		{Scenario{Name: "pingpong", ViaService: true, Proto: "udp"}, false},
 		{Scenario{Name: "udp", ViaService: true}, false},

@@ -245,12 +245,12 @@ func (s *Scenario) validatePair() error {
 	}
 	if s.IPv6 {
 		switch {
-		case s.SameNode || s.ViaService:
-			return errors.New("--ipv6 does not combine with --same-node or --via-service")
-		case s.Name != "tcp" && s.Name != "udp":
+		case s.SameNode:
+			return errors.New("--ipv6 does not combine with --same-node")
+		case s.Name != "tcp" && s.Name != "udp" && s.Name != "crr":
 			// sockperf (pingpong, underload) takes IPv6 only from 3.8 on; the distributions'
 			// 3.7 exits with its usage on an IPv6 address.
-			return fmt.Errorf("--ipv6: scenario %s is not supported (tcp, udp: iperf3)", s.Name)
+			return fmt.Errorf("--ipv6: scenario %s is not supported (tcp, udp: iperf3; crr)", s.Name)
 		}
 	}
 	if !s.SameNode && !s.ViaService {
@@ -264,16 +264,23 @@ func (s *Scenario) validatePair() error {
 	}
 	switch s.Name {
 	case "tcp", "udp", "pingpong", "underload":
+	case "crr": // its client takes a connect address; one-backend Service, so every connection lands on the receiver
+		if s.SameNode {
+			return errors.New("--same-node: scenario crr is not supported (tcp, udp, pingpong, underload)")
+		}
 	default:
-		return fmt.Errorf("--same-node/--via-service: scenario %s is not supported (tcp, udp, pingpong, underload)", s.Name)
+		return fmt.Errorf("--same-node/--via-service: scenario %s is not supported (tcp, udp, pingpong, underload; crr with --via-service)", s.Name)
 	}
 	if s.ViaService {
 		s.ProxyMode = cmp.Or(s.ProxyMode, "iptables")
 		if s.ProxyMode != "iptables" && s.ProxyMode != "nftables" {
 			return fmt.Errorf("proxy mode %q: iptables or nftables", s.ProxyMode)
 		}
-		if s.Name == "udp" || (s.Name != "tcp" && s.Proto != "tcp") {
-			return errors.New("--via-service: TCP only (the lab's Services are TCP)")
+		if s.Name == "udp" || (s.Name != "tcp" && s.Name != "crr" && s.Proto != "tcp") {
+			if s.IPv6 {
+				return errors.New("--via-service: TCP only (the lab's Services are TCP): with --ipv6 use tcp or crr")
+			}
+			return errors.New("--via-service: TCP only (the lab's Services are TCP): use tcp, crr, or pingpong/underload with --proto tcp")
 		}
 	}
 	return nil

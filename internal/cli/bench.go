@@ -187,7 +187,8 @@ func newBenchCompareCmd() *cobra.Command {
   peregrine bench compare tcp --modes vanilla,fastpath --style real-flannel
   # on the real Kubernetes lab (up first: sudo peregrine lab up --style k8s --no-agent)
   peregrine bench compare tcp --style k8s --reps 3 --duration 3s   # vanilla,fastpath,prism
-  peregrine bench compare pingpong --style k8s --via-service        # through a ClusterIP`,
+  peregrine bench compare pingpong --style k8s --via-service        # through a ClusterIP
+  peregrine bench compare tcp --style flannel --ipv6 --via-service  # through an IPv6 ClusterIP (dual-stack lab)`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ms []string
@@ -225,7 +226,7 @@ func newBenchCompareCmd() *cobra.Command {
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
-	c.Flags().BoolVar(&b.ipv6, "ipv6", false, "flannel style: measure between the pods' IPv6 addresses on a dual-stack lab (lab up --ipv6: IPv6 inside flannel.1, the IPv4 underlay outside; tcp and udp; no native baseline: the first mode is the baseline)")
+	c.Flags().BoolVar(&b.ipv6, "ipv6", false, "flannel style: measure between the pods' IPv6 addresses on a dual-stack lab (lab up --ipv6: IPv6 inside flannel.1, the IPv4 underlay outside; tcp, udp and crr; with --via-service through the Service's IPv6 ClusterIP, tcp and crr; no native baseline: the first mode is the baseline)")
 	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service on the flannel style: kube-proxy's mode, iptables (default) or nftables (the k8s style's is the cluster's: lab up --style k8s --proxy-mode)")
 	return c
 }

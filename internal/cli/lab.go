@@ -143,7 +143,7 @@ func newLabUpCmd() *cobra.Command {
 	f.StringVar(&torCPUs, "tor-cpus", "", "with --tor: CPUs the switches' receive runs on (RPS on their ports; default the last CPU)")
 	f.BoolVar(&spec.IPv6, "ipv6", false, "flannel style: dual-stack pods, an IPv6 address each from "+lab.DefaultOverlayCIDR6+" (a /64 per host), routed as flannel's EnableIPv6 does but over flannel.1's IPv4 underlay; lab up checks every pair over IPv6 too")
 	f.BoolVar(&spec.IPv6Underlay, "ipv6-underlay", false, "with --ipv6: carry the pods' IPv6 as real flannel does, on flannel-v6.1 over IPv6 addresses of the hosts' eth0 (from "+lab.DefaultUnderlayCIDR6+"); the fast path leaves that overlay to the normal path")
-	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend and NodePort "+strconv.Itoa(lab.ServiceNodePort)+", default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"); lab up checks a client on each host reaches each")
+	f.BoolVar(&spec.Services, "services", false, "flannel style: write Kubernetes Services into every host namespace as kube-proxy does (default/one: 1 backend and NodePort "+strconv.Itoa(lab.ServiceNodePort)+", default/three: 3; ClusterIPs from "+lab.ServiceCIDR+"; with --ipv6 dual-stack, IPv6 ClusterIPs from "+lab.ServiceCIDR6+" in ip6tables or table ip6 kube-proxy, the IPv6 NodePort only with --ipv6-underlay); lab up checks a client on each host reaches each, over IPv6 too")
 	f.StringVar(&spec.ProxyMode, "proxy-mode", "", "with --services: kube-proxy's mode whose rules to write, iptables (default) or nftables")
 	k8sUp = addK8sUpFlags(f, &spec.ProxyMode)
 	f.IntVar(&spec.Tenants, "tenants", 1, "docker style: tenants, each with its own overlay (VXLAN device, VNI vni+t-1, bridge) and containers h<i>-t<t>-c<j> using the same addresses as tenant 1's h<i>-c<j>")
@@ -326,7 +326,11 @@ func printServices(l *lab.Lab) {
 		if sv.NodePort != 0 { // as kubectl prints it: port:nodePort/protocol
 			port = fmt.Sprintf("%d:%d/%s", sv.Port, sv.NodePort, sv.Protocol)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", sv.Name, sv.ClusterIP, port, strings.Join(bs, " "))
+		ip := sv.ClusterIP
+		if sv.ClusterIP6 != "" { // dual-stack, as kubectl's CLUSTER-IP column lists spec.clusterIPs
+			ip += "," + sv.ClusterIP6
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", sv.Name, ip, port, strings.Join(bs, " "))
 	}
 	tw.Flush()
 }

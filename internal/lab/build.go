@@ -137,7 +137,11 @@ func (b *builder) build() error {
 		}
 	}
 	if s.Services {
-		b.log("writing Services as kube-proxy's %s mode does (ClusterIPs from %s) in every host namespace", s.ProxyMode, ServiceCIDR)
+		cidrs := ServiceCIDR
+		if s.IPv6 {
+			cidrs += " and " + ServiceCIDR6
+		}
+		b.log("writing Services as kube-proxy's %s mode does (ClusterIPs from %s) in every host namespace", s.ProxyMode, cidrs)
 		for i := 1; i <= s.Hosts; i++ {
 			if err := b.writeServices(i); err != nil {
 				return err

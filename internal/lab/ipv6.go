@@ -88,8 +88,8 @@ func (s *Spec) validateIPv6() error {
 	if s.Style != StyleFlannel {
 		return fmt.Errorf("--ipv6 (dual-stack pods) is built for the flannel style only (got %s): use --style flannel", s.Style)
 	}
-	if s.TenantCount() > 1 || s.ToR || s.Services {
-		return fmt.Errorf("--ipv6 does not combine with --tenants, --tor or --services: drop one")
+	if s.TenantCount() > 1 || s.ToR {
+		return fmt.Errorf("--ipv6 does not combine with --tenants or --tor: drop one")
 	}
 	p, err := netip.ParsePrefix(s.OverlayCIDR6)
 	if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() > 48 {

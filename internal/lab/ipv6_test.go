@@ -33,7 +33,7 @@ func TestIPv6Refused(t *testing.T) {
 		{Spec{Style: StyleFlannel, IPv6: true, OverlayCIDR6: "10.0.0.0/8"}, "IPv6 overlay CIDR"},
 		{Spec{Style: StyleFlannel, IPv6: true, OverlayCIDR6: "fd00::/56"}, "IPv6 overlay CIDR"},
 		{Spec{Style: StyleFlannel, OverlayCIDR6: "fd00::/48"}, "without ipv6"},
-		{Spec{Style: StyleFlannel, IPv6: true, Services: true}, "does not combine"},
+		{Spec{Style: StyleFlannel, IPv6: true, ToR: true}, "does not combine"},
 	} {
 		c.s.Defaults()
 		err := c.s.Validate()

@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,26 +61,39 @@ const masqMark = "0x4000"
 
 // Service is one Service of the lab, as `lab status` lists it.
 type Service struct {
-	Name      string    `json:"name"` // namespace/name, as kubectl prints it
-	ClusterIP string    `json:"cluster_ip"`
-	Port      int       `json:"port"`
-	Protocol  string    `json:"protocol"`
-	NodePort  int       `json:"node_port,omitempty"`
-	Backends  []Backend `json:"backends"`
+	Name      string `json:"name"` // namespace/name, as kubectl prints it
+	ClusterIP string `json:"cluster_ip"`
+	// ClusterIP6 is the Service's IPv6 ClusterIP in a dual-stack lab (--ipv6): the Service is
+	// "PreferDualStack", IPv4 first (spec.clusterIPs [ClusterIP, ClusterIP6]).
+	ClusterIP6 string    `json:"cluster_ip6,omitempty"`
+	Port       int       `json:"port"`
+	Protocol   string    `json:"protocol"`
+	NodePort   int       `json:"node_port,omitempty"`
+	Backends   []Backend `json:"backends"`
 }
 
 // Backend is one endpoint of a Service: a lab container and its target port.
 type Backend struct {
-	Node string `json:"node"`
-	Addr string `json:"addr"`
-	Port int    `json:"port"`
+	Node  string `json:"node"`
+	Addr  string `json:"addr"`
+	Addr6 string `json:"addr6,omitempty"` // dual-stack lab: the pod's IPv6 address
+	Port  int    `json:"port"`
 }
 
-// Target is the backend's ip:port, as a DNAT rule writes it.
-func (b Backend) Target() string { return fmt.Sprintf("%s:%d", b.Addr, b.Port) }
+// Target is the backend's ip:port ([ip]:port for IPv6), as a DNAT rule writes it and as
+// kube-proxy hashes an endpoint into its chain names.
+func (b Backend) Target() string { return net.JoinHostPort(b.Addr, strconv.Itoa(b.Port)) }
 
 // Target is the ClusterIP:port clients connect to.
-func (s Service) Target() string { return fmt.Sprintf("%s:%d", s.ClusterIP, s.Port) }
+func (s Service) Target() string { return net.JoinHostPort(s.ClusterIP, strconv.Itoa(s.Port)) }
+
+// Target6 is [ClusterIP6]:port, "" when the Service has no IPv6 ClusterIP.
+func (s Service) Target6() string {
+	if s.ClusterIP6 == "" {
+		return ""
+	}
+	return net.JoinHostPort(s.ClusterIP6, strconv.Itoa(s.Port))
+}
 
 // ServiceAddr is the n-th address of ServiceCIDR (the lab uses .1 and .3).
 func ServiceAddr(n int) netip.Addr { return nth(netip.MustParsePrefix(ServiceCIDR), n) }
@@ -91,7 +105,11 @@ func (s *Spec) LabServices() []Service {
 	}
 	backends := s.serviceBackends()
 	mk := func(name string, n int, bs []Backend) Service {
-		return Service{Name: "default/" + name, ClusterIP: ServiceAddr(n).String(), Port: ServicePort, Protocol: "tcp", Backends: bs}
+		sv := Service{Name: "default/" + name, ClusterIP: ServiceAddr(n).String(), Port: ServicePort, Protocol: "tcp", Backends: bs}
+		if s.IPv6 {
+			sv.ClusterIP6 = ServiceAddr6(n).String()
+		}
+		return sv
 	}
 	one := mk("one", 1, backends[:1])
 	one.NodePort = ServiceNodePort
@@ -103,7 +121,11 @@ func (s *Spec) LabServices() []Service {
 // backends and one of them also has a client (its c1) that is, or sits beside, a backend.
 func (s *Spec) serviceBackends() []Backend {
 	be := func(i, j int) Backend {
-		return Backend{Node: containerName(i, j), Addr: s.ContainerAddr(i, j).Addr().String(), Port: VerifyPort}
+		b := Backend{Node: containerName(i, j), Addr: s.ContainerAddr(i, j).Addr().String(), Port: VerifyPort}
+		if s.IPv6 {
+			b.Addr6 = s.ContainerAddr6(i, j).Addr().String()
+		}
+		return b
 	}
 	out := []Backend{be(s.Hosts, 1)}
 	for j := s.Containers; j >= 1 && len(out) < 4; j-- {
@@ -136,6 +158,14 @@ func (s *Spec) validateServices() error {
 	for _, c := range []string{s.UnderlayCIDR, s.OverlayCIDR} {
 		if p, err := netip.ParsePrefix(c); err == nil && p.Overlaps(sc) {
 			return fmt.Errorf("%s overlaps the service CIDR %s: pick another", c, ServiceCIDR)
+		}
+	}
+	if s.IPv6 {
+		sc6 := netip.MustParsePrefix(ServiceCIDR6)
+		for _, c := range []string{s.OverlayCIDR6, DefaultUnderlayCIDR6} {
+			if p, err := netip.ParsePrefix(c); err == nil && p.Overlaps(sc6) {
+				return fmt.Errorf("%s overlaps the IPv6 service CIDR %s: pick another", c, ServiceCIDR6)
+			}
 		}
 	}
 	return nil
@@ -173,10 +203,23 @@ func (b *builder) writeServices(i int) error {
 	ns := s.ns(hostName(i))
 	switch s.ProxyMode {
 	case ProxyNFTables:
-		return restore(b.ctx, ns, nftRuleset(svcs, s.OverlayCIDR), "nft", "-f", "-")
+		if err := restore(b.ctx, ns, nftRuleset(svcs, s.OverlayCIDR), "nft", "-f", "-"); err != nil {
+			return err
+		}
 	default:
-		return restore(b.ctx, ns, iptablesRuleset(svcs, s.OverlayCIDR), "iptables-restore", "-w", "5", "--noflush")
+		if err := restore(b.ctx, ns, iptablesRuleset(svcs, s.OverlayCIDR), "iptables-restore", "-w", "5", "--noflush"); err != nil {
+			return err
+		}
 	}
+	if !s.IPv6 {
+		return nil
+	}
+	// Dual-stack: kube-proxy runs a second proxier for IPv6, with its own rules (see services6.go).
+	v6 := s.services6()
+	if s.ProxyMode == ProxyNFTables {
+		return restore(b.ctx, ns, nftRuleset(v6, s.OverlayCIDR6), "nft", "-f", "-")
+	}
+	return restore(b.ctx, ns, iptablesRuleset(v6, s.OverlayCIDR6), "ip6tables-restore", "-w", "5", "--noflush")
 }
 
 // restore feeds a ruleset to a restore tool inside the namespace.
@@ -192,8 +235,18 @@ func restore(ctx context.Context, ns, rules string, argv ...string) error {
 	return nil
 }
 
+// hostCIDR is addr as a host prefix: a.b.c.d/32 or x::y/128.
+func hostCIDR(addr string) string {
+	if strings.Contains(addr, ":") {
+		return addr + "/128"
+	}
+	return addr + "/32"
+}
+
 // iptablesRuleset is what kube-proxy's iptables mode writes for the Services (nat and filter
-// tables; NodePorts, firewalls and health checks left out: the lab has none).
+// tables; firewalls and health checks left out: the lab has none). It serves either family:
+// the addresses in svcs decide (services6 gives the IPv6 view, for ip6tables-restore), as
+// kube-proxy's IPv6 proxier writes the same chains, with IPv6 addresses, into ip6tables.
 func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 	var w strings.Builder
 	p := func(f string, a ...any) { fmt.Fprintf(&w, f+"\n", a...) }
@@ -219,7 +272,7 @@ func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 	p(`-A KUBE-MARK-MASQ -j MARK --or-mark %s`, masqMark)
 	for _, sv := range svcs {
 		comment := fmt.Sprintf(`-m comment --comment "%s cluster IP"`, sv.portName())
-		match := fmt.Sprintf("-m %s -p %s -d %s/32 --dport %d", sv.Protocol, sv.Protocol, sv.ClusterIP, sv.Port)
+		match := fmt.Sprintf("-m %s -p %s -d %s --dport %d", sv.Protocol, sv.Protocol, hostCIDR(sv.ClusterIP), sv.Port)
 		p(`-A KUBE-SERVICES %s %s -j %s`, comment, match, svcChain(sv))
 		// Traffic from outside the pod network is masqueraded, so replies come back here.
 		p(`-A %s %s %s ! -s %s -j KUBE-MARK-MASQ`, svcChain(sv), comment, match, clusterCIDR)
@@ -240,7 +293,7 @@ func iptablesRuleset(svcs []Service, clusterCIDR string) string {
 		for _, be := range sv.Backends {
 			c := fmt.Sprintf(`-m comment --comment "%s"`, sv.portName())
 			// Hairpin: a pod reaching itself is masqueraded, or it would answer itself directly.
-			p(`-A %s %s -s %s/32 -j KUBE-MARK-MASQ`, sepChain(sv, be), c, be.Addr)
+			p(`-A %s %s -s %s -j KUBE-MARK-MASQ`, sepChain(sv, be), c, hostCIDR(be.Addr))
 			p(`-A %s %s -m %s -p %s -j DNAT --to-destination %s`, sepChain(sv, be), c, sv.Protocol, sv.Protocol, be.Target())
 		}
 	}
@@ -266,12 +319,18 @@ func sepChain(sv Service, be Backend) string {
 const NFTTable = "kube-proxy"
 
 // nftRuleset is what kube-proxy's nftables mode writes for the Services: one "ip kube-proxy"
-// table whose services chain looks the destination up in the service-ips verdict map, a chain
-// per service port choosing a backend with numgen, a chain per endpoint doing the DNAT.
+// table (IPv4; "ip6 kube-proxy" when svcs hold IPv6 addresses, as kube-proxy's IPv6 proxier
+// writes its own table) whose services chain looks the destination up in the service-ips
+// verdict map, a chain per service port choosing a backend with numgen, a chain per endpoint
+// doing the DNAT.
 func nftRuleset(svcs []Service, clusterCIDR string) string {
+	ipX, addrType, noLocalhost := "ip", "ipv4_addr", "ip daddr != 127.0.0.0/8"
+	if len(svcs) > 0 && strings.Contains(svcs[0].ClusterIP, ":") {
+		ipX, addrType, noLocalhost = "ip6", "ipv6_addr", "ip6 daddr != ::1"
+	}
 	var w strings.Builder
 	p := func(f string, a ...any) { fmt.Fprintf(&w, f+"\n", a...) }
-	p("table ip %s {", NFTTable)
+	p("table %s %s {", ipX, NFTTable)
 	p(`  comment "rules for kube-proxy"`)
 	p("  chain mark-for-masquerade { mark set mark or %s; }", masqMark)
 	p("  chain masquerading {")
@@ -286,13 +345,13 @@ func nftRuleset(svcs []Service, clusterCIDR string) string {
 	// Conntrack-invalid packets are dropped in forward, as kube-proxy does unless the
 	// conntrack TCP window checks are relaxed (nf_conntrack_tcp_be_liberal).
 	p("  chain filter-forward { type filter hook forward priority -110; policy accept; ct state invalid drop; }")
-	p("  set cluster-ips { type ipv4_addr; comment \"Active ClusterIPs\"; }")
-	p("  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"; }")
+	p("  set cluster-ips { type %s; comment \"Active ClusterIPs\"; }", addrType)
+	p("  map service-ips { type %s . inet_proto . inet_service : verdict; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"; }", addrType)
 	p("  map service-nodeports { type inet_proto . inet_service : verdict; comment \"NodePort traffic\"; }")
 	// NodePorts last, on the node's own addresses (not loopback), as kube-proxy matches them.
 	p("  chain services {")
-	p("    ip daddr . meta l4proto . th dport vmap @service-ips")
-	p("    fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports")
+	p("    %s daddr . meta l4proto . th dport vmap @service-ips", ipX)
+	p("    fib daddr type local %s meta l4proto . th dport vmap @service-nodeports", noLocalhost)
 	p("  }")
 	for _, sv := range svcs {
 		var arms []string
@@ -303,40 +362,49 @@ func nftRuleset(svcs []Service, clusterCIDR string) string {
 			p("  chain %s { jump mark-for-masquerade; goto %s; }", nftExternalChain(sv), nftServiceChain(sv))
 		}
 		p("  chain %s {", nftServiceChain(sv))
-		p("    ip daddr %s %s dport %d ip saddr != %s jump mark-for-masquerade", sv.ClusterIP, sv.Protocol, sv.Port, clusterCIDR)
+		p("    %s daddr %s %s dport %d %s saddr != %s jump mark-for-masquerade", ipX, sv.ClusterIP, sv.Protocol, sv.Port, ipX, clusterCIDR)
 		p("    numgen random mod %d vmap { %s }", len(sv.Backends), strings.Join(arms, ", "))
 		p("  }")
 		for _, be := range sv.Backends {
 			p("  chain %s {", nftEndpointChain(sv, be))
-			p("    ip saddr %s jump mark-for-masquerade", be.Addr)
+			p("    %s saddr %s jump mark-for-masquerade", ipX, be.Addr)
 			p("    meta l4proto %s dnat to %s", sv.Protocol, be.Target())
 			p("  }")
 		}
 	}
 	p("}")
 	for _, sv := range svcs {
-		p("add element ip %s cluster-ips { %s }", NFTTable, sv.ClusterIP)
-		p("add element ip %s service-ips { %s . %s . %d : goto %s }", NFTTable, sv.ClusterIP, sv.Protocol, sv.Port, nftServiceChain(sv))
+		p("add element %s %s cluster-ips { %s }", ipX, NFTTable, sv.ClusterIP)
+		p("add element %s %s service-ips { %s . %s . %d : goto %s }", ipX, NFTTable, sv.ClusterIP, sv.Protocol, sv.Port, nftServiceChain(sv))
 		if sv.NodePort != 0 {
-			p("add element ip %s service-nodeports { %s . %d : goto %s }", NFTTable, sv.Protocol, sv.NodePort, nftExternalChain(sv))
+			p("add element %s %s service-nodeports { %s . %d : goto %s }", ipX, NFTTable, sv.Protocol, sv.NodePort, nftExternalChain(sv))
 		}
 	}
 	return w.String()
 }
 
-// nftServiceChain is "service-<8 hash chars>-<namespace>/<name>/<protocol>/<port name>".
-func nftServiceChain(sv Service) string {
-	return fmt.Sprintf(`service-%s-%s/%s/http`, kubeHash(sv.portName(), sv.Protocol)[:8], sv.Name, sv.Protocol)
+// nftChainBase is kube-proxy's chain name base: 8 base32 characters of the SHA-256 of the
+// name, "-", the name ("<namespace>/<name>/<protocol>/<port name>", for an endpoint followed
+// by "__<ip>/<port>"). The lab's names are far below nftables' length limit: no truncation.
+func nftChainBase(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + name
 }
 
-// nftExternalChain is the service chain's name with "external-" (NodePort traffic: masqueraded).
-func nftExternalChain(sv Service) string {
-	return fmt.Sprintf(`external-%s-%s/%s/http`, kubeHash(sv.portName(), sv.Protocol)[:8], sv.Name, sv.Protocol)
-}
+// nftPortName is "<namespace>/<name>/<protocol>/<port name>".
+func nftPortName(sv Service) string { return fmt.Sprintf("%s/%s/http", sv.Name, sv.Protocol) }
 
-// nftEndpointChain is the service chain's name with "endpoint-" and "__<ip>/<port>".
+// nftServiceChain is "service-<hash>-default/three/tcp/http".
+func nftServiceChain(sv Service) string { return "service-" + nftChainBase(nftPortName(sv)) }
+
+// nftExternalChain is the service chain's base with "external-" (NodePort traffic: masqueraded).
+func nftExternalChain(sv Service) string { return "external-" + nftChainBase(nftPortName(sv)) }
+
+// nftEndpointChain is "endpoint-<hash>-default/three/tcp/http__<ip>/<port>"; an IPv6 address
+// has its colons turned into dots (nftables allows no ":" in a chain name), as kube-proxy does.
 func nftEndpointChain(sv Service, be Backend) string {
-	return fmt.Sprintf(`endpoint-%s-%s/%s/http__%s/%d`, kubeHash(sv.portName(), sv.Protocol, be.Target())[:8], sv.Name, sv.Protocol, be.Addr, be.Port)
+	ip := strings.ReplaceAll(be.Addr, ":", ".")
+	return "endpoint-" + nftChainBase(fmt.Sprintf("%s__%s/%d", nftPortName(sv), ip, be.Port))
 }
 
 // serviceProbes is how many connections each client opens to a Service with several backends
@@ -359,25 +427,33 @@ func verifyServices(ctx context.Context, l *Lab) (paths int, failures []string) 
 			continue
 		}
 		for _, sv := range l.Services {
-			paths++
-			wg.Add(1)
-			go func(ns string, sv Service) {
-				defer wg.Done()
-				if err := probeService(ctx, ns, sv); err != nil {
-					mu.Lock()
-					failures = append(failures, fmt.Sprintf("%s -> Service %s (%s): %v", client, sv.Name, sv.Target(), err))
-					mu.Unlock()
+			// Dual-stack: each Service over its IPv6 ClusterIP too (Verify's listeners serve
+			// the pods' IPv6 addresses on the same port).
+			for _, target := range []string{sv.Target(), sv.Target6()} {
+				if target == "" {
+					continue
 				}
-			}(cn.Netns, sv)
+				paths++
+				wg.Add(1)
+				go func(ns string, sv Service, target string) {
+					defer wg.Done()
+					if err := probeService(ctx, ns, sv, target); err != nil {
+						mu.Lock()
+						failures = append(failures, fmt.Sprintf("%s -> Service %s (%s): %v", client, sv.Name, target, err))
+						mu.Unlock()
+					}
+				}(cn.Netns, sv, target)
+			}
 		}
 	}
 	wg.Wait()
 	return paths, failures
 }
 
-// probeService connects to the Service from inside ns until every backend has answered (at
-// most serviceProbes connections; a one-backend Service gets 8).
-func probeService(ctx context.Context, ns string, sv Service) error {
+// probeService connects to the Service at target (its IPv4 or IPv6 ClusterIP:port) from inside
+// ns until every backend has answered (at most serviceProbes connections; a one-backend
+// Service gets 8).
+func probeService(ctx context.Context, ns string, sv Service, target string) error {
 	seen := map[string]int{}
 	valid := map[string]bool{}
 	for _, be := range sv.Backends {
@@ -388,7 +464,7 @@ func probeService(ctx context.Context, ns string, sv Service) error {
 		tries = 8
 	}
 	for n := 0; n < tries && len(seen) < len(sv.Backends); n++ {
-		name, err := ServiceEcho(ctx, ns, sv.Target())
+		name, err := ServiceEcho(ctx, ns, target)
 		if err != nil {
 			return fmt.Errorf("connection %d: %w", n+1, err)
 		}
@@ -410,7 +486,7 @@ func ServiceEcho(ctx context.Context, ns, target string) (string, error) {
 	var conn net.Conn
 	err := netnsutil.Do(ns, func() error {
 		d := net.Dialer{Timeout: 3 * time.Second}
-		c, err := d.DialContext(ctx, "tcp4", target)
+		c, err := d.DialContext(ctx, "tcp", target) // the literal in target picks the family
 		conn = c
 		return err
 	})

@@ -11,7 +11,10 @@ func TestConnectTo(t *testing.T) {
 	if h, p, err := connectTo("198.18.255.1:80", "10.0.0.2", 47999); err != nil || h != "198.18.255.1" || p != "80" {
 		t.Fatalf("ClusterIP: %s %s %v", h, p, err)
 	}
-	for _, bad := range []string{"198.18.255.1", "[::1]:80", "198.18.255.1:0", "x:80", "198.18.255.1:99999"} {
+	if h, p, err := connectTo("[fd70:7267:2::1]:80", "fd70:7267:0:2::2", 47999); err != nil || h != "fd70:7267:2::1" || p != "80" {
+		t.Fatalf("IPv6 ClusterIP: %s %s %v", h, p, err)
+	}
+	for _, bad := range []string{"198.18.255.1", "[::1]:80", "[::ffff:1.2.3.4]:80", "[fe80::1%eth0]:80", "198.18.255.1:0", "x:80", "198.18.255.1:99999"} {
 		if _, _, err := connectTo(bad, "10.0.0.2", 1); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -90,15 +90,19 @@ func hexPort(field string) (int, bool) {
 	return int(v), true
 }
 
-// connectTo is where a client connects: connect ("ip:port", a Service's ClusterIP:port that
-// translates to the server) if set, else the server's own address and port.
+// connectTo is where a client connects: connect ("ip:port" or "[ip6]:port", a Service's
+// ClusterIP:port that translates to the server) if set, else the server's own address and
+// port. A Service translates within one family, so connect's is the server address's.
 func connectTo(connect, serverAddr string, port int) (host, portStr string, err error) {
 	if connect == "" {
 		return serverAddr, strconv.Itoa(port), nil
 	}
 	ap, err := netip.ParseAddrPort(connect)
-	if err != nil || !ap.Addr().Is4() || ap.Port() == 0 {
-		return "", "", fmt.Errorf("connect address %q: want IPv4 ip:port", connect)
+	if err != nil || ap.Addr().Is4In6() || ap.Addr().Zone() != "" || ap.Port() == 0 {
+		return "", "", fmt.Errorf("connect address %q: want ip:port ([ip]:port for IPv6)", connect)
+	}
+	if sa, err := netip.ParseAddr(serverAddr); err == nil && sa.Is4() != ap.Addr().Is4() {
+		return "", "", fmt.Errorf("connect address %q and server address %s are of different IP families", connect, serverAddr)
 	}
 	return ap.Addr().String(), strconv.Itoa(int(ap.Port())), nil
 }

@@ -42,7 +42,8 @@ type Spec struct {
 	// addresses: the receiver's Addr is its IPv6 one.
 	IPv6 bool
 	// ProxyMode, set, builds the lab with kube-proxy style Services in that mode and has the
-	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver.
+	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver
+	// (with IPv6: its IPv6 ClusterIP, translated to the receiver's IPv6 address).
 	ProxyMode string
 	// K8s is the run's hold on the Kubernetes lab (style k8s): the config's testbed is a view
 	// of the shared cluster, its modes attached by Activate.
@@ -327,6 +328,11 @@ func (tb *Testbed) pickPair(s Spec) error {
 			return fmt.Errorf("%s: Service %s's backend %s is on the sender's host", s.Config, svcs[0].Name, be.Name)
 		}
 		tb.Receiver, tb.Connect, tb.ServerPort = *be, svcs[0].Target(), svcs[0].Backends[0].Port
+		if s.IPv6 { // dual-stack: through the IPv6 ClusterIP to the receiver's IPv6 address
+			if tb.Connect = svcs[0].Target6(); tb.Connect == "" {
+				return fmt.Errorf("%s: Service %s has no IPv6 ClusterIP (the lab is not dual-stack)", s.Config, svcs[0].Name)
+			}
+		}
 		if tb.ServerPort != ServiceTargetPort(s.Style) {
 			return fmt.Errorf("%s: Service %s targets port %d, not %d", s.Config, svcs[0].Name, tb.ServerPort, ServiceTargetPort(s.Style))
 		}
