@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -264,7 +265,9 @@ then one HTML report over all of them.
 Suites:
 ` + suite.Help(),
 		Example: `  peregrine bench suite falcon --quick
-  peregrine bench suite study --out results/study`,
+  peregrine bench suite study --out results/study
+  peregrine bench suite fastpath               # issue 29's targets, scored: prints the scorecard, writes scorecard.json
+  peregrine bench suite fastpath-real --quick  # the same on real flannel, short`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b.duration, b.reps = time.Second, 1 // each step brings its own
@@ -278,6 +281,9 @@ Suites:
 			if len(runs) > 0 {
 				if terr := report.Table(os.Stdout, runs...); terr != nil {
 					fmt.Fprintln(os.Stderr, terr)
+				}
+				if ts := suite.Targets(args[0]); ts != nil {
+					scoreSuite(ts, runs, b.out, b.asJSON)
 				}
 				if !b.noReport {
 					idx, rerr := report.HTML(filepath.Join(b.out, "report"), runs)
@@ -294,6 +300,26 @@ Suites:
 	b.add(c, false)
 	c.Flags().BoolVar(&quick, "quick", false, "short variant: fewer points, 2 s measurements, 2 repetitions")
 	return c
+}
+
+// scoreSuite prints a suite's scorecard (a table, or JSON with --json) and writes it to
+// DIR/scorecard.json beside the results.
+func scoreSuite(ts []suite.Target, runs []*results.Run, dir string, asJSON bool) {
+	scores := suite.Scorecard(ts, runs)
+	fmt.Println()
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(scores)
+	} else if err := suite.WriteScorecard(os.Stdout, scores); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	path := filepath.Join(dir, "scorecard.json")
+	if err := suite.SaveScorecard(path, scores); err != nil {
+		fmt.Fprintf(os.Stderr, "scorecard: %v\n", err)
+	} else {
+		fmt.Fprintf(os.Stderr, "scorecard: %s\n", path)
+	}
 }
 
 // runBench runs one scenario, prints the table (or JSON) and writes the report.
