@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -135,7 +134,7 @@ machine it shares CPU1 with the application).
 Scenarios:
 ` + bench.ScenarioHelp(),
 	}
-	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd(), newBenchProjectCmd())
+	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd(), newBenchScoreCmd(), newBenchProjectCmd())
 	return c
 }
 
@@ -302,19 +301,20 @@ Suites:
 	return c
 }
 
+// scorecardFile is the scorecard's name in a suite's --out folder (readRuns skips it).
+const scorecardFile = "scorecard.json"
+
 // scoreSuite prints a suite's scorecard (a table, or JSON with --json) and writes it to
 // DIR/scorecard.json beside the results.
 func scoreSuite(ts []suite.Target, runs []*results.Run, dir string, asJSON bool) {
 	scores := suite.Scorecard(ts, runs)
 	fmt.Println()
 	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(scores)
+		_ = suite.EncodeScorecard(os.Stdout, scores)
 	} else if err := suite.WriteScorecard(os.Stdout, scores); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 	}
-	path := filepath.Join(dir, "scorecard.json")
+	path := filepath.Join(dir, scorecardFile)
 	if err := suite.SaveScorecard(path, scores); err != nil {
 		fmt.Fprintf(os.Stderr, "scorecard: %v\n", err)
 	} else {
@@ -437,7 +437,11 @@ func readRuns(args []string) ([]*results.Run, error) {
 	for _, a := range args {
 		if st, err := os.Stat(a); err == nil && st.IsDir() {
 			m, _ := filepath.Glob(filepath.Join(a, "*.json"))
-			files = append(files, m...)
+			for _, f := range m {
+				if filepath.Base(f) != scorecardFile { // a suite's scorecard, beside its results
+					files = append(files, f)
+				}
+			}
 		} else {
 			files = append(files, a)
 		}
@@ -454,6 +458,41 @@ func readRuns(args []string) ([]*results.Run, error) {
 		runs = append(runs, r)
 	}
 	return runs, nil
+}
+
+func newBenchScoreCmd() *cobra.Command {
+	var asJSON bool
+	var out string
+	c := &cobra.Command{
+		Use:   "score SUITE RESULT.json|DIR...",
+		Short: "Score saved results of a suite against its targets again (the scorecard `bench suite` prints)",
+		Long: `A suite with targets (fastpath, fastpath-real) ends with a scorecard: each target's ratio, median
+of interleaved repetitions in one run, its range over the pairs, and whether it is met. score
+reads saved result files (a suite's --out folder, or files of its steps) and prints the
+scorecard again, e.g. after a run was interrupted or to compare two runs' folders. A step is
+found by its title (the result's first note); targets whose step is missing say so.`,
+		Example: `  peregrine bench score fastpath results/             # every *.json in the suite's --out folder
+  peregrine bench score fastpath-real /tmp/rf --json`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ts := suite.Targets(args[0])
+			if ts == nil {
+				return fmt.Errorf("suite %q has no targets to score: suites with targets are fastpath and fastpath-real", args[0])
+			}
+			runs, err := readRuns(args[1:])
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				out = os.TempDir()
+			}
+			scoreSuite(ts, runs, out, asJSON)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the scorecard as JSON instead of a table")
+	c.Flags().StringVar(&out, "out", "", "directory to write scorecard.json into (default: the system's temporary directory)")
+	return c
 }
 
 func newReportCmd() *cobra.Command {

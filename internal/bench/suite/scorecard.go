@@ -1,6 +1,7 @@
 package suite
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -212,9 +213,17 @@ func WriteScorecard(w io.Writer, scores []Score) error {
 
 // SaveScorecard writes scores as JSON to path.
 func SaveScorecard(path string, scores []Score) error {
-	b, err := json.MarshalIndent(scores, "", "  ")
-	if err != nil {
+	var b bytes.Buffer
+	if err := EncodeScorecard(&b, scores); err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	return os.WriteFile(path, b.Bytes(), 0o644)
+}
+
+// EncodeScorecard writes scores as indented JSON, ">=" as it reads.
+func EncodeScorecard(w io.Writer, scores []Score) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(scores)
 }

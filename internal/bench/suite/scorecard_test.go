@@ -28,12 +28,12 @@ func fakeRun(title, metric string, vals map[string]map[float64][]float64) *resul
 func TestScorecardJudgesEachTarget(t *testing.T) {
 	tcp := fakeRun(fpTitleTCP, results.MetricThroughput, map[string]map[float64][]float64{
 		"native":           {1: {10, 10, 10}, 32: {10, 10, 10}},
-		"flannel":          {1: {8, 8, 8}, 32: {5, 5, 5}},
+		"flannel/vanilla":  {1: {8, 8, 8}, 32: {5, 5, 5}},
 		"flannel/fastpath": {1: {9.6, 9.7, 9.8}, 32: {5.5, 5.5, 5.5}},
 	})
 	flows := fakeRun(fpTitleFlows, results.MetricDeliveredPPS, map[string]map[float64][]float64{
 		"flannel/fastpath": {1: {100, 100}, 100000: {95, 93}},
-		"flannel":          {1: {80, 80}, 100000: {40, 40}},
+		"flannel/vanilla":  {1: {80, 80}, 100000: {40, 40}},
 	})
 	scores := Scorecard(fastpathTargets("flannel"), []*results.Run{tcp, flows})
 	by := map[string]Score{}
