@@ -266,7 +266,8 @@ Suites:
 		Example: `  peregrine bench suite falcon --quick
   peregrine bench suite study --out results/study
   peregrine bench suite fastpath               # issue 29's targets, scored: prints the scorecard, writes scorecard.json
-  peregrine bench suite fastpath-real --quick  # the same on real flannel, short`,
+  peregrine bench suite fastpath-real --quick  # the same on real flannel, short
+  peregrine bench suite fastpath-k8s           # on the Kubernetes lab that is up (lab up --style k8s --no-agent)`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b.duration, b.reps = time.Second, 1 // each step brings its own
@@ -466,7 +467,7 @@ func newBenchScoreCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "score SUITE RESULT.json|DIR...",
 		Short: "Score saved results of a suite against its targets again (the scorecard `bench suite` prints)",
-		Long: `A suite with targets (fastpath, fastpath-real) ends with a scorecard: each target's ratio, median
+		Long: `A suite with targets (fastpath, fastpath-real, fastpath-k8s) ends with a scorecard: each target's ratio, median
 of interleaved repetitions in one run, its range over the pairs, and whether it is met. score
 reads saved result files (a suite's --out folder, or files of its steps) and prints the
 scorecard again, e.g. after a run was interrupted or to compare two runs' folders. A step is
@@ -477,7 +478,7 @@ found by its title (the result's first note); targets whose step is missing say 
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ts := suite.Targets(args[0])
 			if ts == nil {
-				return fmt.Errorf("suite %q has no targets to score: suites with targets are fastpath and fastpath-real", args[0])
+				return fmt.Errorf("suite %q has no targets to score: suites with targets are %s", args[0], strings.Join(suite.TargetSuites(), ", "))
 			}
 			runs, err := readRuns(args[1:])
 			if err != nil {

@@ -49,6 +49,17 @@ func Targets(name string) []Target {
 	return nil
 }
 
+// TargetSuites lists the suites that have targets.
+func TargetSuites() []string {
+	var out []string
+	for _, n := range Names() {
+		if suites[n].targets != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Scorecard scores every target against runs (a suite's, found by their first note: the step's
 // title). A target whose step did not run, or whose configs have no figure, gets a Reason.
 func Scorecard(targets []Target, runs []*results.Run) []Score {

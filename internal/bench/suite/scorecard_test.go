@@ -79,7 +79,7 @@ func TestScorecardJudgesEachTarget(t *testing.T) {
 }
 
 func TestFastpathSuitesHaveTargetsOnTheirSteps(t *testing.T) {
-	for _, name := range []string{"fastpath", "fastpath-real"} {
+	for _, name := range []string{"fastpath", "fastpath-real", "fastpath-k8s"} {
 		titles := map[string]bool{}
 		for _, st := range suites[name].steps(false) {
 			titles[st.Title] = true
@@ -92,6 +92,11 @@ func TestFastpathSuitesHaveTargetsOnTheirSteps(t *testing.T) {
 			if !titles[tg.Step] {
 				t.Errorf("suite %s: target %q scores step %q, which the suite does not run", name, tg.Name, tg.Step)
 			}
+		}
+	}
+	for _, tg := range Targets("fastpath-k8s") {
+		if tg.Den == "native" {
+			t.Errorf("fastpath-k8s scores %q against native, which the k8s lab does not have", tg.Name)
 		}
 	}
 	if Targets("falcon") != nil {

@@ -39,6 +39,8 @@ var suites = map[string]struct {
 		fastpathSteps("flannel"), func() []Target { return fastpathTargets("flannel") }},
 	"fastpath-real": {"the same scorecard on real flannel (flannel's own flanneld and CNI plugin; scripts/setup.sh builds them)",
 		fastpathSteps("real-flannel"), func() []Target { return fastpathTargets("real-flannel") }},
+	"fastpath-k8s": {"the same scorecard on the real Kubernetes lab that is up (lab up --style k8s --no-agent): vanilla and fastpath between kubelet's pods of two nodes; no native baseline, no 100 000 flows",
+		fastpathSteps(bench.StyleK8s), func() []Target { return fastpathTargets(bench.StyleK8s) }},
 }
 
 // Names lists the suites.
@@ -48,7 +50,7 @@ func Names() []string { return slices.Sorted(maps.Keys(suites)) }
 func Help() string {
 	var b strings.Builder
 	for _, n := range Names() {
-		fmt.Fprintf(&b, "  %-13s %s\n", n, suites[n].help)
+		fmt.Fprintf(&b, "  %-14s %s\n", n, suites[n].help)
 	}
 	return b.String()
 }
