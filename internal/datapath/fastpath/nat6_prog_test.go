@@ -24,7 +24,7 @@ import (
 var svc6 = netip.MustParseAddr("fd70:7267:2::a")
 
 // onOneCPU runs the rest of the test on one CPU: the handover record is per CPU, and a test run
-// executes on the calling thread's CPU.
+// executes on the calling thread's CPU. Per goroutine: each subtest calls it itself.
 func onOneCPU(t *testing.T) {
 	t.Helper()
 	runtime.LockOSThread()
@@ -202,10 +202,10 @@ func TestIPv6ServiceNATSourceNAT(t *testing.T) {
 }
 
 // TestIPv6ServiceNATHostile: frames a pod (or a delayed frame) could make look like a Service's.
+// Each subtest pins its own goroutine (onOneCPU).
 func TestIPv6ServiceNATHostile(t *testing.T) {
-	onOneCPU(t)
-
 	t.Run("reply forged from the ClusterIP", func(t *testing.T) {
+		onOneCPU(t)
 		// A pod on the backend's node sends pod A a segment from the ClusterIP itself: the
 		// key is the translated flow's own, which the normal path never sends over the
 		// overlay. Not delivered, not counted against the flow (not even its RST).
@@ -224,6 +224,7 @@ func TestIPv6ServiceNATHostile(t *testing.T) {
 	})
 
 	t.Run("reply from another backend", func(t *testing.T) {
+		onOneCPU(t)
 		e := newProgEnv(t)
 		e.learnSvc6(t, 6)
 		other := netip.MustParseAddr("fd70:7267:0:2::3")
@@ -240,6 +241,7 @@ func TestIPv6ServiceNATHostile(t *testing.T) {
 	})
 
 	t.Run("handover record of another flow", func(t *testing.T) {
+		onOneCPU(t)
 		// The record on this CPU is another flow's (a frame the normal path delayed reaches
 		// the learner after another handover): nothing is learned and neither flow is marked.
 		e := newProgEnv(t)
@@ -320,4 +322,3 @@ func TestIPv6ServiceNATSideEntriesGo(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
