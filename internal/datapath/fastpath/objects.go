@@ -60,7 +60,8 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_stat": &m.PrgFastpathStat, "prg_fastpath_ep": &m.PrgFastpathEp, "prg_fastpath_port": &m.PrgFastpathPort,
 		"prg_fastpath_ho": &m.PrgFastpathHo, "prg_fastpath_pcnt": &m.PrgFastpathPcnt, "prg_fastpath_sweep": &m.PrgFastpathSweep,
 		"prg_fastpath_closed": &m.PrgFastpathClosed,
-		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6}
+		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6,
+		"prg_fastpath_learned": &m.PrgFastpathLearned, "prg_fastpath_learned_lost": &m.PrgFastpathLearnedLost}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
