@@ -171,11 +171,15 @@ func (t flowTable[K, T]) liberalLoop(ctx context.Context, a *agent, nss []string
 	failed := map[string]bool{}
 	tick := time.NewTicker(ctLiberalEvery)
 	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	// The first round at once: it walks the table (what was learned before the agent ran),
+	// and every later one marks only what the ring reported since.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 		todo, _ := t.due(feed, &round, t.lookup, t.walk)
 		if len(todo) == 0 {
