@@ -16,7 +16,7 @@ import (
 // themselves: each TCP flow that becomes learned both ways, or whose egress is re-learned, is
 // pushed into the ring prg_fastpath_learned (bpf/fastpath_learned.h), which the agent drains once
 // a round. A round costs what was learned since the last one, not the size of the table. The
-// table is still walked in full (dueFlows) only where the ring cannot be trusted: at the agent's
+// table is still walked in full only where the ring cannot be trusted: at the agent's
 // first round (what was learned before it ran), after the learners counted a record the ring had
 // no room for (prg_fastpath_learned_lost), and where the ring cannot be read at all.
 
@@ -151,7 +151,7 @@ func (t flowTable[K, T]) due(feed learnedFeed, st *liberalRound, look func(K) (f
 	}
 	if err != nil || !st.synced || lost != st.lost {
 		st.synced, st.lost = err == nil, lost
-		walk(func(k K, f *fpFpFlow) { // dueFlows
+		walk(func(k K, f *fpFpFlow) { // the one walk
 			if tu, ok := t.dueFlow(k, f); ok {
 				todo = append(todo, tu)
 			}
