@@ -336,6 +336,7 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	else
 		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
 	learned_out(f, o.daddr, p.ttl, p.proto, p.ctl);
+	learned_report4(&k, nat_addr != 0, f, p.proto, 1, 0);
 	return TCX_NEXT;
 }
 
@@ -360,7 +361,9 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
 		return TCX_NEXT;
+	__u32 was = f->flags;
 	learned_in(f, &p.eth, ctx->ifindex, p.ttl, p.proto, p.ctl);
+	learned_report4(&k, 0, f, p.proto, 0, was);
 	return TCX_NEXT;
 }
 
@@ -416,6 +419,7 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 	f->flags |= FP_F_OUT;
 	hs_learned(f, &p);
 	count(FP_DIR_TX, FP_R_LEARN);
+	learned_report4(&k, 0, f, p.proto, 1, 0);
 	return TCX_NEXT;
 }
 

@@ -516,6 +516,7 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 }
 
 #include "fastpath_nat.h"
+#include "fastpath_learned.h"
 
 /* seen_out records in flow f, of either family, that the fast path hands its egress packet
  * (ttl, leaving the pod on ifindex) to the normal path, which the learner then learns from. */

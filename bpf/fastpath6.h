@@ -525,6 +525,7 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
 	learned_out(f, vtep, p.ttl, p.proto, p.ctl);
+	learned_report(&k, sizeof(k), f, p.proto, 1, 0);
 	return TCX_NEXT;
 }
 
@@ -540,7 +541,9 @@ static __always_inline int lrn_rx6(struct __sk_buff *ctx)
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)
 		return TCX_NEXT;
+	__u32 was = f->flags;
 	learned_in(f, &p.eth, ctx->ifindex, p.ttl, p.proto, p.ctl);
+	learned_report(&k, sizeof(k), f, p.proto, 0, was);
 	return TCX_NEXT;
 }
 

@@ -94,6 +94,7 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 	asm volatile("" ::: "memory"); /* the delivery before the flag */
 	f->flags |= FP_F_OUT;
 	count(FP_DIR_TX, FP_R_LEARN);
+	learned_report4(&k, fl != 0, f, p->proto, 1, 0);
 
 	/* The receiving pod's flow (its key as it sees the frame) was delivered by the normal path:
 	 * its ingress direction is learned, so its replies may take the fast path once their own
@@ -114,7 +115,9 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 	r->in_ifindex = ctx->ifindex;
 	r->in_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory");
+	__u32 was = r->flags;
 	r->flags |= FP_F_IN;
+	learned_report4(&ki, 0, r, p->proto, 0, was);
 }
 
 /* local_reply_due: a same-node Service backend's reply flow (FP_F_SNAT) is due for re-learning

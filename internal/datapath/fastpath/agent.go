@@ -128,6 +128,7 @@ type agent struct {
 	neigh  map[string]string          // neighbour/FDB key -> address, to tell a real change from a state change
 	ctNS   []string                   // namespaces whose conntrack entries forget makes liberal (ctliberal.go)
 	ctSelf selfDeleted                // conntrack entries the agent deleted itself (ctclosed.go)
+	lrn    learnedOnce                // the ring of flows due for liberal marking (learnring.go)
 }
 
 // putCfg writes an overlay's config with the current budget; forget gives it a new flow

@@ -162,7 +162,8 @@ func (t flowTable[K, T]) forget(a *agent, drop func(K, *fpFpFlow) bool) int {
 }
 
 // liberalTCP marks, every ctLiberalEvery until ctx ends, the conntrack entries of the TCP
-// flows the fast path learned both ways since it last looked, in each namespace of nss.
+// flows the fast path learned both ways, or re-learned, since it last looked, in each namespace
+// of nss: those the learners reported in the ring (learnring.go), without walking the table.
 func (a *agent) liberalTCP(ctx context.Context, nss []string) { a.table4().liberalLoop(ctx, a, nss) }
 
 func (t flowTable[K, T]) liberalLoop(ctx context.Context, a *agent, nss []string) {
@@ -175,33 +176,22 @@ func (t flowTable[K, T]) liberalLoop(ctx context.Context, a *agent, nss []string
 			s.Close()
 		}
 	}()
-	marked := map[K]uint64{} // flow -> the egress learn time its entry was marked for
+	feed := a.learnedFeed() // the flows learned since the last round (learnring.go)
+	var round liberalRound
 	failed := map[string]bool{}
 	tick := time.NewTicker(ctLiberalEvery)
 	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	// The first round at once: it walks the table (what was learned before the agent ran),
+	// and every later one marks only what the ring reported since.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
-		var todo []T
-		next := map[K]uint64{}
-		t.walk(func(k K, f *fpFpFlow) {
-			tu, proto := t.tuple(k)
-			if proto != 6 || f.Flags&fpFAlias != 0 || f.Flags&(fpFOut|fpFIn) != fpFOut|fpFIn || f.OutNs == 0 {
-				return
-			}
-			// Both FINs went through conntrack (the normal path): closing, nothing to mark.
-			if f.Flags&fDone == fDone {
-				return
-			}
-			next[k] = f.OutNs
-			if marked[k] != f.OutNs {
-				todo = append(todo, tu)
-			}
-		})
-		marked = next
+		todo, _ := t.due(feed, &round, t.lookup, t.walk)
 		if len(todo) == 0 {
 			continue
 		}

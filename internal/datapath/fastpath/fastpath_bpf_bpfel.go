@@ -135,28 +135,30 @@ type fpPrgPodKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fpMapPrgFastpathCfg      = "prg_fastpath_cfg"
-	fpMapPrgFastpathClosed   = "prg_fastpath_closed"
-	fpMapPrgFastpathEp       = "prg_fastpath_ep"
-	fpMapPrgFastpathFlow     = "prg_fastpath_flow"
-	fpMapPrgFastpathFlow6    = "prg_fastpath_flow6"
-	fpMapPrgFastpathHo       = "prg_fastpath_ho"
-	fpMapPrgFastpathHo6      = "prg_fastpath_ho6"
-	fpMapPrgFastpathNat6     = "prg_fastpath_nat6"
-	fpMapPrgFastpathPcnt     = "prg_fastpath_pcnt"
-	fpMapPrgFastpathPort     = "prg_fastpath_port"
-	fpMapPrgFastpathStat     = "prg_fastpath_stat"
-	fpMapPrgFastpathSweep    = "prg_fastpath_sweep"
-	fpMapPrgFastpathSweep6   = "prg_fastpath_sweep6"
-	fpProgPrgFastpathDlrnTx  = "prg_fastpath_dlrn_tx"
-	fpProgPrgFastpathDrx     = "prg_fastpath_drx"
-	fpProgPrgFastpathDtx     = "prg_fastpath_dtx"
-	fpProgPrgFastpathLrnRx   = "prg_fastpath_lrn_rx"
-	fpProgPrgFastpathLrnTx   = "prg_fastpath_lrn_tx"
-	fpProgPrgFastpathLrnTx6t = "prg_fastpath_lrn_tx6t"
-	fpProgPrgFastpathRx      = "prg_fastpath_rx"
-	fpProgPrgFastpathTx      = "prg_fastpath_tx"
-	fpVarFpOvl               = "fp_ovl"
+	fpMapPrgFastpathCfg         = "prg_fastpath_cfg"
+	fpMapPrgFastpathClosed      = "prg_fastpath_closed"
+	fpMapPrgFastpathEp          = "prg_fastpath_ep"
+	fpMapPrgFastpathFlow        = "prg_fastpath_flow"
+	fpMapPrgFastpathFlow6       = "prg_fastpath_flow6"
+	fpMapPrgFastpathHo          = "prg_fastpath_ho"
+	fpMapPrgFastpathHo6         = "prg_fastpath_ho6"
+	fpMapPrgFastpathLearned     = "prg_fastpath_learned"
+	fpMapPrgFastpathLearnedLost = "prg_fastpath_learned_lost"
+	fpMapPrgFastpathNat6        = "prg_fastpath_nat6"
+	fpMapPrgFastpathPcnt        = "prg_fastpath_pcnt"
+	fpMapPrgFastpathPort        = "prg_fastpath_port"
+	fpMapPrgFastpathStat        = "prg_fastpath_stat"
+	fpMapPrgFastpathSweep       = "prg_fastpath_sweep"
+	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
+	fpProgPrgFastpathDlrnTx     = "prg_fastpath_dlrn_tx"
+	fpProgPrgFastpathDrx        = "prg_fastpath_drx"
+	fpProgPrgFastpathDtx        = "prg_fastpath_dtx"
+	fpProgPrgFastpathLrnRx      = "prg_fastpath_lrn_rx"
+	fpProgPrgFastpathLrnTx      = "prg_fastpath_lrn_tx"
+	fpProgPrgFastpathLrnTx6t    = "prg_fastpath_lrn_tx6t"
+	fpProgPrgFastpathRx         = "prg_fastpath_rx"
+	fpProgPrgFastpathTx         = "prg_fastpath_tx"
+	fpVarFpOvl                  = "fp_ovl"
 )
 
 // loadFp returns the embedded CollectionSpec for fp.
@@ -215,19 +217,21 @@ type fpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpMapSpecs struct {
-	PrgFastpathCfg    *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathClosed *ebpf.MapSpec `ebpf:"prg_fastpath_closed"`
-	PrgFastpathEp     *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow   *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
-	PrgFastpathFlow6  *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
-	PrgFastpathHo     *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
-	PrgFastpathHo6    *ebpf.MapSpec `ebpf:"prg_fastpath_ho6"`
-	PrgFastpathNat6   *ebpf.MapSpec `ebpf:"prg_fastpath_nat6"`
-	PrgFastpathPcnt   *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort   *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat   *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep  *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
-	PrgFastpathSweep6 *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
+	PrgFastpathCfg         *ebpf.MapSpec `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathClosed      *ebpf.MapSpec `ebpf:"prg_fastpath_closed"`
+	PrgFastpathEp          *ebpf.MapSpec `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow        *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6       *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
+	PrgFastpathHo          *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathHo6         *ebpf.MapSpec `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathLearned     *ebpf.MapSpec `ebpf:"prg_fastpath_learned"`
+	PrgFastpathLearnedLost *ebpf.MapSpec `ebpf:"prg_fastpath_learned_lost"`
+	PrgFastpathNat6        *ebpf.MapSpec `ebpf:"prg_fastpath_nat6"`
+	PrgFastpathPcnt        *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort        *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -257,19 +261,21 @@ func (o *fpObjects) Close() error {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpMaps struct {
-	PrgFastpathCfg    *ebpf.Map `ebpf:"prg_fastpath_cfg"`
-	PrgFastpathClosed *ebpf.Map `ebpf:"prg_fastpath_closed"`
-	PrgFastpathEp     *ebpf.Map `ebpf:"prg_fastpath_ep"`
-	PrgFastpathFlow   *ebpf.Map `ebpf:"prg_fastpath_flow"`
-	PrgFastpathFlow6  *ebpf.Map `ebpf:"prg_fastpath_flow6"`
-	PrgFastpathHo     *ebpf.Map `ebpf:"prg_fastpath_ho"`
-	PrgFastpathHo6    *ebpf.Map `ebpf:"prg_fastpath_ho6"`
-	PrgFastpathNat6   *ebpf.Map `ebpf:"prg_fastpath_nat6"`
-	PrgFastpathPcnt   *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
-	PrgFastpathPort   *ebpf.Map `ebpf:"prg_fastpath_port"`
-	PrgFastpathStat   *ebpf.Map `ebpf:"prg_fastpath_stat"`
-	PrgFastpathSweep  *ebpf.Map `ebpf:"prg_fastpath_sweep"`
-	PrgFastpathSweep6 *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
+	PrgFastpathCfg         *ebpf.Map `ebpf:"prg_fastpath_cfg"`
+	PrgFastpathClosed      *ebpf.Map `ebpf:"prg_fastpath_closed"`
+	PrgFastpathEp          *ebpf.Map `ebpf:"prg_fastpath_ep"`
+	PrgFastpathFlow        *ebpf.Map `ebpf:"prg_fastpath_flow"`
+	PrgFastpathFlow6       *ebpf.Map `ebpf:"prg_fastpath_flow6"`
+	PrgFastpathHo          *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathHo6         *ebpf.Map `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathLearned     *ebpf.Map `ebpf:"prg_fastpath_learned"`
+	PrgFastpathLearnedLost *ebpf.Map `ebpf:"prg_fastpath_learned_lost"`
+	PrgFastpathNat6        *ebpf.Map `ebpf:"prg_fastpath_nat6"`
+	PrgFastpathPcnt        *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
+	PrgFastpathPort        *ebpf.Map `ebpf:"prg_fastpath_port"`
+	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
+	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 }
 
 func (m *fpMaps) Close() error {
@@ -281,6 +287,8 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathFlow6,
 		m.PrgFastpathHo,
 		m.PrgFastpathHo6,
+		m.PrgFastpathLearned,
+		m.PrgFastpathLearnedLost,
 		m.PrgFastpathNat6,
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,

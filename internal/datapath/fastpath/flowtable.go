@@ -18,8 +18,12 @@ import (
 // memory, shared fairly: each local address (a pod, or the node's own) may hold at most a budget
 // of entries, so a pod that floods new flows fills its own share and never evicts another pod's
 // flows (an LRU would). Entries expire by an eBPF timer that sweeps the table in the kernel once a
-// second (bpf/fastpath.h, sweep_one), and forgetting every flow is a generation change, so neither the agent nor status walks the
-// table: their cost does not grow with it.
+// second (bpf/fastpath.h, sweep_one), forgetting every flow is a generation change, and the liberal
+// marking learns which TCP flows are due from the learners' ring (learnring.go), so neither the
+// agent nor status walks the table periodically: their cost does not grow with it. The agent walks
+// it only on events: at its start, after a report the ring had no room for, after a conntrack
+// storm or lost conntrack event (ctwatch.go, dueFlows), and to delete a changed pod's or a gone
+// overlay's flows.
 
 const (
 	flowEntryBytes = 320     // an entry's kernel memory: key, value, hash element, per-CPU free list

@@ -63,7 +63,9 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6,
 		// IPv6 Service NAT (bpf/fastpath_nat6.h): the 128-bit addresses of translated flows
 		// and their aliases, and the per-CPU handover record of IPv6 frames.
-		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6}
+		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6,
+		// TCP flows learned both ways, for the agent's liberal marking (bpf/fastpath_learned.h).
+		"prg_fastpath_learned": &m.PrgFastpathLearned, "prg_fastpath_learned_lost": &m.PrgFastpathLearnedLost}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
