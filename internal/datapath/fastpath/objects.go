@@ -63,7 +63,9 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6,
 		// IPv6 Service NAT (bpf/fastpath_nat6.h): the 128-bit addresses of translated flows
 		// and their aliases, and the per-CPU handover record of IPv6 frames.
-		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6}
+		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6,
+		// The IPv6 underlay's receive (bpf/fastpath_u6.h): its local VTEP and the flows' remote ones.
+		"prg_fastpath_u6cfg": &m.PrgFastpathU6cfg, "prg_fastpath_vtep6": &m.PrgFastpathVtep6}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
