@@ -45,6 +45,7 @@
  */
 #include "fastpath.h"
 #include "fastpath6.h"
+#include "fastpath_u6.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -202,13 +203,12 @@ static __always_inline void outer(struct __sk_buff *ctx, const struct fp_cfg *cf
 		o->vxlan = 0;
 }
 
+static __attribute__((noinline)) int rx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg);
+
 SEC("tcx/ingress")
 int prg_fastpath_rx(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg = fp_config();
-	struct fp_outer o = {};
-	struct fp_key k = {};
-	struct fp_pkt p;
 
 	if (!cfg || (cfg->flags & FP_C_DOCKER))
 		return TCX_NEXT;
@@ -218,6 +218,19 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 		count(FP_DIR_RX, FP_R_BIG);
 		return TCX_NEXT;
 	}
+	if (ctx->protocol == bpf_htons(PRG_ETH_P_IPV6)) /* the IPv6 underlay: fastpath_u6.h */
+		return rx_u6(ctx, cfg);
+	return rx_u4(ctx, cfg);
+}
+
+/* rx_u4: prg_fastpath_rx over the IPv4 underlay. Each underlay's receive is a subprogram with a
+ * stack of its own: together in one function they pass the verifier's 512 bytes. */
+static __attribute__((noinline)) int rx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg)
+{
+	struct fp_outer o = {};
+	struct fp_key k = {};
+	struct fp_pkt p;
+
 	outer(ctx, cfg, &o);
 	if (o.daddr != cfg->vtep || ctx->pkt_type != 0 /* PACKET_HOST */) {
 		count(FP_DIR_RX, FP_R_OTHER);
@@ -287,13 +300,12 @@ drop:
 	return TC_ACT_SHOT;
 }
 
+static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg, int handed);
+
 SEC("tcx/egress")
 int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg;
-	struct fp_outer o = {};
-	struct fp_key k = {};
-	struct fp_pkt p;
 
 	if (ctx->mark == FP_MARK) { /* ours: give the mark back */
 		ctx->mark = 0;
@@ -305,6 +317,18 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 	cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
+	if (ctx->protocol == bpf_htons(PRG_ETH_P_IPV6)) /* the IPv6 underlay: fastpath_u6.h */
+		return lrn_u6(ctx, cfg);
+	return lrn_tx_u4(ctx, cfg, handed);
+}
+
+/* lrn_tx_u4: prg_fastpath_lrn_tx over the IPv4 underlay (a subprogram: as rx_u4). */
+static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg, int handed)
+{
+	struct fp_outer o = {};
+	struct fp_key k = {};
+	struct fp_pkt p;
+
 	outer(ctx, cfg, &o);
 	if (!o.vxlan || o.saddr != cfg->vtep)
 		return TCX_NEXT;

@@ -19,8 +19,8 @@
  * Services (a ClusterIP's DNAT) are on the fast path on the client's node as for IPv4, with the
  * 128-bit addresses in a side table: fastpath_nat6.h.
  * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), the docker layout, BIG TCP, and an
- * IPv6 underlay (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum). Such
- * packets take the normal path, counted, and never learn.
+ * IPv6 underlay's sending (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum;
+ * its receiving is fastpath_u6.h's). Such packets take the normal path, counted, and never learn.
  *
  * TCP FIN and RST go as IPv4's (fastpath.h's begin_out): the normal path's, but a short
  * connection's (FP_F_HSONLY, learned from its handshake) ride the fast path and hand the

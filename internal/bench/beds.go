@@ -33,7 +33,7 @@ func (o *Options) buildBeds(ctx context.Context, run *results.Run, beds *[]bed) 
 		}
 		spec := testbed.Spec{K8s: k8s, Index: i, Config: c.Name(), Style: c.Style, Containers: o.Scenario.containers(), RxCPUs: o.RxCPUs,
 			ModeCPUs: o.ModeCPUs, ToR: o.ToR, NAPIThread: o.NAPIThread, Background: o.Scenario.Background != "",
-			SameNode: o.Scenario.SameNode, IPv6: o.Scenario.IPv6}
+			SameNode: o.Scenario.SameNode, IPv6: o.Scenario.IPv6, IPv6Underlay: o.Scenario.IPv6Underlay}
 		if o.Scenario.ViaService {
 			spec.ProxyMode = o.Scenario.ProxyMode
 		}

@@ -62,6 +62,9 @@ type Scenario struct {
 	// IPv6 measures between the pods' IPv6 addresses on a dual-stack flannel lab (lab up
 	// --ipv6: IPv6 inside the overlay, the IPv4 underlay outside). tcp and udp (iperf3).
 	IPv6 bool
+	// IPv6Underlay (with IPv6) builds the lab with real flannel's dual-stack layout (lab up
+	// --ipv6-underlay): the pods' IPv6 on flannel-v6.1 over the nodes' IPv6 addresses.
+	IPv6Underlay bool
 }
 
 // scenarioDef is the fixed part of each named scenario.

@@ -36,6 +36,7 @@ type benchFlags struct {
 	injector, rates               string
 	tor, napiThread               bool
 	sameNode, viaService, ipv6    bool
+	ipv6Underlay                  bool
 	proxyMode                     string
 }
 
@@ -85,7 +86,7 @@ func (b *benchFlags) options(configs []bench.Config, scenario string) (bench.Opt
 		}
 	}
 	o.Scenario = bench.Scenario{Name: scenario, Duration: b.duration, Reps: b.reps, Warmup: b.warmup, Proto: b.proto, Rate: b.rate, Background: b.background, HPRealTime: b.hpRT,
-		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode, IPv6: b.ipv6}
+		SameNode: b.sameNode, ViaService: b.viaService, ProxyMode: b.proxyMode, IPv6: b.ipv6, IPv6Underlay: b.ipv6Underlay}
 	o.Scenario.Injector = b.injector // used by udp-inject (and by a suite's udp-inject steps)
 	if b.rates != "" {
 		if o.Scenario.Rates, err = parseIntList(b.rates); err != nil {
@@ -206,6 +207,9 @@ func newBenchCompareCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if b.ipv6Underlay && !b.ipv6 {
+				return fmt.Errorf("--ipv6-underlay needs --ipv6 (it measures between the pods' IPv6 addresses)")
+			}
 			if b.ipv6 && style != "flannel" {
 				return fmt.Errorf("--ipv6 needs --style flannel (the dual-stack lab), not %s", style)
 			}
@@ -226,6 +230,7 @@ func newBenchCompareCmd() *cobra.Command {
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
+	c.Flags().BoolVar(&b.ipv6Underlay, "ipv6-underlay", false, "with --ipv6: real flannel's dual-stack layout (lab up --ipv6-underlay): the pods' IPv6 on flannel-v6.1, VXLAN over the nodes' IPv6 addresses, beside flannel.1 for IPv4")
 	c.Flags().BoolVar(&b.ipv6, "ipv6", false, "flannel style: measure between the pods' IPv6 addresses on a dual-stack lab (lab up --ipv6: IPv6 inside flannel.1, the IPv4 underlay outside; tcp, udp and crr; with --via-service through the Service's IPv6 ClusterIP, tcp and crr; no native baseline: the first mode is the baseline)")
 	c.Flags().StringVar(&b.proxyMode, "proxy-mode", "", "with --via-service on the flannel style: kube-proxy's mode, iptables (default) or nftables (the k8s style's is the cluster's: lab up --style k8s --proxy-mode)")
 	return c

@@ -41,6 +41,8 @@ type Spec struct {
 	// IPv6 builds a dual-stack lab (flannel style) and measures between the pods' IPv6
 	// addresses: the receiver's Addr is its IPv6 one.
 	IPv6 bool
+	// IPv6Underlay (with IPv6): flannel-v6.1 over the nodes' IPv6 addresses (lab.Spec.IPv6Underlay).
+	IPv6Underlay bool
 	// ProxyMode, set, builds the lab with kube-proxy style Services in that mode and has the
 	// client connect to Service default/one's ClusterIP (Connect), whose backend is the receiver
 	// (with IPv6: its IPv6 ClusterIP, translated to the receiver's IPv6 address).
@@ -94,7 +96,7 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error)
 		return s.K8s.Bed(ctx, s), nil
 	}
 	spec := lab.Spec{Name: labName(s.Index), Style: s.Style, Hosts: 2, Containers: s.Containers, RxCPUs: s.RxCPUs, ToR: s.ToR, NAPIThread: s.NAPIThread,
-		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode, IPv6: s.IPv6}
+		Services: s.ProxyMode != "", ProxyMode: s.ProxyMode, IPv6: s.IPv6, IPv6Underlay: s.IPv6Underlay}
 	if s.IPv6 && s.Style != lab.StyleFlannel {
 		return nil, fmt.Errorf("%s: --ipv6 needs the flannel style (dual-stack pods), not %s", s.Config, s.Style)
 	}

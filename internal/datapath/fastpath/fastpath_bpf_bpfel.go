@@ -114,6 +114,18 @@ type fpFpSweep struct {
 	_     [4]byte
 }
 
+type fpFpU6cfg struct {
+	_     structs.HostLayout
+	Vtep  [4]uint32
+	VxMac [6]uint8
+	Pad   [2]uint8
+}
+
+type fpFpVtep6 struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+}
+
 type fpPrgPod struct {
 	_       structs.HostLayout
 	Slot    uint32
@@ -150,6 +162,8 @@ const (
 	fpMapPrgFastpathStat        = "prg_fastpath_stat"
 	fpMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
+	fpMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
+	fpMapPrgFastpathVtep6       = "prg_fastpath_vtep6"
 	fpProgPrgFastpathDlrnTx     = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx        = "prg_fastpath_drx"
 	fpProgPrgFastpathDtx        = "prg_fastpath_dtx"
@@ -232,6 +246,8 @@ type fpMapSpecs struct {
 	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
+	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
+	PrgFastpathVtep6       *ebpf.MapSpec `ebpf:"prg_fastpath_vtep6"`
 }
 
 // fpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -276,6 +292,8 @@ type fpMaps struct {
 	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
+	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
+	PrgFastpathVtep6       *ebpf.Map `ebpf:"prg_fastpath_vtep6"`
 }
 
 func (m *fpMaps) Close() error {
@@ -295,6 +313,8 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathStat,
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
+		m.PrgFastpathU6cfg,
+		m.PrgFastpathVtep6,
 	)
 }
 

@@ -143,10 +143,11 @@ func TestLabIPv6(t *testing.T) {
 }
 
 // TestLabIPv6Underlay: the dual-stack layout of real flannel (--ipv6-underlay: the pods' IPv6
-// on flannel-v6.1 over IPv6 addresses of eth0). The fast path does not build an outer IPv6
-// header: attach serves flannel.1's IPv4 and leaves the IPv6 overlay to the normal path. An
-// IPv6 stream between the pods is byte-exact with nothing of it on the fast path or dropped,
-// an IPv4 stream beside it still takes the fast path, and detach leaves nothing attached.
+// on flannel-v6.1 over IPv6 addresses of eth0). The fast path receives over it (strips outer
+// IPv6 + UDP + VXLAN on eth0's ingress) but does not send: an IPv6 stream between the pods is
+// byte-exact with >= 99 % of node A's received echoes on the fast path, none of its sending,
+// none dropped; an IPv4 stream beside it still takes the fast path both ways, and detach
+// leaves nothing attached.
 func TestLabIPv6Underlay(t *testing.T) {
 	l := labForTest(t, lab.Spec{Name: "fp6u", Style: lab.StyleFlannel, Containers: 1, IPv6: true, IPv6Underlay: true})
 	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
@@ -191,8 +192,13 @@ func TestLabIPv6Underlay(t *testing.T) {
 	}
 	eg, in, n := stream("tcp6", c2.Addr6Only(), 62)
 	t.Logf("IPv6 over the IPv6 underlay: %d bytes echoed byte-exact; egress %v, ingress %v", n, eg, in)
-	if eg["hit"]+in["hit"] != 0 || eg["dropped"]+in["dropped"] != 0 {
-		t.Fatalf("the IPv6 underlay's stream touched the fast path: egress %v ingress %v", eg, in)
+	// The receiving half only (bpf/fastpath_u6.h): node A's ingress serves the echoes, its
+	// egress leaves the sending to the normal path (no outer UDP checksum from tc).
+	if eg["hit"] != 0 || eg["dropped"]+in["dropped"] != 0 {
+		t.Fatalf("IPv6 underlay: egress %v ingress %v: want no egress hit, none dropped", eg, in)
+	}
+	if seen := in["hit"] + in["miss"] + in["stale"]; in["hit"] == 0 || in["hit"]*100 < seen*99 {
+		t.Fatalf("IPv6 underlay: ingress %v: want >= 99%% of the echoes on the fast path", in)
 	}
 	eg, in, n = stream("tcp4", c2.AddrOnly(), 63)
 	if eg["hit"] == 0 || in["hit"] == 0 || eg["dropped"]+in["dropped"] != 0 {

@@ -65,7 +65,9 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		// and their aliases, and the per-CPU handover record of IPv6 frames.
 		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6,
 		// TCP flows learned both ways, for the agent's liberal marking (bpf/fastpath_learned.h).
-		"prg_fastpath_learned": &m.PrgFastpathLearned, "prg_fastpath_learned_lost": &m.PrgFastpathLearnedLost}
+		"prg_fastpath_learned": &m.PrgFastpathLearned, "prg_fastpath_learned_lost": &m.PrgFastpathLearnedLost,
+		// The IPv6 underlay's receive (bpf/fastpath_u6.h): its local VTEP and the flows' remote ones.
+		"prg_fastpath_u6cfg": &m.PrgFastpathU6cfg, "prg_fastpath_vtep6": &m.PrgFastpathVtep6}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {
