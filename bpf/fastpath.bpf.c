@@ -331,11 +331,11 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 
 	outer(ctx, cfg, &o);
 	if (!o.vxlan || o.saddr != cfg->vtep)
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	if (fp_is_ip6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr)))
 		return lrn_tx6(ctx, o.daddr, handed);
 	if (parse(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	key_out(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	__u32 nat_addr = 0;
@@ -343,15 +343,15 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
 		f = learn_dnat(&k, &p, o.daddr);
 		if (!f)
-			return TCX_NEXT;
+			return tcx_next_opaque();
 		nat_addr = k.remote;
 		nat_port = k.rport;
 	} else if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl) {
-		return TCX_NEXT; /* not a flow the fast path handed over */
+		return tcx_next_opaque(); /* not a flow the fast path handed over */
 	}
 	local_forget(f);
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	/* Translated or not, as the normal path did it this time (rules can change). */
 	f->nat_addr = nat_addr;
 	f->nat_port = nat_port;
@@ -361,7 +361,7 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
 	learned_out(f, o.daddr, p.ttl, p.proto, p.ctl);
 	learned_report4(&k, nat_addr != 0, f, p.proto, 1, 0);
-	return TCX_NEXT;
+	return tcx_next_opaque();
 }
 
 /* Both layouts: how the normal path delivers a flow to the pod, at the end of that path. */

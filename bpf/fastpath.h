@@ -12,6 +12,19 @@
 
 
 #define TCX_NEXT (-1)
+
+/* tcx_next_opaque is TCX_NEXT as a value clang cannot see through. A noinline subprogram whose
+ * every return is the same constant (the learners) gets that constant folded into its caller
+ * (interprocedural constant propagation) and leaves r0 undefined at its exit; the verifier then
+ * refuses the program whenever r0 happens to hold a stack pointer ("cannot return stack pointer
+ * to the caller"). Such subprograms return this instead. */
+static __always_inline int tcx_next_opaque(void)
+{
+	int r = TCX_NEXT;
+
+	barrier_var(r);
+	return r;
+}
 #define TC_ACT_SHOT 2
 #define FP_IPPROTO_ICMP 1
 #define FP_ENCAP_LEN 50 /* outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14 */

@@ -248,22 +248,22 @@ static __attribute__((noinline)) int lrn_u6(struct __sk_buff *ctx, const struct 
 	struct fp_pkt6 p;
 
 	if (!u)
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	outer6(ctx, cfg, &o);
 	if (!o.vxlan || !a6_eq(o.saddr, u->vtep) || !fp_is_ip6(ctx, FP_U6_INNER))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	if (parse6(ctx, FP_U6_INNER, &p))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	key6_out(&k, &p);
 	if (!bpf_map_lookup_elem(&prg_fastpath_flow6, &k))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	struct fp_vtep6 *rv = bpf_map_lookup_elem(&prg_fastpath_vtep6, &k);
 	if (rv && a6_eq(rv->addr, o.daddr))
-		return TCX_NEXT;
+		return tcx_next_opaque();
 	struct fp_vtep6 nv = {};
 	__builtin_memcpy(nv.addr, o.daddr, 16);
 	bpf_map_update_elem(&prg_fastpath_vtep6, &k, &nv, BPF_ANY);
-	return TCX_NEXT;
+	return tcx_next_opaque();
 }
 
 #endif
