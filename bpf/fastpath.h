@@ -749,6 +749,8 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		__u32 be_remote = k->remote;
 		__u16 be_rport = k->rport;
 		struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+		if (f && (f->flags & FP_F_DNAT))
+			goto from_service;
 		if (f && (f->flags & FP_F_ALIAS)) {
 			/* A Service backend's SYN-ACK, FIN or RST: the pod's flow, by the Service address. */
 			k->remote = f->nat_addr;
@@ -771,6 +773,8 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		k->rport = be_rport;
 	}
 	struct fp_flow *f = lookup(k, 0, need, cfg->gen, &r);
+	if (f && (f->flags & FP_F_DNAT))
+		goto from_service;
 	if (f && (f->flags & FP_F_ALIAS)) {
 		/* A reply from a Service's backend: the flow is the pod's, keyed by the Service
 		 * address it sent to, and the normal path (and its learner) sees the reply with
@@ -798,6 +802,13 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		return NULL;
 	}
 	return f;
+from_service:
+	/* k is a translated flow's own key: a frame from the Service address itself, which the
+	 * normal path never sends over the overlay (conntrack reverses the translation on the
+	 * client's node). A forgery: left to the normal path (whose conntrack refuses it) without
+	 * touching the flow, not even for a FIN or RST (as nat6_in, fastpath_nat6.h). */
+	count(FP_DIR_RX, FP_R_NAT);
+	return NULL;
 }
 
 /* learned_out completes the learning of flow f's egress direction (either family) from a frame

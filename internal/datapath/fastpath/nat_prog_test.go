@@ -117,3 +117,30 @@ func TestRxServiceOtherBackend(t *testing.T) {
 		t.Fatalf("verdict %d, changed %v, counters %v", int32(ret), !bytes.Equal(out, pkt), after)
 	}
 }
+
+// TestRxServiceForgedFromClusterIP: a frame from the Service address itself (the translated
+// flow's own key), which the normal path never sends over the overlay, is not delivered and
+// does not touch the flow, not even as a FIN or RST.
+func TestRxServiceForgedFromClusterIP(t *testing.T) {
+	onOneCPU(t)
+	e := newProgEnv(t)
+	e.learnDNAT(t, 6)
+	fk := keyOf(podA, svcAddr, 40000, 80, 6)
+	var before, after fpFpFlow
+	if err := e.o.PrgFastpathFlow.Lookup(fk, &before); err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range []uint8{0x10, 0x04, 0x11, 0x02} { // ACK, RST, FIN, SYN
+		forged := frame{dst: macVxA, src: macVxB, saddr: svcAddr, daddr: podA, proto: 6, sport: 80, dport: 40000, tcpFlags: flags,
+			payload: []byte("from the ClusterIP itself")}
+		pkt := frame{dst: net.HardwareAddr{0, 0, 0, 0, 0, 0}, src: macNicB, saddr: vtepB, daddr: vtepA, proto: 17, sport: 40001, dport: 8472,
+			payload: append([]byte{8, 0, 0, 0, 0, 0, 1, 0}, forged.bytes()...)}.bytes()
+		e.expect(t, "forged reply", e.o.PrgFastpathRx, pkt, tcxNext, 1, "nat")
+	}
+	if err := e.o.PrgFastpathFlow.Lookup(fk, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Flags != before.Flags || after.InTtlSeen != before.InTtlSeen || after.InNs != before.InNs {
+		t.Fatalf("the flow changed: flags %#x -> %#x, ttl seen %d -> %d", before.Flags, after.Flags, before.InTtlSeen, after.InTtlSeen)
+	}
+}
