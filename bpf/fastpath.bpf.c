@@ -341,7 +341,7 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 	__u32 nat_addr = 0;
 	__u16 nat_port = 0;
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
-		f = learn_dnat(&k, &p, o.daddr);
+		f = learn_dnat(ctx, FP_TMPL_LEN, &k, &p, o.daddr);
 		if (!f)
 			return tcx_next_opaque();
 		nat_addr = k.remote;
@@ -480,6 +480,19 @@ int prg_fastpath_drx(struct __sk_buff *ctx)
 	}
 	count(FP_DIR_RX, FP_R_HIT);
 	return v;
+}
+
+/* prg_fastpath_lrn_tx4t is prg_fastpath_lrn_tx for an IPv4 frame under BPF_PROG_TEST_RUN, which
+ * cannot set tc_index: it takes every frame as handed over (handover_out's tag), so the tests
+ * reach learn_dnat (fastpath_nat.h). Never attached. */
+SEC("tcx/egress")
+int prg_fastpath_lrn_tx4t(struct __sk_buff *ctx)
+{
+	struct fp_cfg *cfg = fp_config();
+
+	if (!cfg)
+		return TCX_NEXT;
+	return lrn_tx_u4(ctx, cfg, 1);
 }
 
 /* prg_fastpath_lrn_tx6t is prg_fastpath_lrn_tx for an IPv6 frame under BPF_PROG_TEST_RUN, which

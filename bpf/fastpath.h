@@ -571,8 +571,10 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
 	__u32 zero = 0;
 	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
-	if (ho && !ctx->tc_index) {
+	struct fp_hob *hb = bpf_map_lookup_elem(&prg_fastpath_hob, &zero);
+	if (ho && hb && !ctx->tc_index) {
 		ho->k = *k;
+		nat_bind(ctx, sizeof(struct ethhdr), p->proto, hb->bind); /* which frame (fastpath_nat.h) */
 		ctx->tc_index = FP_TC_INDEX_OUT;
 	}
 	if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)

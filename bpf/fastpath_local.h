@@ -57,10 +57,9 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 	key_out(&k, p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
-		__u32 zero = 0;
-		struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+		struct fp_ho *ho = nat_ho(ctx, sizeof(struct ethhdr), p->proto);
 		if (!ho)
-			return;
+			return; /* no record, or another frame's (fastpath_nat.h) */
 		struct fp_key ok = ho->k;
 		if (local_reverse(&ok, &k)) {
 			f = bpf_map_lookup_elem(&prg_fastpath_flow, &ok);
@@ -70,7 +69,7 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 			nat_addr = k.local;
 			nat_port = k.lport;
 		} else {
-			f = learn_dnat(&k, p, 0);
+			f = learn_dnat(ctx, sizeof(struct ethhdr), &k, p, 0);
 			if (!f)
 				return;
 			fl = FP_F_DNAT;

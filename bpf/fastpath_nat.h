@@ -25,6 +25,55 @@ struct {
 	__type(value, struct fp_ho);
 } prg_fastpath_ho SEC(".maps");
 
+/* Which frame the record belongs to. The frame the learner sees carries handover_out's tc_index
+ * tag, but a frame the normal path delayed (a neighbour resolution queue) can reach the learner
+ * after another frame's handover rewrote the record. So handover_out also keeps what the
+ * translation leaves alone of its frame: the IPv4 identification and 8 bytes of the L4 segment
+ * (TCP: sequence and acknowledgement numbers; UDP: the first payload bytes), as fastpath_nat6.h
+ * does with the flow label. A frame that does not match is not the record's: nothing is learned,
+ * nothing is marked. In a map of its own beside prg_fastpath_ho, whose layout upgrades in place
+ * keep (repair.go laterMaps). */
+struct fp_hob {
+	__u32 bind[3]; /* the identification (network order, widened), then the 8 L4 bytes */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_hob);
+} prg_fastpath_hob SEC(".maps");
+
+/* nat_bind reads the binding of the IPv4 packet at ip_off (a 20-byte header assumed on both
+ * sides alike: options, which the translation leaves alone, shift both reads the same). A short
+ * packet reads zeroes. */
+static __always_inline void nat_bind(struct __sk_buff *ctx, __u32 ip_off, __u8 proto, __u32 *b)
+{
+	__u16 id = 0;
+
+	b[1] = 0;
+	b[2] = 0;
+	bpf_skb_load_bytes(ctx, ip_off + 4, &id, sizeof(id));
+	b[0] = id;
+	bpf_skb_load_bytes(ctx, ip_off + sizeof(struct iphdr) + (proto == PRG_IPPROTO_TCP ? 4 : 8), &b[1], 8);
+}
+
+/* nat_ho is this CPU's handover record if it is the frame's (its IPv4 header at ip_off, proto
+ * its L4): NULL when it is another frame's. */
+static __always_inline struct fp_ho *nat_ho(struct __sk_buff *ctx, __u32 ip_off, __u8 proto)
+{
+	__u32 zero = 0, b[3];
+	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+	struct fp_hob *hb = bpf_map_lookup_elem(&prg_fastpath_hob, &zero);
+
+	if (!ho || !hb)
+		return NULL;
+	nat_bind(ctx, ip_off, proto, b);
+	if (b[0] != hb->bind[0] || b[1] != hb->bind[1] || b[2] != hb->bind[2])
+		return NULL;
+	return ho;
+}
+
 /* nat_rewrite replaces a packet's IPv4 address at ip_off + addr_off (16: destination, 12:
  * source) with addr and the L4 port at l4_off + port_off with port, updating the IPv4 and L4
  * checksums incrementally (the address is in the L4 pseudo-header; a CHECKSUM_PARTIAL packet
@@ -53,14 +102,15 @@ static __always_inline int nat_rewrite(struct __sk_buff *ctx, __u32 ip_off, __u3
  * frame as translated, p its headers) is not a flow the fast path handed over: the handover
  * record holds the key the pod sent. A destination translation (a Service's DNAT, port kept or
  * changed) of TCP/UDP with the pod's own source address and port is reproduced: the alias is
- * written and the flow (to learn into) returned. Anything else (source NAT, ...) marks the flow
+ * written and the flow (to learn into) returned (the frame's IPv4 header at ip_off: the record
+ * must be this frame's, nat_ho). Anything else (source NAT, ...) marks the flow
  * FP_F_NATX, so it stays on the normal path, counted as "nat". NULL: nothing to learn. */
-static __always_inline struct fp_flow *learn_dnat(const struct fp_key *k, const struct fp_pkt *p, __u32 vtep)
+static __always_inline struct fp_flow *learn_dnat(struct __sk_buff *ctx, __u32 ip_off, const struct fp_key *k,
+						  const struct fp_pkt *p, __u32 vtep)
 {
-	__u32 zero = 0;
-	struct fp_ho *ho = bpf_map_lookup_elem(&prg_fastpath_ho, &zero);
+	struct fp_ho *ho = nat_ho(ctx, ip_off, p->proto);
 	if (!ho)
-		return NULL;
+		return NULL; /* no record, or another frame's */
 	struct fp_key ok = ho->k;
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &ok);
 	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p->ttl)

@@ -75,6 +75,11 @@ type fpFpHo6 struct {
 	Pad  uint32
 }
 
+type fpFpHob struct {
+	_    structs.HostLayout
+	Bind [3]uint32
+}
+
 type fpFpKey struct {
 	_      structs.HostLayout
 	Local  uint32
@@ -154,6 +159,7 @@ const (
 	fpMapPrgFastpathFlow6       = "prg_fastpath_flow6"
 	fpMapPrgFastpathHo          = "prg_fastpath_ho"
 	fpMapPrgFastpathHo6         = "prg_fastpath_ho6"
+	fpMapPrgFastpathHob         = "prg_fastpath_hob"
 	fpMapPrgFastpathLearned     = "prg_fastpath_learned"
 	fpMapPrgFastpathLearnedLost = "prg_fastpath_learned_lost"
 	fpMapPrgFastpathNat6        = "prg_fastpath_nat6"
@@ -169,6 +175,7 @@ const (
 	fpProgPrgFastpathDtx        = "prg_fastpath_dtx"
 	fpProgPrgFastpathLrnRx      = "prg_fastpath_lrn_rx"
 	fpProgPrgFastpathLrnTx      = "prg_fastpath_lrn_tx"
+	fpProgPrgFastpathLrnTx4t    = "prg_fastpath_lrn_tx4t"
 	fpProgPrgFastpathLrnTx6t    = "prg_fastpath_lrn_tx6t"
 	fpProgPrgFastpathRx         = "prg_fastpath_rx"
 	fpProgPrgFastpathTx         = "prg_fastpath_tx"
@@ -222,6 +229,7 @@ type fpProgramSpecs struct {
 	PrgFastpathDtx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_dtx"`
 	PrgFastpathLrnRx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_rx"`
 	PrgFastpathLrnTx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx"`
+	PrgFastpathLrnTx4t *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx4t"`
 	PrgFastpathLrnTx6t *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx6t"`
 	PrgFastpathRx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_rx"`
 	PrgFastpathTx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_tx"`
@@ -238,6 +246,7 @@ type fpMapSpecs struct {
 	PrgFastpathFlow6       *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo          *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
 	PrgFastpathHo6         *ebpf.MapSpec `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathHob         *ebpf.MapSpec `ebpf:"prg_fastpath_hob"`
 	PrgFastpathLearned     *ebpf.MapSpec `ebpf:"prg_fastpath_learned"`
 	PrgFastpathLearnedLost *ebpf.MapSpec `ebpf:"prg_fastpath_learned_lost"`
 	PrgFastpathNat6        *ebpf.MapSpec `ebpf:"prg_fastpath_nat6"`
@@ -284,6 +293,7 @@ type fpMaps struct {
 	PrgFastpathFlow6       *ebpf.Map `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo          *ebpf.Map `ebpf:"prg_fastpath_ho"`
 	PrgFastpathHo6         *ebpf.Map `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathHob         *ebpf.Map `ebpf:"prg_fastpath_hob"`
 	PrgFastpathLearned     *ebpf.Map `ebpf:"prg_fastpath_learned"`
 	PrgFastpathLearnedLost *ebpf.Map `ebpf:"prg_fastpath_learned_lost"`
 	PrgFastpathNat6        *ebpf.Map `ebpf:"prg_fastpath_nat6"`
@@ -305,6 +315,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathFlow6,
 		m.PrgFastpathHo,
 		m.PrgFastpathHo6,
+		m.PrgFastpathHob,
 		m.PrgFastpathLearned,
 		m.PrgFastpathLearnedLost,
 		m.PrgFastpathNat6,
@@ -334,6 +345,7 @@ type fpPrograms struct {
 	PrgFastpathDtx     *ebpf.Program `ebpf:"prg_fastpath_dtx"`
 	PrgFastpathLrnRx   *ebpf.Program `ebpf:"prg_fastpath_lrn_rx"`
 	PrgFastpathLrnTx   *ebpf.Program `ebpf:"prg_fastpath_lrn_tx"`
+	PrgFastpathLrnTx4t *ebpf.Program `ebpf:"prg_fastpath_lrn_tx4t"`
 	PrgFastpathLrnTx6t *ebpf.Program `ebpf:"prg_fastpath_lrn_tx6t"`
 	PrgFastpathRx      *ebpf.Program `ebpf:"prg_fastpath_rx"`
 	PrgFastpathTx      *ebpf.Program `ebpf:"prg_fastpath_tx"`
@@ -346,6 +358,7 @@ func (p *fpPrograms) Close() error {
 		p.PrgFastpathDtx,
 		p.PrgFastpathLrnRx,
 		p.PrgFastpathLrnTx,
+		p.PrgFastpathLrnTx4t,
 		p.PrgFastpathLrnTx6t,
 		p.PrgFastpathRx,
 		p.PrgFastpathTx,
