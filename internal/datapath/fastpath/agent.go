@@ -141,7 +141,10 @@ func (a *agent) putCfg(ov *overlay, forget bool) error {
 		a.gens[ov.Index] = nextGen()
 	}
 	c.Gen, c.Budget = a.gens[ov.Index], a.budget
-	return a.p.PrgFastpathCfg.Put(uint32(ov.Index), c)
+	if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), c); err != nil {
+		return err
+	}
+	return putU6(a.p, ov.Underlay.Netns, ov) // flannel-v6.1's device may have changed (u6.go)
 }
 
 // forgetAll forgets every flow of every overlay: a new generation each. The learned TCP

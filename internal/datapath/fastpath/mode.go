@@ -165,10 +165,8 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), cfgWith(ov, budget)); err != nil {
 			return fmt.Errorf("fastpath: write config: %w", err)
 		}
-		if c, ok := u6Config(ov.Underlay.Netns, ov); ok { // flannel-v6.1 beside it: u6.go
-			if err := p.PrgFastpathU6cfg.Put(uint32(0), c); err != nil {
-				return fmt.Errorf("fastpath: write the IPv6 underlay's config: %w", err)
-			}
+		if err := putU6(p, ov.Underlay.Netns, ov); err != nil { // flannel-v6.1 beside it: u6.go
+			return err
 		}
 		if err := attachOverlay(p, st.Target, ov); err != nil {
 			return err
