@@ -144,7 +144,8 @@ func (a *agent) putCfg(ov *overlay, forget bool) error {
 	if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), c); err != nil {
 		return err
 	}
-	return putU6(a.p, ov.Underlay.Netns, ov) // flannel-v6.1's device may have changed (u6.go)
+	_, err := putU6(a.p, ov.Underlay.Netns, ov) // flannel-v6.1's device may have changed (u6.go)
+	return err
 }
 
 // forgetAll forgets every flow of every overlay: a new generation each. The learned TCP

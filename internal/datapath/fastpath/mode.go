@@ -165,9 +165,11 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), cfgWith(ov, budget)); err != nil {
 			return fmt.Errorf("fastpath: write config: %w", err)
 		}
-		if err := putU6(p, ov.Underlay.Netns, ov); err != nil { // flannel-v6.1 beside it: u6.go
+		dev6, err := putU6(p, ov.Underlay.Netns, ov) // flannel-v6.1 beside it: u6.go
+		if err != nil {
 			return err
 		}
+		ms.Notes = u6Notes(ms.Notes, dev6, ov)
 		if err := attachOverlay(p, st.Target, ov); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 )
@@ -68,20 +69,40 @@ func u6Config(host string, ov *overlay) (fpFpU6cfg, fpFpU6dev, bool) {
 }
 
 // putU6 writes what u6Config found (attach, and the agent on every config write: a recreated
-// flannel-v6.1 has another ifindex). Without the device nothing is written: an ifindex that is
-// gone fails tx_u6's MTU check, which sends the flow the normal path's way.
-func putU6(p *pinned, host string, ov *overlay) error {
+// flannel-v6.1 has another ifindex) and returns the device's name ("" when there is none).
+// Without the device nothing is written: an ifindex that is gone fails tx_u6's MTU check, which
+// sends the flow the normal path's way.
+func putU6(p *pinned, host string, ov *overlay) (string, error) {
 	c, d, ok := u6Config(host, ov)
 	if !ok {
-		return nil
+		return "", nil
 	}
 	if err := p.PrgFastpathU6cfg.Put(uint32(0), c); err != nil {
-		return fmt.Errorf("fastpath: write the IPv6 underlay's config: %w", err)
+		return "", fmt.Errorf("fastpath: write the IPv6 underlay's config: %w", err)
 	}
 	if err := p.PrgFastpathU6dev.Put(uint32(0), d); err != nil {
-		return fmt.Errorf("fastpath: write the IPv6 underlay's device: %w", err)
+		return "", fmt.Errorf("fastpath: write the IPv6 underlay's device: %w", err)
 	}
-	return nil
+	name := ""
+	if h, done, err := nlHandle(host); err == nil {
+		if l, err := h.LinkByIndex(int(d.Ifindex)); err == nil {
+			name = l.Attrs().Name
+		}
+		done()
+	}
+	return name, nil
+}
+
+// u6Notes replaces attach's note that the IPv6 underlay's device (dev, beside ov's) takes the
+// normal path, as a second routed overlay would: its pods' IPv6 flows are ov's programs' to serve.
+func u6Notes(notes []string, dev string, ov *overlay) []string {
+	for i, n := range notes {
+		if dev != "" && strings.Contains(n, "/"+dev+": only one routed VXLAN overlay") {
+			notes[i] = fmt.Sprintf("%s: the IPv6 underlay beside %s (same VNI and port): its pods' IPv6 flows take the fast path both ways through %s's programs (receive decapsulated in tc; send handed to %s, which encapsulates)",
+				dev, ov.VX.Dev, ov.VX.Dev, dev)
+		}
+	}
+	return notes
 }
 
 // u6MAC is the MAC u6Config found (for logs and tests).
