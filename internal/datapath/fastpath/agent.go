@@ -462,8 +462,14 @@ func (a *agent) neighChanged(ns string, u netlink.NeighUpdate) bool {
 }
 
 func (a *agent) watched(ns string, ifindex int) bool {
+	var d fpFpU6dev
+	u6 := a.p.PrgFastpathU6dev != nil && a.p.PrgFastpathU6dev.Lookup(uint32(0), &d) == nil && d.Ifindex != 0
 	for _, ov := range *a.ovs.Load() {
 		if ns == a.target && ifindex == ov.Underlay.Ifindex || ns == ov.VX.Dev.Netns && ifindex == ov.VX.Dev.Ifindex {
+			return true
+		}
+		// flannel-v6.1 (u6.go), beside the routed device: tx_u6 sends by its neighbour's MAC.
+		if u6 && ns == ov.VX.Dev.Netns && ifindex == int(d.Ifindex) {
 			return true
 		}
 	}
