@@ -97,9 +97,10 @@ func putU6(p *pinned, host string, ov *overlay) (string, error) {
 // normal path, as a second routed overlay would: its pods' IPv6 flows are ov's programs' to serve.
 func u6Notes(notes []string, dev string, ov *overlay) []string {
 	for i, n := range notes {
-		if dev != "" && strings.Contains(n, "/"+dev+": only one routed VXLAN overlay") {
+		label, _, ok := strings.Cut(n, ": only one routed VXLAN overlay")
+		if dev != "" && ok && (label == dev || strings.HasSuffix(label, "/"+dev)) {
 			notes[i] = fmt.Sprintf("%s: the IPv6 underlay beside %s (same VNI and port): its pods' IPv6 flows take the fast path both ways through %s's programs (receive decapsulated in tc; send handed to %s, which encapsulates)",
-				dev, ov.VX.Dev, ov.VX.Dev, dev)
+				label, ov.VX.Dev, ov.VX.Dev, dev)
 		}
 	}
 	return notes
