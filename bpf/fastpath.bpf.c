@@ -311,6 +311,10 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
+	if (ctx->tc_index == FP_TC_INDEX_U6) { /* tx_u6's, encapsulated by flannel-v6.1 */
+		ctx->tc_index = 0;
+		return TCX_NEXT;
+	}
 	int handed = ctx->tc_index == FP_TC_INDEX_OUT;
 	if (handed) /* handover_out's: give it back */
 		ctx->tc_index = 0;

@@ -94,6 +94,10 @@ static __always_inline int tcx_next_opaque(void)
  * a data packet (every 5 s) loses the flag: conntrack tracks it, and its FIN goes the normal
  * path as before. (Measured on the k8s lab: every crr connection stalled 1.66 s without it.) */
 #define FP_F_HSONLY 2048
+/* IPv6: the egress direction was learned over the IPv6 underlay (flannel-v6.1): the template's
+ * first 14 bytes are the inner Ethernet header the kernel gave the flow, and tx6 hands the inner
+ * frame to the VXLAN device (fastpath_u6.h's tx_u6) instead of encapsulating it itself. */
+#define FP_F_U6 4096
 
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */

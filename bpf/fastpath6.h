@@ -18,9 +18,10 @@
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
  * Services (a ClusterIP's DNAT) are on the fast path on the client's node as for IPv4, with the
  * 128-bit addresses in a side table: fastpath_nat6.h.
- * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), the docker layout, BIG TCP, and an
- * IPv6 underlay's sending (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum;
- * its receiving is fastpath_u6.h's). Such packets take the normal path, counted, and never learn.
+ * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), the docker layout, BIG TCP.
+ * Such packets take the normal path, counted, and never learn. Over an IPv6 underlay (flannel's
+ * flannel-v6.1) both halves are fastpath_u6.h's: tx6 hands a flow learned there (FP_F_U6) to
+ * tx_u6, and the underlay's programs hand IPv6 frames to rx_u6 and lrn_u6.
  *
  * TCP FIN and RST go as IPv4's (fastpath.h's begin_out): the normal path's, but a short
  * connection's (FP_F_HSONLY, learned from its handshake) ride the fast path and hand the
@@ -283,6 +284,9 @@ static __always_inline int pod_lookup6(__u32 netns, const __u32 *addr, struct pr
 	return PRG_POD_OK;
 }
 
+/* fastpath_u6.h: the sending half over an IPv6 underlay. */
+static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f);
+
 /* tx6: prg_fastpath_tx for an IPv6 frame leaving a pod. */
 static __always_inline int tx6(struct __sk_buff *ctx)
 {
@@ -331,6 +335,8 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_TTL);
 		return TCX_NEXT;
 	}
+	if (f->flags & FP_F_U6) /* learned over the IPv6 underlay: the VXLAN device encapsulates */
+		return tx_u6(ctx, f);
 	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
 	if (wire > cfg->mtu) {
 		count(FP_DIR_TX, FP_R_MTU);
@@ -524,6 +530,8 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed
 		return TCX_NEXT;
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
+	if (f->flags & FP_F_U6) /* it moved from the IPv6 underlay: a whole template again */
+		__sync_fetch_and_and(&f->flags, ~FP_F_U6);
 	learned_out(f, vtep, p.ttl, p.proto, p.ctl);
 	learned_report(&k, sizeof(k), f, p.proto, 1, 0);
 	return TCX_NEXT;

@@ -4,14 +4,23 @@
  * dual-stack layout: flannel-v6.1, VXLAN over the nodes' IPv6 addresses, beside flannel.1).
  * Included by fastpath.bpf.c after fastpath6.h.
  *
- * Only the receiver: a kernel sender (the normal path's flannel-v6.1) puts a valid outer UDP
- * checksum on every frame, so tc ingress on the underlay can strip outer IPv6 + UDP + VXLAN
- * (and the inner Ethernet header) of a learned flow and redirect the inner IPv6 packet to the
- * pod, as rx6 does over the IPv4 underlay. The sender stays on the normal path: tc cannot ask
+ * Receive: a kernel sender (flannel-v6.1) puts a valid outer UDP checksum on every frame, so tc
+ * ingress on the underlay can strip outer IPv6 + UDP + VXLAN (and the inner Ethernet header) of
+ * a learned flow and redirect the inner IPv6 packet to the pod, as rx6 does over the IPv4
+ * underlay. A flow is served on receive once learned inbound (FP_F_IN) alone, as FP_C_ONEWAY
+ * does for every flow.
+ *
+ * Send (tx_u6): tc cannot build the outer headers itself, as tx6 does over IPv4: it cannot ask
  * for per-segment outer UDP checksums on GSO packets (bpf_skb_adjust_room sets
  * SKB_GSO_UDP_TUNNEL, never _CSUM), and a zero checksum over IPv6 is dropped by a receiving
- * device without udp6zerocsumrx. So a flow is served on receive once learned inbound (FP_F_IN)
- * alone, as FP_C_ONEWAY does for every flow.
+ * device without udp6zerocsumrx. So for a flow learned both ways whose egress the normal path
+ * sent through flannel-v6.1 (FP_F_U6), tx_u6 rewrites the inner Ethernet header to the one the
+ * kernel's neighbour entry gave it (dst: the remote VTEP's flannel-v6.1 MAC, src: ours, learned
+ * by lrn_u6 from the kernel's own frame into the flow's template), lowers the hop limit as the
+ * routed hop did, and redirects the inner frame to flannel-v6.1's egress: the vxlan driver
+ * encapsulates it (its FDB lookup, GSO, the outer checksum), while the bridge, the inner
+ * routing, the inner packet's netfilter hooks and the neighbour output are skipped.
+ * flannel-v6.1's ifindex comes from the agent (prg_fastpath_u6dev; 0: sending off).
  *
  * The remote VTEP is 128 bits and fp_flow.vtep 32: the layouts of pinned maps stay as they were
  * and the remote VTEP lives in a side table, prg_fastpath_vtep6, keyed by the flow's key. It is
@@ -29,6 +38,9 @@
 
 #define FP_U6_INNER 70 /* outer Ethernet 14 + IPv6 40 + UDP 8 + VXLAN 8: the inner Ethernet header */
 #define FP_U6_ENCAP 70 /* what decapsulation takes: outer IPv6 40 + UDP 8 + VXLAN 8 + inner Ethernet 14 */
+/* skb->tc_index of a frame tx_u6 redirected to flannel-v6.1, so the underlay's egress learner
+ * skips the VXLAN frame the driver makes of it (tc_index survives the encapsulation). */
+#define FP_TC_INDEX_U6 0xfa5b
 
 struct fp_u6cfg {
 	__u32 vtep[4]; /* the local VTEP: the underlay's IPv6 address flannel-v6.1 sends from (0: off) */
@@ -42,6 +54,20 @@ struct {
 	__type(key, __u32);
 	__type(value, struct fp_u6cfg);
 } prg_fastpath_u6cfg SEC(".maps");
+
+/* The sending half's device: flannel-v6.1's ifindex (0: off). A map of its own, so
+ * prg_fastpath_u6cfg's layout stays as pinned. */
+struct fp_u6dev {
+	__u32 ifindex;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_u6dev);
+} prg_fastpath_u6dev SEC(".maps");
 
 struct fp_vtep6 {
 	__u32 addr[4];
@@ -239,7 +265,9 @@ drop:
 }
 
 /* lrn_u6: prg_fastpath_lrn_tx for an IPv6 frame on the underlay's egress: a VXLAN frame from our
- * VTEP records where the kernel sends an existing flow (the side table rx_u6 checks). */
+ * VTEP records where the kernel sends an existing flow (the side table rx_u6 checks) and, for a
+ * flow tx6 handed over (its hop limit recorded, as lrn_tx_u4 learns), the egress direction: the
+ * inner Ethernet header flannel-v6.1 was given (the template's first 14 bytes, FP_F_U6). */
 static __attribute__((noinline)) int lrn_u6(struct __sk_buff *ctx, const struct fp_cfg *cfg)
 {
 	struct fp_outer6 o = {};
@@ -255,15 +283,69 @@ static __attribute__((noinline)) int lrn_u6(struct __sk_buff *ctx, const struct 
 	if (parse6(ctx, FP_U6_INNER, &p))
 		return tcx_next_opaque();
 	key6_out(&k, &p);
-	if (!bpf_map_lookup_elem(&prg_fastpath_flow6, &k))
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+	if (!f)
 		return tcx_next_opaque();
 	struct fp_vtep6 *rv = bpf_map_lookup_elem(&prg_fastpath_vtep6, &k);
-	if (rv && a6_eq(rv->addr, o.daddr))
+	if (!rv || !a6_eq(rv->addr, o.daddr)) {
+		struct fp_vtep6 nv = {};
+		__builtin_memcpy(nv.addr, o.daddr, 16);
+		bpf_map_update_elem(&prg_fastpath_vtep6, &k, &nv, BPF_ANY);
+	}
+	/* Not a flow the fast path handed over, or one the normal path translated (a Service's:
+	 * the IPv6 underlay's sending does not replay NAT), or a FIN/RST: learn nothing. */
+	if (!f->out_ttl_seen || f->out_ttl_seen < p.ttl || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)) ||
+	    (f->flags & (FP_F_ALIAS | FP_F_DNAT | FP_F_NATX)))
 		return tcx_next_opaque();
-	struct fp_vtep6 nv = {};
-	__builtin_memcpy(nv.addr, o.daddr, 16);
-	bpf_map_update_elem(&prg_fastpath_vtep6, &k, &nv, BPF_ANY);
+	if (bpf_skb_load_bytes(ctx, FP_U6_INNER, f->tmpl, sizeof(struct ethhdr)))
+		return tcx_next_opaque();
+	__sync_fetch_and_or(&f->flags, FP_F_U6);
+	learned_out(f, vtep6_fold(o.daddr), p.ttl, p.proto, p.ctl);
+	learned_report(&k, sizeof(k), f, p.proto, 1, 0);
 	return tcx_next_opaque();
+}
+
+/* tx_u6: tx6's hit for a flow learned over the IPv6 underlay (FP_F_U6), after tx6's checks (both
+ * ways learned and fresh, the pod's own veth, no mark, hop limit): the inner frame goes to
+ * flannel-v6.1 with the Ethernet header the normal path gave it (see the top). */
+static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f)
+{
+	__u32 z = 0, mtu = 0;
+	struct fp_u6dev *d = bpf_map_lookup_elem(&prg_fastpath_u6dev, &z);
+
+	if (!d || !d->ifindex || (f->flags & FP_F_DNAT)) {
+		count(FP_DIR_TX, FP_R_UNSUP);
+		return TCX_NEXT;
+	}
+	/* flannel-v6.1's own MTU, per segment for GSO, as ip6_forward checks it (the normal path
+	 * then sends the pod its Packet Too Big); an ifindex gone fails here too. */
+	if (bpf_check_mtu(ctx, d->ifindex, &mtu, 0, BPF_MTU_CHK_SEGS)) {
+		count(FP_DIR_TX, FP_R_MTU);
+		return TCX_NEXT;
+	}
+	__u8 dec = f->out_ttl_dec;
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end) {
+		if (bpf_skb_pull_data(ctx, sizeof(struct ethhdr) + FP_IP6_HLEN)) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+	}
+	__builtin_memcpy(data, f->tmpl, 12); /* dst, src MAC; the EtherType stays IPv6 */
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	ip6->hop_limit -= dec;
+	/* The underlay's egress learner skips the frame the driver builds of it (no skb mark: the
+	 * outer packet's route lookup and netfilter see it, and kube-proxy's masquerade bit is in
+	 * FP_MARK). */
+	ctx->tc_index = FP_TC_INDEX_U6;
+	count(FP_DIR_TX, FP_R_HIT);
+	return bpf_redirect(d->ifindex, 0);
 }
 
 #endif

@@ -141,7 +141,11 @@ func (a *agent) putCfg(ov *overlay, forget bool) error {
 		a.gens[ov.Index] = nextGen()
 	}
 	c.Gen, c.Budget = a.gens[ov.Index], a.budget
-	return a.p.PrgFastpathCfg.Put(uint32(ov.Index), c)
+	if err := a.p.PrgFastpathCfg.Put(uint32(ov.Index), c); err != nil {
+		return err
+	}
+	_, err := putU6(a.p, ov.Underlay.Netns, ov) // flannel-v6.1's device may have changed (u6.go)
+	return err
 }
 
 // forgetAll forgets every flow of every overlay: a new generation each. The learned TCP
@@ -458,8 +462,14 @@ func (a *agent) neighChanged(ns string, u netlink.NeighUpdate) bool {
 }
 
 func (a *agent) watched(ns string, ifindex int) bool {
+	var d fpFpU6dev
+	u6 := a.p.PrgFastpathU6dev != nil && a.p.PrgFastpathU6dev.Lookup(uint32(0), &d) == nil && d.Ifindex != 0
 	for _, ov := range *a.ovs.Load() {
 		if ns == a.target && ifindex == ov.Underlay.Ifindex || ns == ov.VX.Dev.Netns && ifindex == ov.VX.Dev.Ifindex {
+			return true
+		}
+		// flannel-v6.1 (u6.go), beside the routed device: tx_u6 sends by its neighbour's MAC.
+		if u6 && ns == ov.VX.Dev.Netns && ifindex == int(d.Ifindex) {
 			return true
 		}
 	}

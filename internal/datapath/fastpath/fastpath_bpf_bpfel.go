@@ -126,6 +126,12 @@ type fpFpU6cfg struct {
 	Pad   [2]uint8
 }
 
+type fpFpU6dev struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Pad     uint32
+}
+
 type fpFpVtep6 struct {
 	_    structs.HostLayout
 	Addr [4]uint32
@@ -169,6 +175,7 @@ const (
 	fpMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fpMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
+	fpMapPrgFastpathU6dev       = "prg_fastpath_u6dev"
 	fpMapPrgFastpathVtep6       = "prg_fastpath_vtep6"
 	fpProgPrgFastpathDlrnTx     = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx        = "prg_fastpath_drx"
@@ -256,6 +263,7 @@ type fpMapSpecs struct {
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
+	PrgFastpathU6dev       *ebpf.MapSpec `ebpf:"prg_fastpath_u6dev"`
 	PrgFastpathVtep6       *ebpf.MapSpec `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -303,6 +311,7 @@ type fpMaps struct {
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
+	PrgFastpathU6dev       *ebpf.Map `ebpf:"prg_fastpath_u6dev"`
 	PrgFastpathVtep6       *ebpf.Map `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -325,6 +334,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,
+		m.PrgFastpathU6dev,
 		m.PrgFastpathVtep6,
 	)
 }

@@ -138,6 +138,7 @@ const (
 	fFinIn   = 1024
 	fDone    = fFinOut | fFinIn // both FINs: only their ACKs can follow
 	fHsOnly  = 2048             // TCP: learned from its handshake only: its FIN/RST ride the fast path
+	fU6      = 4096             // IPv6: egress learned over the IPv6 underlay (flannel-v6.1): tx_u6 sends it
 )
 
 // flowCounts sums the per-address flow counters (prg_fastpath_pcnt): the flows of each overlay

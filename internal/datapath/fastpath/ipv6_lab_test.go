@@ -144,10 +144,11 @@ func TestLabIPv6(t *testing.T) {
 
 // TestLabIPv6Underlay: the dual-stack layout of real flannel (--ipv6-underlay: the pods' IPv6
 // on flannel-v6.1 over IPv6 addresses of eth0). The fast path receives over it (strips outer
-// IPv6 + UDP + VXLAN on eth0's ingress) but does not send: an IPv6 stream between the pods is
-// byte-exact with >= 99 % of node A's received echoes on the fast path, none of its sending,
-// none dropped; an IPv4 stream beside it still takes the fast path both ways, and detach
-// leaves nothing attached.
+// IPv6 + UDP + VXLAN on eth0's ingress) and sends over it (hands the inner frame to flannel-v6.1
+// with the MACs its FDB forwards by): an IPv6 stream between the pods is byte-exact with >= 99 %
+// of node A's sent segments and received echoes on the fast path, none dropped; with outer
+// checksums computed in software and verified by node B's kernel none is wrong; an IPv4 stream
+// beside it still takes the fast path both ways, and detach leaves nothing attached.
 func TestLabIPv6Underlay(t *testing.T) {
 	l := labForTest(t, lab.Spec{Name: "fp6u", Style: lab.StyleFlannel, Containers: 1, IPv6: true, IPv6Underlay: true})
 	hosts := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
@@ -190,27 +191,140 @@ func TestLabIPv6Underlay(t *testing.T) {
 		}
 		return eg, in, n
 	}
+	// What the vxlan driver forwards by: the remote VTEP's MAC in flannel-v6.1's FDB (to its
+	// IPv6 address) and in its neighbour table (the route's gateway). tx_u6 gives the inner
+	// frame that MAC, learned from the kernel's own frame.
+	dev, mac1, vtep1 := l.Spec.FlannelV6(), l.Spec.VTEPMAC6(2).String(), l.Spec.HostAddr6(2).Addr().String() // h2
+	fdb := run(t, hosts[0], "bridge", "fdb", "show", "dev", dev)
+	neigh := run(t, hosts[0], "ip", "-6", "neigh", "show", "dev", dev)
+	t.Logf("%s FDB:\n%s%s neighbours:\n%s", dev, fdb, dev, neigh)
+	if !strings.Contains(fdb, mac1+" dst "+vtep1) || !strings.Contains(neigh, mac1) {
+		t.Fatalf("%s: no FDB entry %s dst %s or neighbour with that MAC", dev, mac1, vtep1)
+	}
 	eg, in, n := stream("tcp6", c2.Addr6Only(), 62)
 	t.Logf("IPv6 over the IPv6 underlay: %d bytes echoed byte-exact; egress %v, ingress %v", n, eg, in)
-	// The receiving half only (bpf/fastpath_u6.h): node A's ingress serves the echoes, its
-	// egress leaves the sending to the normal path (no outer UDP checksum from tc).
-	if eg["hit"] != 0 || eg["dropped"]+in["dropped"] != 0 {
-		t.Fatalf("IPv6 underlay: egress %v ingress %v: want no egress hit, none dropped", eg, in)
+	// Both halves (bpf/fastpath_u6.h): node A's egress hands the stream to flannel-v6.1 (tx_u6),
+	// its ingress decapsulates the echoes (rx_u6).
+	if eg["dropped"]+in["dropped"] != 0 {
+		t.Fatalf("IPv6 underlay: egress %v ingress %v: want none dropped", eg, in)
+	}
+	if seen := eg["hit"] + eg["miss"] + eg["stale"]; eg["hit"] == 0 || eg["hit"]*100 < seen*99 {
+		t.Fatalf("IPv6 underlay: egress %v: want >= 99%% of the stream on the fast path", eg)
 	}
 	if seen := in["hit"] + in["miss"] + in["stale"]; in["hit"] == 0 || in["hit"]*100 < seen*99 {
 		t.Fatalf("IPv6 underlay: ingress %v: want >= 99%% of the echoes on the fast path", in)
 	}
+	u6NeighForgets(t, l, hosts[0])
 	eg, in, n = stream("tcp4", c2.AddrOnly(), 63)
 	if eg["hit"] == 0 || in["hit"] == 0 || eg["dropped"]+in["dropped"] != 0 {
 		t.Fatalf("IPv4 beside it: %d bytes, egress %v ingress %v: want hits both ways, none dropped", n, eg, in)
 	}
-	for _, h := range hosts {
-		if _, err := datapath.Detach(context.Background(), h, Name); err != nil {
-			t.Fatalf("detach %s: %v", h, err)
+	// The outer UDP checksum of what tx_u6 sends, checked by a kernel: node B detached (its
+	// flannel-v6.1 and UDP receive verify every frame) and node A's eth0 without checksum
+	// offload (each outer checksum computed in software before it leaves, none left partial
+	// for a veth to skip). A wrong checksum would fail the stream and count in Udp6InCsumErrors.
+	if _, err := datapath.Detach(context.Background(), hosts[1], Name); err != nil {
+		t.Fatalf("detach %s: %v", hosts[1], err)
+	}
+	run(t, hosts[0], "ethtool", "-K", "eth0", "tx", "off")
+	csumErrs := func() string {
+		for _, line := range strings.Split(run(t, hosts[1], "cat", "/proc/net/snmp6"), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "Udp6InCsumErrors" {
+				return f[1]
+			}
 		}
+		t.Fatal("no Udp6InCsumErrors in /proc/net/snmp6")
+		return ""
+	}
+	e0 := csumErrs()
+	eg, in, n = stream("tcp6", c2.Addr6Only(), 64)
+	t.Logf("software outer checksums, node B on the normal path: %d bytes; egress %v", n, eg)
+	if e := csumErrs(); e != e0 || eg["hit"] == 0 || eg["hit"]*100 < (eg["hit"]+eg["miss"]+eg["stale"])*99 {
+		t.Fatalf("software checksums: Udp6InCsumErrors %s -> %s, egress %v: want no errors, >= 99%% hits", e0, e, eg)
+	}
+	if _, err := datapath.Detach(context.Background(), hosts[0], Name); err != nil {
+		t.Fatalf("detach %s: %v", hosts[0], err)
+	}
+	for _, h := range hosts {
 		if o, _ := netnsutil.Run(context.Background(), h, "bpftool", "net", "show"); strings.Contains(o, "prg_fastpath") {
 			t.Fatalf("%s: programs still attached after detach:\n%s", h, o)
 		}
+	}
+}
+
+// u6NeighForgets: a neighbour change on flannel-v6.1 (whose MAC tx_u6 sends by) makes node h's
+// agent forget the IPv6 flows within a second, as flannel.1's does (TestInvalidation); a
+// connection open across the change goes on byte-exact.
+func u6NeighForgets(t *testing.T, l *lab.Lab, h string) {
+	t.Helper()
+	c1, c2 := l.Containers[0], l.Containers[1]
+	// The IPv6 flows learned over flannel-v6.1 under the overlay's current generation, and it.
+	learned := func() (int, uint32) {
+		p, err := openPinned(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		var c fpFpCfg
+		if err := p.PrgFastpathCfg.Lookup(uint32(0), &c); err != nil {
+			t.Fatal(err)
+		}
+		var k fpFpKey6
+		var f fpFpFlow
+		n := 0
+		for it := p.PrgFastpathFlow6.Iterate(); it.Next(&k, &f); {
+			if f.Flags&(fOut|fIn|fU6) == fOut|fIn|fU6 && f.Gen == c.Gen {
+				n++
+			}
+		}
+		return n, c.Gen
+	}
+	target := net.JoinHostPort(c2.Addr6Only(), strconv.Itoa(lab.VerifyPort+1))
+	ln, err := netnsutil.Listen(c2.Netns, "tcp6", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go lab.ServeTCPEchoFor(ln, c2.Name, 0)
+	c, err := netnsutil.DialContext(context.Background(), c1.Netns, &net.Dialer{Timeout: 3 * time.Second}, "tcp6", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != c2.Name {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	// One stream across the change (streamEcho half-closes at its end).
+	type res struct {
+		n   int64
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		n, err := streamEcho(c, r, 1500*time.Millisecond, 65)
+		done <- res{n, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	n0, gen0 := learned()
+	if n0 == 0 {
+		t.Fatal("no IPv6 flow learned over flannel-v6.1 before the change")
+	}
+	dev, gw := l.Spec.FlannelV6(), l.Spec.FlannelAddr6(2).Addr().String()
+	run(t, h, "ip", "-6", "neigh", "replace", gw, "lladdr", "06:00:00:00:00:99", "dev", dev, "nud", "permanent")
+	run(t, h, "ip", "-6", "neigh", "replace", gw, "lladdr", l.Spec.VTEPMAC6(2).String(), "dev", dev, "nud", "permanent")
+	// The agent forgets by a new generation; the stream's next packets re-learn under it from
+	// the normal path (so a count of learned flows alone would race with them).
+	deadline := time.Now().Add(time.Second)
+	for _, gen := learned(); gen == gen0; _, gen = learned() {
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 flows not forgotten 1 s after a neighbour change on %s", dev)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if x := <-done; x.err != nil {
+		t.Fatalf("stream across the change: %v (%d bytes)", x.err, x.n)
 	}
 }
 

@@ -165,11 +165,11 @@ func (mode) Load(_ context.Context, t *datapath.Topology, o datapath.Options, st
 		if err := p.PrgFastpathCfg.Put(uint32(ov.Index), cfgWith(ov, budget)); err != nil {
 			return fmt.Errorf("fastpath: write config: %w", err)
 		}
-		if c, ok := u6Config(ov.Underlay.Netns, ov); ok { // flannel-v6.1 beside it: u6.go
-			if err := p.PrgFastpathU6cfg.Put(uint32(0), c); err != nil {
-				return fmt.Errorf("fastpath: write the IPv6 underlay's config: %w", err)
-			}
+		dev6, err := putU6(p, ov.Underlay.Netns, ov) // flannel-v6.1 beside it: u6.go
+		if err != nil {
+			return err
 		}
+		ms.Notes = u6Notes(ms.Notes, dev6, ov)
 		if err := attachOverlay(p, st.Target, ov); err != nil {
 			return err
 		}

@@ -66,8 +66,10 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6,
 		// TCP flows learned both ways, for the agent's liberal marking (bpf/fastpath_learned.h).
 		"prg_fastpath_learned": &m.PrgFastpathLearned, "prg_fastpath_learned_lost": &m.PrgFastpathLearnedLost,
-		// The IPv6 underlay's receive (bpf/fastpath_u6.h): its local VTEP and the flows' remote ones.
+		// The IPv6 underlay (bpf/fastpath_u6.h): its local VTEP and the flows' remote ones, and
+		// the device the sending half hands frames to.
 		"prg_fastpath_u6cfg": &m.PrgFastpathU6cfg, "prg_fastpath_vtep6": &m.PrgFastpathVtep6,
+		"prg_fastpath_u6dev": &m.PrgFastpathU6dev,
 		// Which frame IPv4's handover record is (fastpath_nat.h's fp_hob).
 		"prg_fastpath_hob": &m.PrgFastpathHob}
 }
