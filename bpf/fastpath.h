@@ -98,6 +98,16 @@ static __always_inline int tcx_next_opaque(void)
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
 #define FP_TC_INDEX_OUT 0xfa58
+/* skb->tc_index of a frame handed to the normal path whose flow has no entry (its local address
+ * holds its budget of flows, or the table is full): nothing can be learned from it, so the
+ * learners at the end of the normal path give the field back and look nothing up. A flow over its
+ * budget then costs one flow-table lookup per node and direction (the tx or rx program's), not
+ * three (the learners' misses: prg_fastpath_lrn_tx's and learn_dnat's, local_learn's and
+ * prg_fastpath_lrn_rx's). NOOUT: handover_out's (the key_out flow of the frame has no entry);
+ * NOIN: handover_in's (its key_in flow has none; the frame came from the underlay, so no local
+ * pod sent it either). */
+#define FP_TC_INDEX_NOOUT 0xfa5b
+#define FP_TC_INDEX_NOIN 0xfa5c
 
 /* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
@@ -562,11 +572,18 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	struct fp_cfg *cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
+	struct fp_flow *e = f;
 	if (f) {
 		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
-		flow_new(cfg, k, &nf, FP_DIR_TX);
+		e = flow_new(cfg, k, &nf, FP_DIR_TX);
+	}
+	if (!e) { /* over budget, or the table full: nothing to learn (FP_TC_INDEX_NOOUT) */
+		if (!ctx->tc_index)
+			ctx->tc_index = FP_TC_INDEX_NOOUT;
+		count(FP_DIR_TX, reason);
+		return TCX_NEXT;
 	}
 	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
 	__u32 zero = 0;
@@ -588,15 +605,17 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 	if (!cfg)
 		return TCX_NEXT;
 	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
-	 * from the VXLAN device past it, and its flow would never be learned). */
-	if (!ctx->tc_index)
-		ctx->tc_index = PRG_TC_INDEX_LEARN;
+	 * from the VXLAN device past it, and its flow would never be learned); a flow without an
+	 * entry (over budget, the table full) has nothing to learn: FP_TC_INDEX_NOIN. */
+	struct fp_flow *e = f;
 	if (f) {
 		seen_in(f, cfg->gen, p->ttl);
 	} else {
 		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
-		flow_new(cfg, k, &nf, FP_DIR_RX);
+		e = flow_new(cfg, k, &nf, FP_DIR_RX);
 	}
+	if (!ctx->tc_index)
+		ctx->tc_index = e ? PRG_TC_INDEX_LEARN : FP_TC_INDEX_NOIN;
 	count(FP_DIR_RX, reason);
 	return TCX_NEXT;
 }
