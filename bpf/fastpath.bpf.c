@@ -320,13 +320,12 @@ static __always_inline int lrn_tx_main(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
-	int handed = ctx->tc_index == FP_TC_INDEX_OUT;
-	if (handed) /* handover_out's: give it back */
+	__u32 ti = ctx->tc_index; /* read once (as in prg_fastpath_dlrn_tx) */
+	int handed = ti == FP_TC_INDEX_OUT;
+	if (handed || ti == FP_TC_INDEX_NOOUT) /* handover_out's: give it back */
 		ctx->tc_index = 0;
-	if (ctx->tc_index == FP_TC_INDEX_NOOUT) { /* a flow without an entry: nothing to learn */
-		ctx->tc_index = 0;
+	if (ti == FP_TC_INDEX_NOOUT) /* a flow without an entry: nothing to learn */
 		return TCX_NEXT;
-	}
 	cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
@@ -389,10 +388,11 @@ static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 	struct fp_key k = {};
 	struct fp_pkt p;
 
-	int handed = ctx->tc_index == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
+	__u32 ti = ctx->tc_index; /* read once (as in prg_fastpath_dlrn_tx) */
+	int handed = ti == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
 	/* The tx or rx program found no entry for the frame's flow (FP_TC_INDEX_NOOUT/NOIN). */
-	__u32 noout = ctx->tc_index == FP_TC_INDEX_NOOUT, noin = ctx->tc_index == FP_TC_INDEX_NOIN;
-	if (ctx->tc_index == PRG_TC_INDEX_LEARN || handed || noout || noin) /* handovers': give it back */
+	int noout = ti == FP_TC_INDEX_NOOUT, noin = ti == FP_TC_INDEX_NOIN;
+	if (ti == PRG_TC_INDEX_LEARN || handed || noout || noin) /* handovers': give it back */
 		ctx->tc_index = 0;
 	if (noin) /* from the underlay, its flow without an entry: nothing to learn */
 		return TCX_NEXT;
@@ -455,12 +455,11 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
-	if (ctx->tc_index == FP_TC_INDEX_OUT) /* handover_out's (the docker layout learns by key) */
+	__u32 ti = ctx->tc_index; /* read once: clang would keep &ctx->tc_index, which the verifier refuses */
+	if (ti == FP_TC_INDEX_OUT || ti == FP_TC_INDEX_NOOUT) /* handover_out's (the docker layout learns by key) */
 		ctx->tc_index = 0;
-	if (ctx->tc_index == FP_TC_INDEX_NOOUT) { /* a flow without an entry: nothing to learn */
-		ctx->tc_index = 0;
+	if (ti == FP_TC_INDEX_NOOUT) /* a flow without an entry: nothing to learn */
 		return TCX_NEXT;
-	}
 	if (!fp_config() || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key_out(&k, &p);
