@@ -99,7 +99,8 @@ static __always_inline int tcx_next_opaque(void)
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
 #define FP_TC_INDEX_OUT 0xfa58
 /* skb->tc_index of a frame handed to the normal path whose flow has no entry (its local address
- * holds its budget of flows, or the table is full): nothing can be learned from it, so the
+ * holds its budget of flows, or the table is full), or whose direction was learned moments ago
+ * (dir_fresh: a one-way flow): nothing can be learned from it, so the
  * learners at the end of the normal path give the field back and look nothing up. A flow over its
  * budget then costs one flow-table lookup per node and direction (the tx or rx program's), not
  * three (the learners' misses: prg_fastpath_lrn_tx's and learn_dnat's, local_learn's and
@@ -565,6 +566,25 @@ static __always_inline void seen_in(struct fp_flow *f, __u32 gen, __u8 ttl)
 	f->seen_ns = bpf_ktime_get_ns();
 }
 
+/* dir_fresh: flow f (either family) has direction out (or in) learned within FP_REVALIDATE_NS in
+ * generation gen, from the veth ifindex (egress; 0: ingress). A packet of such a flow that misses
+ * only because the other direction is not learned (a flow one way, nobody answering: it will never
+ * be learned) has nothing to teach the learner: handover skips it (FP_TC_INDEX_NOOUT/NOIN) and
+ * the flow costs one lookup per packet, where the learner would re-learn the direction from every
+ * packet. The direction is re-learned once it is FP_REVALIDATE_NS old, as a learned flow's is.
+ * Same-node flows (FP_F_LOCAL) are left as they were (their learner also learns the receiving
+ * pod's direction, local_learn), and so are TCP flows learned from their handshake only
+ * (FP_F_HSONLY): a data packet down the normal path must clear that flag. */
+static __always_inline int dir_fresh(const struct fp_flow *f, int out, __u32 gen, __u32 ifindex)
+{
+	__u32 bit = out ? FP_F_OUT : FP_F_IN;
+	if (!(f->flags & bit) || (f->flags & (FP_F_ALIAS | FP_F_NATX | FP_F_LOCAL | FP_F_HSONLY)) || f->gen != gen)
+		return 0;
+	if (out && f->out_ifindex != ifindex)
+		return 0;
+	return bpf_ktime_get_coarse_ns() - (out ? f->out_ns : f->in_ns) <= FP_REVALIDATE_NS;
+}
+
 /* handover records what the normal path will be learned from and lets the packet go there. */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
@@ -573,15 +593,20 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	if (!cfg)
 		return TCX_NEXT;
 	struct fp_flow *e = f;
-	if (f) {
+	if (f && reason == FP_R_MISS && dir_fresh(f, 1, cfg->gen, ctx->ifindex)) {
+		f->seen_ns = bpf_ktime_get_ns(); /* still sending: a pending entry lives on */
+		e = NULL;
+	} else if (f) {
 		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		e = flow_new(cfg, k, &nf, FP_DIR_TX);
 	}
-	if (!e) { /* over budget, or the table full: nothing to learn (FP_TC_INDEX_NOOUT) */
+	if (!e) { /* over budget, the table full, or dir_fresh: nothing to learn (FP_TC_INDEX_NOOUT) */
 		if (!ctx->tc_index)
 			ctx->tc_index = FP_TC_INDEX_NOOUT;
+		if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)
+			reason = FP_R_NAT;
 		count(FP_DIR_TX, reason);
 		return TCX_NEXT;
 	}
@@ -606,9 +631,13 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 		return TCX_NEXT;
 	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
 	 * from the VXLAN device past it, and its flow would never be learned); a flow without an
-	 * entry (over budget, the table full) has nothing to learn: FP_TC_INDEX_NOIN. */
+	 * entry (over budget, the table full) or only the fresh ingress direction (dir_fresh) has
+	 * nothing to learn: FP_TC_INDEX_NOIN. */
 	struct fp_flow *e = f;
-	if (f) {
+	if (f && reason == FP_R_MISS && dir_fresh(f, 0, cfg->gen, 0)) {
+		f->seen_ns = bpf_ktime_get_ns();
+		e = NULL;
+	} else if (f) {
 		seen_in(f, cfg->gen, p->ttl);
 	} else {
 		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};

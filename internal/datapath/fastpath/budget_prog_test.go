@@ -211,3 +211,75 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 		t.Fatalf("counters %v: want 48 refusals, 2 hits", out)
 	}
 }
+
+// A flow only one way (nobody answers: it will never be learned both ways) is learned in that
+// direction once; its next packets, while the direction is fresh, are handed over tagged "nothing
+// to learn" (the learner looks nothing up) and keep the entry alive; once the direction is
+// FP_REVALIDATE_NS old it is re-learned. A TCP flow learned from its handshake only is always
+// handed over for learning (a data packet must clear that flag).
+func TestOneWayFlowLearnsOnce(t *testing.T) {
+	e := newProgEnv(t)
+	fr := framesOf(40000)
+	k := keyOf(podA, podB, 40000, 5201, 6)
+	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+		t.Fatalf("first packet: tag %#x, want %#x", tag, tagOut)
+	}
+	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
+	f := e.flow(t, k)
+	if f.Flags&fOut == 0 || f.OutTtlSeen != 0 {
+		t.Fatalf("egress not learned: %+v", f)
+	}
+	seen := f.SeenNs
+	time.Sleep(2 * time.Millisecond)
+	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); ret != tcxNext || tag != tagNoOut {
+		t.Fatalf("next packet, egress fresh: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoOut)
+	}
+	if g := e.flow(t, k); g.OutTtlSeen != 0 || g.SeenNs <= seen || g.OutNs != f.OutNs {
+		t.Fatalf("next packet: %+v, want nothing to learn and the entry kept alive", g)
+	}
+	// The direction ages past FP_REVALIDATE_NS: re-learned from the next packet.
+	g := e.flow(t, k)
+	g.OutNs = monoNs() - uint64(6*time.Second)
+	if err := e.o.PrgFastpathFlow.Put(k, g); err != nil {
+		t.Fatal(err)
+	}
+	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+		t.Fatalf("egress 6 s old: tag %#x, want %#x", tag, tagOut)
+	}
+	if g := e.flow(t, k); g.OutTtlSeen != 64 {
+		t.Fatalf("egress 6 s old: %+v, want an entry waiting for the learner", g)
+	}
+	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
+
+	// Learned from a SYN only: handed over for learning every time.
+	g = e.flow(t, k)
+	g.Flags |= fHsOnly
+	if err := e.o.PrgFastpathFlow.Put(k, g); err != nil {
+		t.Fatal(err)
+	}
+	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+		t.Fatalf("handshake-only flow: tag %#x, want %#x", tag, tagOut)
+	}
+	e.o.PrgFastpathFlow.Delete(k)
+
+	// Ingress: a flow arriving from node B that pod A never answers.
+	if _, tag := e.runTag(t, e.o.PrgFastpathRxT, fr.arriving, 0); tag != tagLearn {
+		t.Fatalf("first arrival: tag %#x, want %#x", tag, tagLearn)
+	}
+	e.runTag(t, e.o.PrgFastpathLrnRxT, fr.delivered, tagLearn)
+	if f := e.flow(t, k); f.Flags&fIn == 0 {
+		t.Fatalf("ingress not learned: %+v", f)
+	}
+	if ret, tag := e.runTag(t, e.o.PrgFastpathRxT, fr.arriving, 0); ret != tcxNext || tag != tagNoIn {
+		t.Fatalf("next arrival, ingress fresh: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoIn)
+	}
+	if f := e.flow(t, k); f.InTtlSeen != 0 {
+		t.Fatalf("next arrival: %+v, want nothing to learn", f)
+	}
+	// Pod A answers: learned both ways, the fast path both ways.
+	e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0)
+	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
+	if ret, _ := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); ret != tcActRedirect {
+		t.Fatalf("answered flow: verdict %d, want the fast path", int32(ret))
+	}
+}
