@@ -530,20 +530,3 @@ int prg_fastpath_lrn_tx6t(struct __sk_buff *ctx)
 	return lrn_tx6(ctx, o.daddr, 1);
 }
 
-/* The hand-over tag (skb->tc_index: FP_TC_INDEX_OUT/NOOUT, PRG_TC_INDEX_LEARN, FP_TC_INDEX_NOIN)
- * under BPF_PROG_TEST_RUN, which can neither set nor return it: these run the flannel layout's
- * programs with tc_index taken from cb[0] and give it back there (budget_prog_test.go). Never
- * attached. */
-#define FP_TC_INDEX_TEST(name, sec, main)                                                                              \
-	SEC(sec)                                                                                                       \
-	int name(struct __sk_buff *ctx)                                                                                \
-	{                                                                                                              \
-		ctx->tc_index = ctx->cb[0];                                                                            \
-		int r = main(ctx);                                                                                     \
-		ctx->cb[0] = ctx->tc_index;                                                                            \
-		return r;                                                                                              \
-	}
-FP_TC_INDEX_TEST(prg_fastpath_tx_t, "tcx/ingress", tx_main)
-FP_TC_INDEX_TEST(prg_fastpath_rx_t, "tcx/ingress", rx_main)
-FP_TC_INDEX_TEST(prg_fastpath_lrn_tx_t, "tcx/egress", lrn_tx_main)
-FP_TC_INDEX_TEST(prg_fastpath_lrn_rx_t, "tcx/egress", lrn_rx_main)

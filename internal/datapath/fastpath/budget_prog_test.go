@@ -18,7 +18,39 @@ const (
 	tagNoIn  = 0xfa5c // FP_TC_INDEX_NOIN: rx handed it over, its flow has none
 )
 
-// runTag runs one of the *_t test programs (bpf/fastpath.bpf.c) with skb->tc_index = tag and
+// tcProgs are the programs of the tests' object (bpf/fastpath_tctest.bpf.c) that run with their
+// hand-over tag in cb[0], over progEnv's maps.
+type tcProgs struct {
+	Tx    *ebpf.Program `ebpf:"prg_fastpath_tx_t"`
+	Rx    *ebpf.Program `ebpf:"prg_fastpath_rx_t"`
+	LrnTx *ebpf.Program `ebpf:"prg_fastpath_lrn_tx_t"`
+	LrnRx *ebpf.Program `ebpf:"prg_fastpath_lrn_rx_t"`
+}
+
+func (e *progEnv) tagProgs(t *testing.T) *tcProgs {
+	t.Helper()
+	spec, err := loadFptc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepFlowSizes(spec, &e.o.fpMaps)
+	repl := map[string]*ebpf.Map{}
+	for name, mp := range mapsOf(&e.o.fpMaps) {
+		repl[name] = *mp
+	}
+	var p tcProgs
+	if err := spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		t.Fatalf("load the tagged test programs: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, q := range []*ebpf.Program{p.Tx, p.Rx, p.LrnTx, p.LrnRx} {
+			q.Close()
+		}
+	})
+	return &p
+}
+
+// runTag runs one of the tagged test programs (bpf/fastpath.bpf.c) with skb->tc_index = tag and
 // returns the verdict and the tc_index the program left (both travel in cb[0]).
 func (e *progEnv) runTag(t *testing.T, p *ebpf.Program, pkt []byte, tag uint32) (uint32, uint32) {
 	t.Helper()
@@ -69,23 +101,24 @@ func framesOf(lport uint16) budgetFrames {
 // tagged as before and learned.
 func TestOverBudgetSkipsLearners(t *testing.T) {
 	e := newProgEnv(t)
+	tp := e.tagProgs(t)
 	e.setBudget(t, 1)
 	in, over := framesOf(40000), framesOf(40001)
 	kIn, kOver := keyOf(podA, podB, 40000, 5201, 6), keyOf(podA, podB, 40001, 5201, 6)
 
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, in.sent, 0); ret != tcxNext || tag != tagOut {
+	if ret, tag := e.runTag(t, tp.Tx, in.sent, 0); ret != tcxNext || tag != tagOut {
 		t.Fatalf("tx, flow within the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagOut)
 	}
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, over.sent, 0); ret != tcxNext || tag != tagNoOut {
+	if ret, tag := e.runTag(t, tp.Tx, over.sent, 0); ret != tcxNext || tag != tagNoOut {
 		t.Fatalf("tx, flow over the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoOut)
 	}
 	if b, err := e.o.PrgFastpathFlow.LookupBytes(kOver); err != nil || b != nil {
 		t.Fatalf("a flow over the budget got an entry (%v)", err)
 	}
-	if ret, tag := e.runTag(t, e.o.PrgFastpathRxT, in.arriving, 0); ret != tcxNext || tag != tagLearn {
+	if ret, tag := e.runTag(t, tp.Rx, in.arriving, 0); ret != tcxNext || tag != tagLearn {
 		t.Fatalf("rx, flow within the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagLearn)
 	}
-	if ret, tag := e.runTag(t, e.o.PrgFastpathRxT, over.arriving, 0); ret != tcxNext || tag != tagNoIn {
+	if ret, tag := e.runTag(t, tp.Rx, over.arriving, 0); ret != tcxNext || tag != tagNoIn {
 		t.Fatalf("rx, flow over the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoIn)
 	}
 	out, rin := e.counters(t)
@@ -94,10 +127,10 @@ func TestOverBudgetSkipsLearners(t *testing.T) {
 	}
 
 	// The flow within the budget is learned both ways from frames tagged as usual.
-	if _, tag := e.runTag(t, e.o.PrgFastpathLrnTxT, in.wire, tagOut); tag != 0 {
+	if _, tag := e.runTag(t, tp.LrnTx, in.wire, tagOut); tag != 0 {
 		t.Fatalf("egress learner left tag %#x, want it given back", tag)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathLrnRxT, in.delivered, tagLearn); tag != 0 {
+	if _, tag := e.runTag(t, tp.LrnRx, in.delivered, tagLearn); tag != 0 {
 		t.Fatalf("receive learner left tag %#x, want it given back", tag)
 	}
 	if f := e.flow(t, kIn); f.Flags&(fOut|fIn) != fOut|fIn || f.OutTtlDec != 1 || f.InTtlDec != 1 {
@@ -110,18 +143,18 @@ func TestOverBudgetSkipsLearners(t *testing.T) {
 	if err := e.o.PrgFastpathFlow.Put(kOver, pending); err != nil {
 		t.Fatal(err)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathLrnTxT, over.wire, tagNoOut); tag != 0 {
+	if _, tag := e.runTag(t, tp.LrnTx, over.wire, tagNoOut); tag != 0 {
 		t.Fatalf("egress learner left tag %#x, want it given back", tag)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathLrnRxT, over.delivered, tagNoIn); tag != 0 {
+	if _, tag := e.runTag(t, tp.LrnRx, over.delivered, tagNoIn); tag != 0 {
 		t.Fatalf("receive learner left tag %#x, want it given back", tag)
 	}
 	if f := e.flow(t, kOver); f.Flags&(fOut|fIn) != 0 || f.OutTtlSeen != 64 || f.InTtlSeen != 64 {
 		t.Fatalf("learned from frames tagged without an entry: flags %#x", f.Flags)
 	}
 	// ...and the same frames without them are learned (what the tags skipped was a lookup).
-	e.runTag(t, e.o.PrgFastpathLrnTxT, over.wire, 0)
-	e.runTag(t, e.o.PrgFastpathLrnRxT, over.delivered, 0)
+	e.runTag(t, tp.LrnTx, over.wire, 0)
+	e.runTag(t, tp.LrnRx, over.delivered, 0)
 	if f := e.flow(t, kOver); f.Flags&(fOut|fIn) != fOut|fIn {
 		t.Fatalf("untagged frames: flags %#x, want learned both ways", f.Flags)
 	}
@@ -131,13 +164,14 @@ func TestOverBudgetSkipsLearners(t *testing.T) {
 // ones: nothing remembers the refusal.
 func TestBudgetFreedLearnsAgain(t *testing.T) {
 	e := newProgEnv(t)
+	tp := e.tagProgs(t)
 	e.setBudget(t, 1)
 	old, next := framesOf(40000), framesOf(40001)
 	kOld, kNext := keyOf(podA, podB, 40000, 5201, 6), keyOf(podA, podB, 40001, 5201, 6)
-	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, old.sent, 0); tag != tagOut {
+	if _, tag := e.runTag(t, tp.Tx, old.sent, 0); tag != tagOut {
 		t.Fatalf("first flow: tag %#x", tag)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, next.sent, 0); tag != tagNoOut {
+	if _, tag := e.runTag(t, tp.Tx, next.sent, 0); tag != tagNoOut {
 		t.Fatalf("second flow at the budget: tag %#x, want %#x", tag, tagNoOut)
 	}
 	// The first connection closed long ago: the sweep (armed by its insert) takes it within 1 s.
@@ -158,13 +192,13 @@ func TestBudgetFreedLearnsAgain(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, next.sent, 0); ret != tcxNext || tag != tagOut {
+	if ret, tag := e.runTag(t, tp.Tx, next.sent, 0); ret != tcxNext || tag != tagOut {
 		t.Fatalf("second flow after the budget freed: verdict %d tag %#x, want tagged %#x", int32(ret), tag, tagOut)
 	}
 	if g := e.flow(t, kNext); g.Flags&fCounted == 0 || g.OutTtlSeen != 64 {
 		t.Fatalf("second flow's entry: %+v, want a counted entry waiting for the learner", g)
 	}
-	e.runTag(t, e.o.PrgFastpathLrnTxT, next.wire, tagOut)
+	e.runTag(t, tp.LrnTx, next.wire, tagOut)
 	if g := e.flow(t, kNext); g.Flags&fOut == 0 {
 		t.Fatalf("second flow not learned after the budget freed: flags %#x", g.Flags)
 	}
@@ -175,6 +209,7 @@ func TestBudgetFreedLearnsAgain(t *testing.T) {
 // the budget stay on the fast path.
 func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 	e := newProgEnv(t)
+	tp := e.tagProgs(t)
 	e.setBudget(t, 2)
 	for i := range 50 {
 		f := framesOf(uint16(41000 + i))
@@ -182,14 +217,14 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 		if i < 2 {
 			want = tagOut
 		}
-		if _, tag := e.runTag(t, e.o.PrgFastpathTxT, f.sent, 0); tag != want {
+		if _, tag := e.runTag(t, tp.Tx, f.sent, 0); tag != want {
 			t.Fatalf("flooder's flow %d: tag %#x, want %#x", i, tag, want)
 		}
 	}
 	podC := netip.MustParseAddr("198.19.1.3")
 	cNew := podFrame()
 	cNew.saddr = podC
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, cNew.bytes(), 0); ret != tcxNext || tag != tagOut {
+	if ret, tag := e.runTag(t, tp.Tx, cNew.bytes(), 0); ret != tcxNext || tag != tagOut {
 		t.Fatalf("other pod's new flow: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagOut)
 	}
 	if f := e.flow(t, keyOf(podC, podB, 40000, 5201, 6)); f.Flags&fCounted == 0 {
@@ -198,12 +233,12 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 	cLearned := podFrame()
 	cLearned.saddr, cLearned.sport = podC, 40001
 	e.learn(t, keyOf(podC, podB, 40001, 5201, 6), 1)
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, cLearned.bytes(), 0); ret != tcActRedirect || tag != 0 {
+	if ret, tag := e.runTag(t, tp.Tx, cLearned.bytes(), 0); ret != tcActRedirect || tag != 0 {
 		t.Fatalf("other pod's learned flow: verdict %d tag %#x, want the fast path", int32(ret), tag)
 	}
 	// The flooder's own flow within its budget, once learned, is fast too.
 	e.learn2(t, keyOf(podA, podB, 41000, 5201, 6))
-	if ret, _ := e.runTag(t, e.o.PrgFastpathTxT, framesOf(41000).sent, 0); ret != tcActRedirect {
+	if ret, _ := e.runTag(t, tp.Tx, framesOf(41000).sent, 0); ret != tcActRedirect {
 		t.Fatalf("flooder's flow within the budget: verdict %d, want the fast path", int32(ret))
 	}
 	out, _ := e.counters(t)
@@ -219,19 +254,20 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 // handed over for learning (a data packet must clear that flag).
 func TestOneWayFlowLearnsOnce(t *testing.T) {
 	e := newProgEnv(t)
+	tp := e.tagProgs(t)
 	fr := framesOf(40000)
 	k := keyOf(podA, podB, 40000, 5201, 6)
-	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+	if _, tag := e.runTag(t, tp.Tx, fr.sent, 0); tag != tagOut {
 		t.Fatalf("first packet: tag %#x, want %#x", tag, tagOut)
 	}
-	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
+	e.runTag(t, tp.LrnTx, fr.wire, tagOut)
 	f := e.flow(t, k)
 	if f.Flags&fOut == 0 || f.OutTtlSeen != 0 {
 		t.Fatalf("egress not learned: %+v", f)
 	}
 	seen := f.SeenNs
 	time.Sleep(2 * time.Millisecond)
-	if ret, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); ret != tcxNext || tag != tagNoOut {
+	if ret, tag := e.runTag(t, tp.Tx, fr.sent, 0); ret != tcxNext || tag != tagNoOut {
 		t.Fatalf("next packet, egress fresh: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoOut)
 	}
 	if g := e.flow(t, k); g.OutTtlSeen != 0 || g.SeenNs <= seen || g.OutNs != f.OutNs {
@@ -243,13 +279,13 @@ func TestOneWayFlowLearnsOnce(t *testing.T) {
 	if err := e.o.PrgFastpathFlow.Put(k, g); err != nil {
 		t.Fatal(err)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+	if _, tag := e.runTag(t, tp.Tx, fr.sent, 0); tag != tagOut {
 		t.Fatalf("egress 6 s old: tag %#x, want %#x", tag, tagOut)
 	}
 	if g := e.flow(t, k); g.OutTtlSeen != 64 {
 		t.Fatalf("egress 6 s old: %+v, want an entry waiting for the learner", g)
 	}
-	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
+	e.runTag(t, tp.LrnTx, fr.wire, tagOut)
 
 	// Learned from a SYN only: handed over for learning every time.
 	g = e.flow(t, k)
@@ -257,29 +293,29 @@ func TestOneWayFlowLearnsOnce(t *testing.T) {
 	if err := e.o.PrgFastpathFlow.Put(k, g); err != nil {
 		t.Fatal(err)
 	}
-	if _, tag := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); tag != tagOut {
+	if _, tag := e.runTag(t, tp.Tx, fr.sent, 0); tag != tagOut {
 		t.Fatalf("handshake-only flow: tag %#x, want %#x", tag, tagOut)
 	}
 	e.o.PrgFastpathFlow.Delete(k)
 
 	// Ingress: a flow arriving from node B that pod A never answers.
-	if _, tag := e.runTag(t, e.o.PrgFastpathRxT, fr.arriving, 0); tag != tagLearn {
+	if _, tag := e.runTag(t, tp.Rx, fr.arriving, 0); tag != tagLearn {
 		t.Fatalf("first arrival: tag %#x, want %#x", tag, tagLearn)
 	}
-	e.runTag(t, e.o.PrgFastpathLrnRxT, fr.delivered, tagLearn)
+	e.runTag(t, tp.LrnRx, fr.delivered, tagLearn)
 	if f := e.flow(t, k); f.Flags&fIn == 0 {
 		t.Fatalf("ingress not learned: %+v", f)
 	}
-	if ret, tag := e.runTag(t, e.o.PrgFastpathRxT, fr.arriving, 0); ret != tcxNext || tag != tagNoIn {
+	if ret, tag := e.runTag(t, tp.Rx, fr.arriving, 0); ret != tcxNext || tag != tagNoIn {
 		t.Fatalf("next arrival, ingress fresh: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoIn)
 	}
 	if f := e.flow(t, k); f.InTtlSeen != 0 {
 		t.Fatalf("next arrival: %+v, want nothing to learn", f)
 	}
 	// Pod A answers: learned both ways, the fast path both ways.
-	e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0)
-	e.runTag(t, e.o.PrgFastpathLrnTxT, fr.wire, tagOut)
-	if ret, _ := e.runTag(t, e.o.PrgFastpathTxT, fr.sent, 0); ret != tcActRedirect {
+	e.runTag(t, tp.Tx, fr.sent, 0)
+	e.runTag(t, tp.LrnTx, fr.wire, tagOut)
+	if ret, _ := e.runTag(t, tp.Tx, fr.sent, 0); ret != tcActRedirect {
 		t.Fatalf("answered flow: verdict %d, want the fast path", int32(ret))
 	}
 }

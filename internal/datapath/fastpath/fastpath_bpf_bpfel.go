@@ -168,14 +168,10 @@ const (
 	fpProgPrgFastpathDrx        = "prg_fastpath_drx"
 	fpProgPrgFastpathDtx        = "prg_fastpath_dtx"
 	fpProgPrgFastpathLrnRx      = "prg_fastpath_lrn_rx"
-	fpProgPrgFastpathLrnRxT     = "prg_fastpath_lrn_rx_t"
 	fpProgPrgFastpathLrnTx      = "prg_fastpath_lrn_tx"
 	fpProgPrgFastpathLrnTx6t    = "prg_fastpath_lrn_tx6t"
-	fpProgPrgFastpathLrnTxT     = "prg_fastpath_lrn_tx_t"
 	fpProgPrgFastpathRx         = "prg_fastpath_rx"
-	fpProgPrgFastpathRxT        = "prg_fastpath_rx_t"
 	fpProgPrgFastpathTx         = "prg_fastpath_tx"
-	fpProgPrgFastpathTxT        = "prg_fastpath_tx_t"
 	fpVarFpOvl                  = "fp_ovl"
 )
 
@@ -225,14 +221,10 @@ type fpProgramSpecs struct {
 	PrgFastpathDrx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_drx"`
 	PrgFastpathDtx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_dtx"`
 	PrgFastpathLrnRx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_rx"`
-	PrgFastpathLrnRxT  *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_rx_t"`
 	PrgFastpathLrnTx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx"`
 	PrgFastpathLrnTx6t *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx6t"`
-	PrgFastpathLrnTxT  *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx_t"`
 	PrgFastpathRx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_rx"`
-	PrgFastpathRxT     *ebpf.ProgramSpec `ebpf:"prg_fastpath_rx_t"`
 	PrgFastpathTx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_tx"`
-	PrgFastpathTxT     *ebpf.ProgramSpec `ebpf:"prg_fastpath_tx_t"`
 }
 
 // fpMapSpecs contains maps before they are loaded into the kernel.
@@ -341,14 +333,10 @@ type fpPrograms struct {
 	PrgFastpathDrx     *ebpf.Program `ebpf:"prg_fastpath_drx"`
 	PrgFastpathDtx     *ebpf.Program `ebpf:"prg_fastpath_dtx"`
 	PrgFastpathLrnRx   *ebpf.Program `ebpf:"prg_fastpath_lrn_rx"`
-	PrgFastpathLrnRxT  *ebpf.Program `ebpf:"prg_fastpath_lrn_rx_t"`
 	PrgFastpathLrnTx   *ebpf.Program `ebpf:"prg_fastpath_lrn_tx"`
 	PrgFastpathLrnTx6t *ebpf.Program `ebpf:"prg_fastpath_lrn_tx6t"`
-	PrgFastpathLrnTxT  *ebpf.Program `ebpf:"prg_fastpath_lrn_tx_t"`
 	PrgFastpathRx      *ebpf.Program `ebpf:"prg_fastpath_rx"`
-	PrgFastpathRxT     *ebpf.Program `ebpf:"prg_fastpath_rx_t"`
 	PrgFastpathTx      *ebpf.Program `ebpf:"prg_fastpath_tx"`
-	PrgFastpathTxT     *ebpf.Program `ebpf:"prg_fastpath_tx_t"`
 }
 
 func (p *fpPrograms) Close() error {
@@ -357,14 +345,10 @@ func (p *fpPrograms) Close() error {
 		p.PrgFastpathDrx,
 		p.PrgFastpathDtx,
 		p.PrgFastpathLrnRx,
-		p.PrgFastpathLrnRxT,
 		p.PrgFastpathLrnTx,
 		p.PrgFastpathLrnTx6t,
-		p.PrgFastpathLrnTxT,
 		p.PrgFastpathRx,
-		p.PrgFastpathRxT,
 		p.PrgFastpathTx,
-		p.PrgFastpathTxT,
 	)
 }
 
