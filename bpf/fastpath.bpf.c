@@ -51,8 +51,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 /* ---- flannel layout ---- */
 
-SEC("tcx/ingress")
-int prg_fastpath_tx(struct __sk_buff *ctx)
+static __always_inline int tx_main(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg = fp_config();
 	struct fp_key k = {};
@@ -150,6 +149,12 @@ drop:
 	return TC_ACT_SHOT;
 }
 
+SEC("tcx/ingress")
+int prg_fastpath_tx(struct __sk_buff *ctx)
+{
+	return tx_main(ctx);
+}
+
 /* What the fast path needs of a frame's outer headers. */
 struct fp_outer {
 	__u32 saddr, daddr;
@@ -205,8 +210,7 @@ static __always_inline void outer(struct __sk_buff *ctx, const struct fp_cfg *cf
 
 static __attribute__((noinline)) int rx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg);
 
-SEC("tcx/ingress")
-int prg_fastpath_rx(struct __sk_buff *ctx)
+static __always_inline int rx_main(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg = fp_config();
 
@@ -221,6 +225,12 @@ int prg_fastpath_rx(struct __sk_buff *ctx)
 	if (ctx->protocol == bpf_htons(PRG_ETH_P_IPV6)) /* the IPv6 underlay: fastpath_u6.h */
 		return rx_u6(ctx, cfg);
 	return rx_u4(ctx, cfg);
+}
+
+SEC("tcx/ingress")
+int prg_fastpath_rx(struct __sk_buff *ctx)
+{
+	return rx_main(ctx);
 }
 
 /* rx_u4: prg_fastpath_rx over the IPv4 underlay. Each underlay's receive is a subprogram with a
@@ -302,8 +312,7 @@ drop:
 
 static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_cfg *cfg, int handed);
 
-SEC("tcx/egress")
-int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
+static __always_inline int lrn_tx_main(struct __sk_buff *ctx)
 {
 	struct fp_cfg *cfg;
 
@@ -311,19 +320,28 @@ int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
-	if (ctx->tc_index == FP_TC_INDEX_U6) { /* tx_u6's, encapsulated by flannel-v6.1 */
+	__u32 ti = ctx->tc_index; /* read once (as in prg_fastpath_dlrn_tx) */
+	if (ti == FP_TC_INDEX_U6) { /* tx_u6's, encapsulated by flannel-v6.1 */
 		ctx->tc_index = 0;
 		return TCX_NEXT;
 	}
-	int handed = ctx->tc_index == FP_TC_INDEX_OUT;
-	if (handed) /* handover_out's: give it back */
+	int handed = ti == FP_TC_INDEX_OUT;
+	if (handed || ti == FP_TC_INDEX_NOOUT) /* handover_out's: give it back */
 		ctx->tc_index = 0;
+	if (ti == FP_TC_INDEX_NOOUT) /* a flow without an entry: nothing to learn */
+		return TCX_NEXT;
 	cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
 	if (ctx->protocol == bpf_htons(PRG_ETH_P_IPV6)) /* the IPv6 underlay: fastpath_u6.h */
 		return lrn_u6(ctx, cfg);
 	return lrn_tx_u4(ctx, cfg, handed);
+}
+
+SEC("tcx/egress")
+int prg_fastpath_lrn_tx(struct __sk_buff *ctx)
+{
+	return lrn_tx_main(ctx);
 }
 
 /* lrn_tx_u4: prg_fastpath_lrn_tx over the IPv4 underlay (a subprogram: as rx_u4). */
@@ -369,21 +387,25 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 }
 
 /* Both layouts: how the normal path delivers a flow to the pod, at the end of that path. */
-SEC("tcx/egress")
-int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
+static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 {
 	struct fp_key k = {};
 	struct fp_pkt p;
 
-	int handed = ctx->tc_index == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
-	if (ctx->tc_index == PRG_TC_INDEX_LEARN || handed) /* handovers': give it back */
+	__u32 ti = ctx->tc_index; /* read once (as in prg_fastpath_dlrn_tx) */
+	int handed = ti == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
+	/* The tx or rx program found no entry for the frame's flow (FP_TC_INDEX_NOOUT/NOIN). */
+	int noout = ti == FP_TC_INDEX_NOOUT, noin = ti == FP_TC_INDEX_NOIN;
+	if (ti == PRG_TC_INDEX_LEARN || handed || noout || noin) /* handovers': give it back */
 		ctx->tc_index = 0;
+	if (noin) /* from the underlay, its flow without an entry: nothing to learn */
+		return TCX_NEXT;
 	struct fp_cfg *cfg = fp_config();
 	if (cfg && !(cfg->flags & FP_C_DOCKER) && fp_is_ip6(ctx, 0))
 		return lrn_rx6(ctx);
 	if (!cfg || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
-	if (!(cfg->flags & FP_C_DOCKER))
+	if (!(cfg->flags & FP_C_DOCKER) && !noout)
 		local_learn(ctx, cfg, &p, handed); /* same node: fastpath_local.h */
 	key_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
@@ -393,6 +415,12 @@ int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
 	learned_in(f, &p.eth, ctx->ifindex, p.ttl, p.proto, p.ctl);
 	learned_report4(&k, 0, f, p.proto, 0, was);
 	return TCX_NEXT;
+}
+
+SEC("tcx/egress")
+int prg_fastpath_lrn_rx(struct __sk_buff *ctx)
+{
+	return lrn_rx_main(ctx);
 }
 
 /* ---- docker layout (VXLAN device and bridge in the overlay namespace) ---- */
@@ -431,8 +459,11 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 		ctx->mark = 0;
 		return TCX_NEXT;
 	}
-	if (ctx->tc_index == FP_TC_INDEX_OUT) /* handover_out's (the docker layout learns by key) */
+	__u32 ti = ctx->tc_index; /* read once: clang would keep &ctx->tc_index, which the verifier refuses */
+	if (ti == FP_TC_INDEX_OUT || ti == FP_TC_INDEX_NOOUT) /* handover_out's (the docker layout learns by key) */
 		ctx->tc_index = 0;
+	if (ti == FP_TC_INDEX_NOOUT) /* a flow without an entry: nothing to learn */
+		return TCX_NEXT;
 	if (!fp_config() || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key_out(&k, &p);
@@ -515,3 +546,4 @@ int prg_fastpath_lrn_tx6t(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	return lrn_tx6(ctx, o.daddr, 1);
 }
+

@@ -102,6 +102,19 @@ static __always_inline int tcx_next_opaque(void)
 /* skb->tc_index of a frame handover_out gave the normal path, so the egress learner knows the
  * per-CPU handover record (prg_fastpath_ho) is this frame's (see prg_fastpath_lrn_tx). */
 #define FP_TC_INDEX_OUT 0xfa58
+/* skb->tc_index of a frame handed to the normal path whose flow has no entry (its local address
+ * holds its budget of flows, or the table is full), or whose direction was learned moments ago
+ * (dir_fresh: a one-way flow): nothing can be learned from it, so the
+ * learners at the end of the normal path give the field back and look nothing up. A flow over its
+ * budget then costs one flow-table lookup per node and direction (the tx or rx program's), not
+ * three (the learners' misses: prg_fastpath_lrn_tx's and learn_dnat's, local_learn's and
+ * prg_fastpath_lrn_rx's). NOOUT: handover_out's (the key_out flow of the frame has no entry);
+ * NOIN: handover_in's (its key_in flow has none; the frame came from the underlay, so no local
+ * pod sent it either). */
+#define FP_TC_INDEX_NOOUT 0xfa5b
+#define FP_TC_INDEX_NOIN 0xfa5c
+/* 0xfa5d: FP_TC_INDEX_U6 (fastpath_u6.h). Taken elsewhere: 0xfa57 PRG_TC_INDEX_LEARN (common.h),
+ * 0xfa59 prism_gate.h, 0xfa5a ezpath_host.bpf.c. */
 
 /* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
@@ -559,6 +572,25 @@ static __always_inline void seen_in(struct fp_flow *f, __u32 gen, __u8 ttl)
 	f->seen_ns = bpf_ktime_get_ns();
 }
 
+/* dir_fresh: flow f (either family) has direction out (or in) learned within FP_REVALIDATE_NS in
+ * generation gen, from the veth ifindex (egress; 0: ingress). A packet of such a flow that misses
+ * only because the other direction is not learned (a flow one way, nobody answering: it will never
+ * be learned) has nothing to teach the learner: handover skips it (FP_TC_INDEX_NOOUT/NOIN) and
+ * the flow costs one lookup per packet, where the learner would re-learn the direction from every
+ * packet. The direction is re-learned once it is FP_REVALIDATE_NS old, as a learned flow's is.
+ * Same-node flows (FP_F_LOCAL) are left as they were (their learner also learns the receiving
+ * pod's direction, local_learn), and so are TCP flows learned from their handshake only
+ * (FP_F_HSONLY): a data packet down the normal path must clear that flag. */
+static __always_inline int dir_fresh(const struct fp_flow *f, int out, __u32 gen, __u32 ifindex)
+{
+	__u32 bit = out ? FP_F_OUT : FP_F_IN;
+	if (!(f->flags & bit) || (f->flags & (FP_F_ALIAS | FP_F_NATX | FP_F_LOCAL | FP_F_HSONLY)) || f->gen != gen)
+		return 0;
+	if (out && f->out_ifindex != ifindex)
+		return 0;
+	return bpf_ktime_get_coarse_ns() - (out ? f->out_ns : f->in_ns) <= FP_REVALIDATE_NS;
+}
+
 /* handover records what the normal path will be learned from and lets the packet go there. */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
@@ -566,11 +598,23 @@ static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, con
 	struct fp_cfg *cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
-	if (f) {
+	struct fp_flow *e = f;
+	if (f && reason == FP_R_MISS && dir_fresh(f, 1, cfg->gen, ctx->ifindex)) {
+		f->seen_ns = bpf_ktime_get_ns(); /* still sending: a pending entry lives on */
+		e = NULL;
+	} else if (f) {
 		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
-		flow_new(cfg, k, &nf, FP_DIR_TX);
+		e = flow_new(cfg, k, &nf, FP_DIR_TX);
+	}
+	if (!e) { /* over budget, the table full, or dir_fresh: nothing to learn (FP_TC_INDEX_NOOUT) */
+		if (!ctx->tc_index)
+			ctx->tc_index = FP_TC_INDEX_NOOUT;
+		if (f && (f->flags & FP_F_NATX) && reason == FP_R_MISS)
+			reason = FP_R_NAT;
+		count(FP_DIR_TX, reason);
+		return TCX_NEXT;
 	}
 	/* Remember the key, so the learner can tie a translated frame (a Service's DNAT) to it. */
 	__u32 zero = 0;
@@ -594,15 +638,21 @@ static __always_inline int handover_in(struct __sk_buff *ctx, struct fp_flow *f,
 	if (!cfg)
 		return TCX_NEXT;
 	/* Keep the frame on the normal path up to the learner (prism would redirect an HP frame
-	 * from the VXLAN device past it, and its flow would never be learned). */
-	if (!ctx->tc_index)
-		ctx->tc_index = PRG_TC_INDEX_LEARN;
-	if (f) {
+	 * from the VXLAN device past it, and its flow would never be learned); a flow without an
+	 * entry (over budget, the table full) or only the fresh ingress direction (dir_fresh) has
+	 * nothing to learn: FP_TC_INDEX_NOIN. */
+	struct fp_flow *e = f;
+	if (f && reason == FP_R_MISS && dir_fresh(f, 0, cfg->gen, 0)) {
+		f->seen_ns = bpf_ktime_get_ns();
+		e = NULL;
+	} else if (f) {
 		seen_in(f, cfg->gen, p->ttl);
 	} else {
 		struct fp_flow nf = {.in_ttl_seen = p->ttl, .vtep = vtep};
-		flow_new(cfg, k, &nf, FP_DIR_RX);
+		e = flow_new(cfg, k, &nf, FP_DIR_RX);
 	}
+	if (!ctx->tc_index)
+		ctx->tc_index = e ? PRG_TC_INDEX_LEARN : FP_TC_INDEX_NOIN;
 	count(FP_DIR_RX, reason);
 	return TCX_NEXT;
 }

@@ -40,7 +40,7 @@
 #define FP_U6_ENCAP 70 /* what decapsulation takes: outer IPv6 40 + UDP 8 + VXLAN 8 + inner Ethernet 14 */
 /* skb->tc_index of a frame tx_u6 redirected to flannel-v6.1, so the underlay's egress learner
  * skips the VXLAN frame the driver makes of it (tc_index survives the encapsulation). */
-#define FP_TC_INDEX_U6 0xfa5b
+#define FP_TC_INDEX_U6 0xfa5d
 
 struct fp_u6cfg {
 	__u32 vtep[4]; /* the local VTEP: the underlay's IPv6 address flannel-v6.1 sends from (0: off) */
