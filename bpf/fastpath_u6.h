@@ -7,8 +7,8 @@
  * Receive: a kernel sender (flannel-v6.1) puts a valid outer UDP checksum on every frame, so tc
  * ingress on the underlay can strip outer IPv6 + UDP + VXLAN (and the inner Ethernet header) of
  * a learned flow and redirect the inner IPv6 packet to the pod, as rx6 does over the IPv4
- * underlay. A flow is served on receive once learned inbound (FP_F_IN) alone, as FP_C_ONEWAY
- * does for every flow.
+ * underlay. A flow is served on receive once learned both ways (inbound alone with FP_C_ONEWAY),
+ * as over the IPv4 underlay.
  *
  * Send (tx_u6): tc cannot build the outer headers itself, as tx6 does over IPv4: it cannot ask
  * for per-segment outer UDP checksums on GSO packets (bpf_skb_adjust_room sets
@@ -208,7 +208,9 @@ static __attribute__((noinline)) int rx_u6(struct __sk_buff *ctx, const struct f
 			return TCX_NEXT;
 		}
 	}
-	struct fp_flow *f = lookup6(&k, 0, FP_F_IN, cfg->gen, &r);
+	/* Learned both ways, as rx6 (one way: FP_C_ONEWAY, opt-in): lrn_u6 learns the egress. */
+	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
+	struct fp_flow *f = lookup6(&k, 0, need, cfg->gen, &r);
 	if (r != FP_R_HIT)
 		return handover_in6(ctx, f, &k, &p, cfg, vt, r);
 	if (!f)

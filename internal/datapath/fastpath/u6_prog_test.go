@@ -129,4 +129,14 @@ func TestIPv6UnderlayReceive(t *testing.T) {
 	if n := countEntries(t, e.o.PrgFastpathFlow); n != 0 {
 		t.Fatalf("%d IPv4 flows after an IPv6 exchange", n)
 	}
+
+	// Served on receive only while learned both ways, as over the IPv4 underlay: a flow whose
+	// egress was not learned (the pod never sent through the normal path) stays there.
+	k := key6(pod6A, pod6B, 40000, 5201, 6)
+	f := e.flow6(t, k)
+	f.Flags &^= fOut
+	if err := e.o.PrgFastpathFlow6.Put(k, f); err != nil {
+		t.Fatal(err)
+	}
+	e.expect(t, "a flow learned inbound only", e.o.PrgFastpathRx, vxu6(in, vtep6B, vtep6A, u6opts{}), tcxNext, 1, "miss")
 }
