@@ -402,7 +402,7 @@ static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 		return TCX_NEXT;
 	struct fp_cfg *cfg = fp_config();
 	if (cfg && !(cfg->flags & FP_C_DOCKER) && fp_is_ip6(ctx, 0))
-		return lrn_rx6(ctx);
+		return lrn_rx6(ctx, cfg);
 	if (!cfg || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	if (!(cfg->flags & FP_C_DOCKER) && !noout)

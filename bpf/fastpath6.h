@@ -18,10 +18,11 @@
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
  * Services (a ClusterIP's DNAT) are on the fast path on the client's node as for IPv4, with the
  * 128-bit addresses in a side table: fastpath_nat6.h.
- * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), the docker layout, BIG TCP.
- * Such packets take the normal path, counted, and never learn. Over an IPv6 underlay (flannel's
- * flannel-v6.1) both halves are fastpath_u6.h's: tx6 hands a flow learned there (FP_F_U6) to
- * tx_u6, and the underlay's programs hand IPv6 frames to rx_u6 and lrn_u6.
+ * Same-node pods: fastpath_local6.h. Not (yet) on the fast path for IPv6: the docker layout, BIG
+ * TCP, same-node Service flows. Such packets take the normal path, counted, and never learn. Over
+ * an IPv6 underlay (flannel's flannel-v6.1) both halves are fastpath_u6.h's: tx6 hands a flow
+ * learned there (FP_F_U6) to tx_u6, and the underlay's programs hand IPv6 frames to rx_u6 and
+ * lrn_u6.
  *
  * TCP FIN and RST go as IPv4's (fastpath.h's begin_out): the normal path's, but a short
  * connection's (FP_F_HSONLY, learned from its handshake) ride the fast path and hand the
@@ -287,6 +288,8 @@ static __always_inline int pod_lookup6(__u32 netns, const __u32 *addr, struct pr
 /* fastpath_u6.h: the sending half over an IPv6 underlay. */
 static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f);
 
+#include "fastpath_local6.h"
+
 /* tx6: prg_fastpath_tx for an IPv6 frame leaving a pod. */
 static __always_inline int tx6(struct __sk_buff *ctx)
 {
@@ -335,6 +338,8 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_TTL);
 		return TCX_NEXT;
 	}
+	if (f->flags & FP_F_LOCAL) /* to a pod on this node: fastpath_local6.h */
+		return local_tx6(ctx, cfg, f, &k, &p);
 	if (f->flags & FP_F_U6) /* learned over the IPv6 underlay: the VXLAN device encapsulates */
 		return tx_u6(ctx, f);
 	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
@@ -528,6 +533,7 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed
 	struct fp_flow *f = nat6_learn_out(ctx, &k, &p, vtep, handed);
 	if (!f)
 		return TCX_NEXT;
+	local_forget(f); /* it left this node: an overlay template again */
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
 	if (f->flags & FP_F_U6) /* it moved from the IPv6 underlay: a whole template again */
@@ -538,13 +544,14 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed
 }
 
 /* lrn_rx6: prg_fastpath_lrn_rx for an IPv6 frame the normal path delivers to a pod. */
-static __always_inline int lrn_rx6(struct __sk_buff *ctx)
+static __always_inline int lrn_rx6(struct __sk_buff *ctx, const struct fp_cfg *cfg)
 {
 	struct fp_key6 k = {};
 	struct fp_pkt6 p;
 
 	if (parse6(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
+	local_learn6(ctx, cfg, &p); /* same node: fastpath_local6.h */
 	key6_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)

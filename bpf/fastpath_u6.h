@@ -299,6 +299,7 @@ static __attribute__((noinline)) int lrn_u6(struct __sk_buff *ctx, const struct 
 	if (!f->out_ttl_seen || f->out_ttl_seen < p.ttl || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)) ||
 	    (f->flags & (FP_F_ALIAS | FP_F_DNAT | FP_F_NATX)))
 		return tcx_next_opaque();
+	local_forget(f); /* it left this node (fastpath_local6.h): a remote flow again */
 	if (bpf_skb_load_bytes(ctx, FP_U6_INNER, f->tmpl, sizeof(struct ethhdr)))
 		return tcx_next_opaque();
 	__sync_fetch_and_or(&f->flags, FP_F_U6);

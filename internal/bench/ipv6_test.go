@@ -3,7 +3,7 @@ package bench
 import "testing"
 
 // --ipv6 measures between the pods' IPv6 addresses with iperf3 or crr, directly or through a
-// Service's IPv6 ClusterIP (TCP only), never between two pods of one node.
+// Service's IPv6 ClusterIP (TCP only), or between two pods of one node (as IPv4: tcp, udp).
 func TestValidateIPv6(t *testing.T) {
 	for _, c := range []struct {
 		s  Scenario
@@ -13,7 +13,8 @@ func TestValidateIPv6(t *testing.T) {
 		{Scenario{Name: "udp", IPv6: true}, true},
 		{Scenario{Name: "pingpong", IPv6: true, Proto: "tcp"}, false},
 		{Scenario{Name: "crr", IPv6: true}, true},
-		{Scenario{Name: "tcp", IPv6: true, SameNode: true}, false},
+		{Scenario{Name: "tcp", IPv6: true, SameNode: true}, true},
+		{Scenario{Name: "udp", IPv6: true, SameNode: true}, true},
 		{Scenario{Name: "tcp", IPv6: true, ViaService: true}, true},
 		{Scenario{Name: "crr", IPv6: true, ViaService: true, ProxyMode: "nftables"}, true},
 		{Scenario{Name: "udp", IPv6: true, ViaService: true}, false},      // the lab's Services are TCP

@@ -247,10 +247,7 @@ func (s *Scenario) validatePair() error {
 		return fmt.Errorf("proxy mode %q needs --via-service", s.ProxyMode)
 	}
 	if s.IPv6 {
-		switch {
-		case s.SameNode:
-			return errors.New("--ipv6 does not combine with --same-node")
-		case s.Name != "tcp" && s.Name != "udp" && s.Name != "crr":
+		if s.Name != "tcp" && s.Name != "udp" && s.Name != "crr" {
 			// sockperf (pingpong, underload) takes IPv6 only from 3.8 on; the distributions'
 			// 3.7 exits with its usage on an IPv6 address.
 			return fmt.Errorf("--ipv6: scenario %s is not supported (tcp, udp: iperf3; crr)", s.Name)
