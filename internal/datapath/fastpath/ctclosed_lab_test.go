@@ -53,6 +53,7 @@ func closedLeaveNoConntrack(t *testing.T, v6 bool) {
 	attachAll(t, hosts)
 
 	before, _ := Inspect(hosts[0])
+	before1, _ := Inspect(hosts[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	addr := net.JoinHostPort(dst, port)
@@ -66,6 +67,15 @@ func closedLeaveNoConntrack(t *testing.T, v6 bool) {
 		r.Connections, addr, r.PerSec, r.P50Us, r.P99Us, after.Egress["hit"]-before.Egress["hit"], after.Ingress["hit"]-before.Ingress["hit"])
 	if eg := after.Egress["hit"] - before.Egress["hit"]; eg < uint64(n) {
 		t.Fatalf("the connections did not take the fast path: %d egress hits for %d connections", eg, n)
+	}
+	// Each node's program expires its own entry at the close (closed-ct, fastpath_closed.h);
+	// the agent's ring is only the fallback. Every connection closes on both nodes: 2n closes.
+	after1, _ := Inspect(hosts[1])
+	kernel := after.Egress["closed-ct"] + after.Ingress["closed-ct"] - before.Egress["closed-ct"] - before.Ingress["closed-ct"] +
+		after1.Egress["closed-ct"] + after1.Ingress["closed-ct"] - before1.Egress["closed-ct"] - before1.Ingress["closed-ct"]
+	t.Logf("closes whose conntrack entry the program expired itself: %d of %d (the rest handed to the agent)", kernel, 2*n)
+	if kernel < uint64(n) {
+		t.Errorf("only %d of %d closes expired in the kernel: the lookup or the timeout change fails", kernel, 2*n)
 	}
 	// The hand-over's batch (10 ms) and the deletes: every entry of the connections gone within
 	// half a second of the last close, on both nodes. (Closed on the normal path, an entry would
