@@ -16,8 +16,9 @@
  *  - any extension header (hop-by-hop, routing, a fragment) keeps the packet on the normal path
  *    (counted "opts" or "frag"), as IPv4 options do;
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
- * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), Services (DNAT,
- * fastpath_nat.h), the docker layout, BIG TCP, and an
+ * Services (a ClusterIP's DNAT) are on the fast path on the client's node as for IPv4, with the
+ * 128-bit addresses in a side table: fastpath_nat6.h.
+ * Not (yet) on the fast path for IPv6: same-node pods (fastpath_local.h), the docker layout, BIG TCP, and an
  * IPv6 underlay (flannel's flannel-v6.1: an outer IPv6 header and its UDP checksum). Such
  * packets take the normal path, counted, and never learn.
  *
@@ -161,6 +162,8 @@ static __always_inline void key6_in(struct fp_key6 *k, const struct fp_pkt6 *p)
 	k->ovl = fp_ovl;
 }
 
+#include "fastpath_nat6.h"
+
 /* sweep_one6 is sweep_entry (fastpath.h) for the IPv6 table. */
 static long sweep_one6(struct bpf_map *map, struct fp_key6 *k, struct fp_flow *f, __u64 *now)
 {
@@ -171,6 +174,7 @@ static int sweep6(void *map, __u32 *key, struct fp_sweep *s)
 {
 	__u64 now = bpf_ktime_get_ns();
 	bpf_for_each_map_elem(&prg_fastpath_flow6, sweep_one6, &now, 0);
+	nat6_sweep(); /* the side entries of the entries gone (fastpath_nat6.h) */
 	bpf_timer_start(&s->t, FP_SWEEP_NS, 0);
 	return 0;
 }
@@ -195,7 +199,7 @@ static __always_inline int handover_out6(struct fp_flow *f, struct fp_key6 *k, c
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
 		flow_new6(cfg, k, &nf, FP_DIR_TX);
 	}
-	count(FP_DIR_TX, reason);
+	count(FP_DIR_TX, nat6_handover(ctx, f, k, p, reason)); /* fastpath_nat6.h */
 	return TCX_NEXT;
 }
 
@@ -342,6 +346,17 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_MTU);
 		return TCX_NEXT;
 	}
+	if (f->flags & FP_F_DNAT) { /* a Service's translation, as conntrack applied it (fastpath_nat6.h) */
+		int nr = nat6_out(ctx, &k, &p);
+		if (nr == 2)
+			return handover_out6(f, &k, &p, ctx, cfg, FP_R_STALE);
+		if (nr > 0) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+		if (nr < 0)
+			goto drop;
+	}
 	/* As prg_fastpath_tx: outer UDP checksum 0, source port from the packet's hash. The
 	 * ENCAP_L3_IPV4 flag also makes the frame's protocol IPv4, as the outer header is. */
 	__u32 hash = ctx->hash;
@@ -408,6 +423,14 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 		return TCX_NEXT;
 	}
 	key6_in(&k, &p);
+	/* A Service backend's reply: from here on k is the pod's flow, by the Service address, and
+	 * be the backend (fastpath_nat6.h). */
+	struct fp_nat6 be = {};
+	int svc = nat6_in(&k, &be);
+	if (svc > 1) {
+		count(FP_DIR_RX, svc);
+		return TCX_NEXT;
+	}
 	if (p.ctl) {
 		if (p.ctl == FP_TCP_SYN) {
 			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
@@ -422,6 +445,15 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 	}
 	__u32 need = cfg->flags & FP_C_ONEWAY ? FP_F_IN : FP_F_OUT | FP_F_IN;
 	struct fp_flow *f = lookup6(&k, 0, need, cfg->gen, &r);
+	if (svc) {
+		if (!nat6_reply_ok(&k, f, &be)) { /* no longer translated to this backend: relearn */
+			count(FP_DIR_RX, FP_R_STALE);
+			return TCX_NEXT;
+		}
+		/* As begin_in (fastpath.h): a reply is re-learned after the egress direction was. */
+		if (r == FP_R_STALE && f->out_ns <= f->in_ns && bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+			r = FP_R_HIT;
+	}
 	if (r != FP_R_HIT)
 		return handover_in6(ctx, f, &k, &p, cfg, vtep, r);
 	if (!f)
@@ -443,6 +475,17 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 	if (p.ttl <= f->in_ttl_dec) {
 		count(FP_DIR_RX, FP_R_TTL);
 		return TCX_NEXT;
+	}
+	/* The reply's source back to the Service address (k.remote: nat6_in), as conntrack reverses
+	 * the DNAT, before decapsulation: a failure leaves the frame as it came. */
+	if (svc) {
+		int nr = nat6_rewrite(ctx, FP_TMPL_LEN, 8, 0, p.proto, p.saddr, k.remote, p.sport, k.rport);
+		if (nr > 0) {
+			count(FP_DIR_RX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+		if (nr < 0)
+			goto drop;
 	}
 	__u8 dec = f->in_ttl_dec;
 	if (bpf_skb_adjust_room(ctx, -FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
@@ -477,7 +520,7 @@ drop:
 
 /* lrn_tx6: prg_fastpath_lrn_tx for a VXLAN frame from this VTEP (to vtep) whose inner frame is
  * IPv6: the template of a flow tx6 handed over. */
-static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep)
+static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed)
 {
 	struct fp_key6 k = {};
 	struct fp_pkt6 p;
@@ -485,9 +528,10 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep)
 	if (parse6(ctx, FP_TMPL_LEN - sizeof(struct ethhdr), &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	key6_out(&k, &p);
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
-	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
-		return TCX_NEXT; /* not a flow the fast path handed over */
+	/* The flow handed over, or the one a Service translated to k (fastpath_nat6.h). */
+	struct fp_flow *f = nat6_learn_out(ctx, &k, &p, vtep, handed);
+	if (!f)
+		return TCX_NEXT;
 	if (bpf_skb_load_bytes(ctx, 0, f->tmpl, sizeof(f->tmpl)))
 		return TCX_NEXT;
 	learned_out(f, vtep, p.ttl, p.proto, p.ctl);

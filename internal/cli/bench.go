@@ -134,7 +134,7 @@ machine it shares CPU1 with the application).
 Scenarios:
 ` + bench.ScenarioHelp(),
 	}
-	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd(), newBenchProjectCmd())
+	c.AddCommand(newBenchRunCmd(), newBenchCompareCmd(), newBenchStudyCmd(), newBenchSuiteCmd(), newBenchScoreCmd(), newBenchProjectCmd())
 	return c
 }
 
@@ -264,7 +264,10 @@ then one HTML report over all of them.
 Suites:
 ` + suite.Help(),
 		Example: `  peregrine bench suite falcon --quick
-  peregrine bench suite study --out results/study`,
+  peregrine bench suite study --out results/study
+  peregrine bench suite fastpath               # issue 29's targets, scored: prints the scorecard, writes scorecard.json
+  peregrine bench suite fastpath-real --quick  # the same on real flannel, short
+  peregrine bench suite fastpath-k8s           # on the Kubernetes lab that is up (lab up --style k8s --no-agent)`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b.duration, b.reps = time.Second, 1 // each step brings its own
@@ -278,6 +281,9 @@ Suites:
 			if len(runs) > 0 {
 				if terr := report.Table(os.Stdout, runs...); terr != nil {
 					fmt.Fprintln(os.Stderr, terr)
+				}
+				if ts := suite.Targets(args[0]); ts != nil {
+					scoreSuite(ts, runs, b.out, b.asJSON)
 				}
 				if !b.noReport {
 					idx, rerr := report.HTML(filepath.Join(b.out, "report"), runs)
@@ -294,6 +300,27 @@ Suites:
 	b.add(c, false)
 	c.Flags().BoolVar(&quick, "quick", false, "short variant: fewer points, 2 s measurements, 2 repetitions")
 	return c
+}
+
+// scorecardFile is the scorecard's name in a suite's --out folder (readRuns skips it).
+const scorecardFile = "scorecard.json"
+
+// scoreSuite prints a suite's scorecard (a table, or JSON with --json) and writes it to
+// DIR/scorecard.json beside the results.
+func scoreSuite(ts []suite.Target, runs []*results.Run, dir string, asJSON bool) {
+	scores := suite.Scorecard(ts, runs)
+	fmt.Println()
+	if asJSON {
+		_ = suite.EncodeScorecard(os.Stdout, scores)
+	} else if err := suite.WriteScorecard(os.Stdout, scores); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	path := filepath.Join(dir, scorecardFile)
+	if err := suite.SaveScorecard(path, scores); err != nil {
+		fmt.Fprintf(os.Stderr, "scorecard: %v\n", err)
+	} else {
+		fmt.Fprintf(os.Stderr, "scorecard: %s\n", path)
+	}
 }
 
 // runBench runs one scenario, prints the table (or JSON) and writes the report.
@@ -411,7 +438,11 @@ func readRuns(args []string) ([]*results.Run, error) {
 	for _, a := range args {
 		if st, err := os.Stat(a); err == nil && st.IsDir() {
 			m, _ := filepath.Glob(filepath.Join(a, "*.json"))
-			files = append(files, m...)
+			for _, f := range m {
+				if filepath.Base(f) != scorecardFile { // a suite's scorecard, beside its results
+					files = append(files, f)
+				}
+			}
 		} else {
 			files = append(files, a)
 		}
@@ -428,6 +459,41 @@ func readRuns(args []string) ([]*results.Run, error) {
 		runs = append(runs, r)
 	}
 	return runs, nil
+}
+
+func newBenchScoreCmd() *cobra.Command {
+	var asJSON bool
+	var out string
+	c := &cobra.Command{
+		Use:   "score SUITE RESULT.json|DIR...",
+		Short: "Score saved results of a suite against its targets again (the scorecard `bench suite` prints)",
+		Long: `A suite with targets (fastpath, fastpath-real, fastpath-k8s) ends with a scorecard: each target's ratio, median
+of interleaved repetitions in one run, its range over the pairs, and whether it is met. score
+reads saved result files (a suite's --out folder, or files of its steps) and prints the
+scorecard again, e.g. after a run was interrupted or to compare two runs' folders. A step is
+found by its title (the result's first note); targets whose step is missing say so.`,
+		Example: `  peregrine bench score fastpath results/             # every *.json in the suite's --out folder
+  peregrine bench score fastpath-real /tmp/rf --json`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ts := suite.Targets(args[0])
+			if ts == nil {
+				return fmt.Errorf("suite %q has no targets to score: suites with targets are %s", args[0], strings.Join(suite.TargetSuites(), ", "))
+			}
+			runs, err := readRuns(args[1:])
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				out = os.TempDir()
+			}
+			scoreSuite(ts, runs, out, asJSON)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the scorecard as JSON instead of a table")
+	c.Flags().StringVar(&out, "out", "", "directory to write scorecard.json into (default: the system's temporary directory)")
+	return c
 }
 
 func newReportCmd() *cobra.Command {

@@ -27,13 +27,20 @@ type Step struct {
 // suites are the papers' experiment sets at this machine's scale. Each returns its steps;
 // quick shortens them (fewer points, 2 s, 2 repetitions).
 var suites = map[string]struct {
-	help  string
-	steps func(quick bool) []Step
+	help    string
+	steps   func(quick bool) []Step
+	targets func() []Target // scored after the run (Scorecard); nil: none
 }{
-	"study":  {"the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel", studySteps},
-	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps},
-	"mflow":  {"MFLOW's experiments: single-flow TCP/UDP by size, reordering vs batch size, device vs full-path splitting, latency, flows", mflowSteps},
-	"prism":  {"PRISM's experiments: HP ping-pong alone and under TCP/UDP bulk background, memcached as HP under bulk", prismSteps},
+	"study":  {"the characterization study (dissertation ch. 2): native vs Linux overlay vs docker vs flannel", studySteps, nil},
+	"falcon": {"FALCON's experiments: packet rate, TCP with/without GRO split, latency under/over load, flows, hotspot, threshold, CPU cost", falconSteps, nil},
+	"mflow":  {"MFLOW's experiments: single-flow TCP/UDP by size, reordering vs batch size, device vs full-path splitting, latency, flows", mflowSteps, nil},
+	"prism":  {"PRISM's experiments: HP ping-pong alone and under TCP/UDP bulk background, memcached as HP under bulk", prismSteps, nil},
+	"fastpath": {"the node-scale fast path's scorecard on the flannel-style lab (what k8s-netperf reports): 1 and 32 TCP streams vs native and vanilla, CPU per packet, TCP_RR and TCP_CRR p50/p99, 100 000 flows; each ratio judged against its target",
+		fastpathSteps("flannel"), func() []Target { return fastpathTargets("flannel") }},
+	"fastpath-real": {"the same scorecard on real flannel (flannel's own flanneld and CNI plugin; scripts/setup.sh builds them)",
+		fastpathSteps("real-flannel"), func() []Target { return fastpathTargets("real-flannel") }},
+	"fastpath-k8s": {"the same scorecard on the real Kubernetes lab that is up (lab up --style k8s --no-agent): vanilla and fastpath between kubelet's pods of two nodes; no native baseline, no 100 000 flows",
+		fastpathSteps(bench.StyleK8s), func() []Target { return fastpathTargets(bench.StyleK8s) }},
 }
 
 // Names lists the suites.
@@ -43,7 +50,7 @@ func Names() []string { return slices.Sorted(maps.Keys(suites)) }
 func Help() string {
 	var b strings.Builder
 	for _, n := range Names() {
-		fmt.Fprintf(&b, "  %-7s %s\n", n, suites[n].help)
+		fmt.Fprintf(&b, "  %-14s %s\n", n, suites[n].help)
 	}
 	return b.String()
 }

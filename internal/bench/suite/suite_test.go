@@ -79,7 +79,8 @@ func TestSuitesParseAndQuickFalconIsShort(t *testing.T) {
 				if err != nil {
 					t.Errorf("suite %s step %q: %v", name, st.Title, err)
 				}
-				if len(cs) > 0 && cs[0].Name() != "native" {
+				// The many-flows step scores the fast path against itself (100 000 flows vs 1).
+				if len(cs) > 0 && cs[0].Name() != "native" && st.Title != fpTitleFlows && name != "fastpath-k8s" {
 					t.Errorf("suite %s step %q: the baseline (first config) should be native, is %s", name, st.Title, cs[0].Name())
 				}
 			}

@@ -48,6 +48,10 @@ type flowTable[K comparable, T any] struct {
 	tuple func(K) (T, uint8)       // the conntrack tuple of the flow of key k, and its protocol
 	send  func(*ctSock, []T) error // marks the tuples' entries liberal
 	pcnt  func(K) uint64           // the per-address counter a forgotten entry counts down; nil: none
+	// side holds what a translated entry (a Service flow or its alias) keeps beside it under
+	// the same key (IPv6: prg_fastpath_nat6, the 128-bit addresses); forget deletes it with the
+	// entry. nil: none (IPv4 keeps them in the entry).
+	side *ebpf.Map
 }
 
 func (a *agent) table4() flowTable[fpFpKey, ctTuple] {
@@ -122,12 +126,13 @@ func (t flowTable[K, T]) forget(a *agent, drop func(K, *fpFpFlow) bool) int {
 		return 0
 	}
 	var del []K
-	var counted []bool
+	var counted, nat []bool
 	var tcp []T
 	t.walk(func(k K, f *fpFpFlow) {
 		if drop(k, f) {
 			del = append(del, k)
 			counted = append(counted, f.Flags&fCounted != 0)
+			nat = append(nat, f.Flags&(fDNAT|fAlias) != 0)
 			if tu, ok := t.learnedTCP(k, f); ok {
 				tcp = append(tcp, tu)
 			}
@@ -137,6 +142,11 @@ func (t flowTable[K, T]) forget(a *agent, drop func(K, *fpFpFlow) bool) int {
 	n := 0
 	for i, k := range del {
 		err := t.m.Delete(k)
+		if nat[i] && t.side != nil {
+			// Also where the entry was gone already (the sweep takes the side entry in
+			// its next run then, but the agent's forget means now).
+			_ = t.side.Delete(k)
+		}
 		if err == nil && counted[i] && t.pcnt != nil {
 			pk := t.pcnt(k)
 			var c uint32

@@ -15,6 +15,9 @@ import (
 // flow's re-learn packet would meet conntrack beyond its window, INVALID, dropped where a rule
 // drops INVALID (kube-proxy's ip6tables KUBE-FORWARD), and the flow would stall. IPv6 FINs and
 // RSTs always take the normal path (no handshake-only close), so there are no entries to delete.
+// A Service flow (FP_F_DNAT, bpf/fastpath_nat6.h) is keyed by what the pod sent, the ClusterIP:
+// the tuple of its entry as conntrack keeps it (the original direction), so it is marked like
+// any flow; its alias (the translated key) is no flow and is skipped, as IPv4's are.
 
 // ctTuple6 is an IPv6 conntrack tuple (addresses as the map's words: the packet's bytes).
 type ctTuple6 struct {
@@ -48,7 +51,7 @@ func walkFlows6(m *ebpf.Map, fn func(k fpFpKey6, f *fpFpFlow)) error {
 // as IPv4's, with its own tuples (AF_INET6 requests) and per-address counter keys.
 func (a *agent) table6() flowTable[fpFpKey6, ctTuple6] {
 	return flowTable[fpFpKey6, ctTuple6]{m: a.p.PrgFastpathFlow6, label: "liberal TCP tracking (IPv6)",
-		tuple: tuple6, send: send6, pcnt: pcnt6Key}
+		tuple: tuple6, send: send6, pcnt: pcnt6Key, side: a.p.PrgFastpathNat6}
 }
 
 func tuple6(k fpFpKey6) (ctTuple6, uint8) {

@@ -67,6 +67,14 @@ type fpFpHo struct {
 	K fpFpKey
 }
 
+type fpFpHo6 struct {
+	_    structs.HostLayout
+	K    fpFpKey6
+	Lbl  uint32
+	Bind [2]uint32
+	Pad  uint32
+}
+
 type fpFpKey struct {
 	_      structs.HostLayout
 	Local  uint32
@@ -87,6 +95,13 @@ type fpFpKey6 struct {
 	Proto  uint8
 	Ovl    uint8
 	Pad    [2]uint8
+}
+
+type fpFpNat6 struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
 }
 
 type fpFpSweep struct {
@@ -120,25 +135,28 @@ type fpPrgPodKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fpMapPrgFastpathCfg     = "prg_fastpath_cfg"
-	fpMapPrgFastpathClosed  = "prg_fastpath_closed"
-	fpMapPrgFastpathEp      = "prg_fastpath_ep"
-	fpMapPrgFastpathFlow    = "prg_fastpath_flow"
-	fpMapPrgFastpathFlow6   = "prg_fastpath_flow6"
-	fpMapPrgFastpathHo      = "prg_fastpath_ho"
-	fpMapPrgFastpathPcnt    = "prg_fastpath_pcnt"
-	fpMapPrgFastpathPort    = "prg_fastpath_port"
-	fpMapPrgFastpathStat    = "prg_fastpath_stat"
-	fpMapPrgFastpathSweep   = "prg_fastpath_sweep"
-	fpMapPrgFastpathSweep6  = "prg_fastpath_sweep6"
-	fpProgPrgFastpathDlrnTx = "prg_fastpath_dlrn_tx"
-	fpProgPrgFastpathDrx    = "prg_fastpath_drx"
-	fpProgPrgFastpathDtx    = "prg_fastpath_dtx"
-	fpProgPrgFastpathLrnRx  = "prg_fastpath_lrn_rx"
-	fpProgPrgFastpathLrnTx  = "prg_fastpath_lrn_tx"
-	fpProgPrgFastpathRx     = "prg_fastpath_rx"
-	fpProgPrgFastpathTx     = "prg_fastpath_tx"
-	fpVarFpOvl              = "fp_ovl"
+	fpMapPrgFastpathCfg      = "prg_fastpath_cfg"
+	fpMapPrgFastpathClosed   = "prg_fastpath_closed"
+	fpMapPrgFastpathEp       = "prg_fastpath_ep"
+	fpMapPrgFastpathFlow     = "prg_fastpath_flow"
+	fpMapPrgFastpathFlow6    = "prg_fastpath_flow6"
+	fpMapPrgFastpathHo       = "prg_fastpath_ho"
+	fpMapPrgFastpathHo6      = "prg_fastpath_ho6"
+	fpMapPrgFastpathNat6     = "prg_fastpath_nat6"
+	fpMapPrgFastpathPcnt     = "prg_fastpath_pcnt"
+	fpMapPrgFastpathPort     = "prg_fastpath_port"
+	fpMapPrgFastpathStat     = "prg_fastpath_stat"
+	fpMapPrgFastpathSweep    = "prg_fastpath_sweep"
+	fpMapPrgFastpathSweep6   = "prg_fastpath_sweep6"
+	fpProgPrgFastpathDlrnTx  = "prg_fastpath_dlrn_tx"
+	fpProgPrgFastpathDrx     = "prg_fastpath_drx"
+	fpProgPrgFastpathDtx     = "prg_fastpath_dtx"
+	fpProgPrgFastpathLrnRx   = "prg_fastpath_lrn_rx"
+	fpProgPrgFastpathLrnTx   = "prg_fastpath_lrn_tx"
+	fpProgPrgFastpathLrnTx6t = "prg_fastpath_lrn_tx6t"
+	fpProgPrgFastpathRx      = "prg_fastpath_rx"
+	fpProgPrgFastpathTx      = "prg_fastpath_tx"
+	fpVarFpOvl               = "fp_ovl"
 )
 
 // loadFp returns the embedded CollectionSpec for fp.
@@ -183,13 +201,14 @@ type fpSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fpProgramSpecs struct {
-	PrgFastpathDlrnTx *ebpf.ProgramSpec `ebpf:"prg_fastpath_dlrn_tx"`
-	PrgFastpathDrx    *ebpf.ProgramSpec `ebpf:"prg_fastpath_drx"`
-	PrgFastpathDtx    *ebpf.ProgramSpec `ebpf:"prg_fastpath_dtx"`
-	PrgFastpathLrnRx  *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_rx"`
-	PrgFastpathLrnTx  *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx"`
-	PrgFastpathRx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_rx"`
-	PrgFastpathTx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_tx"`
+	PrgFastpathDlrnTx  *ebpf.ProgramSpec `ebpf:"prg_fastpath_dlrn_tx"`
+	PrgFastpathDrx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_drx"`
+	PrgFastpathDtx     *ebpf.ProgramSpec `ebpf:"prg_fastpath_dtx"`
+	PrgFastpathLrnRx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_rx"`
+	PrgFastpathLrnTx   *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx"`
+	PrgFastpathLrnTx6t *ebpf.ProgramSpec `ebpf:"prg_fastpath_lrn_tx6t"`
+	PrgFastpathRx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_rx"`
+	PrgFastpathTx      *ebpf.ProgramSpec `ebpf:"prg_fastpath_tx"`
 }
 
 // fpMapSpecs contains maps before they are loaded into the kernel.
@@ -202,6 +221,8 @@ type fpMapSpecs struct {
 	PrgFastpathFlow   *ebpf.MapSpec `ebpf:"prg_fastpath_flow"`
 	PrgFastpathFlow6  *ebpf.MapSpec `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo     *ebpf.MapSpec `ebpf:"prg_fastpath_ho"`
+	PrgFastpathHo6    *ebpf.MapSpec `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathNat6   *ebpf.MapSpec `ebpf:"prg_fastpath_nat6"`
 	PrgFastpathPcnt   *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort   *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat   *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
@@ -242,6 +263,8 @@ type fpMaps struct {
 	PrgFastpathFlow   *ebpf.Map `ebpf:"prg_fastpath_flow"`
 	PrgFastpathFlow6  *ebpf.Map `ebpf:"prg_fastpath_flow6"`
 	PrgFastpathHo     *ebpf.Map `ebpf:"prg_fastpath_ho"`
+	PrgFastpathHo6    *ebpf.Map `ebpf:"prg_fastpath_ho6"`
+	PrgFastpathNat6   *ebpf.Map `ebpf:"prg_fastpath_nat6"`
 	PrgFastpathPcnt   *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort   *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat   *ebpf.Map `ebpf:"prg_fastpath_stat"`
@@ -257,6 +280,8 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathFlow,
 		m.PrgFastpathFlow6,
 		m.PrgFastpathHo,
+		m.PrgFastpathHo6,
+		m.PrgFastpathNat6,
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
@@ -276,13 +301,14 @@ type fpVariables struct {
 //
 // It can be passed to loadFpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fpPrograms struct {
-	PrgFastpathDlrnTx *ebpf.Program `ebpf:"prg_fastpath_dlrn_tx"`
-	PrgFastpathDrx    *ebpf.Program `ebpf:"prg_fastpath_drx"`
-	PrgFastpathDtx    *ebpf.Program `ebpf:"prg_fastpath_dtx"`
-	PrgFastpathLrnRx  *ebpf.Program `ebpf:"prg_fastpath_lrn_rx"`
-	PrgFastpathLrnTx  *ebpf.Program `ebpf:"prg_fastpath_lrn_tx"`
-	PrgFastpathRx     *ebpf.Program `ebpf:"prg_fastpath_rx"`
-	PrgFastpathTx     *ebpf.Program `ebpf:"prg_fastpath_tx"`
+	PrgFastpathDlrnTx  *ebpf.Program `ebpf:"prg_fastpath_dlrn_tx"`
+	PrgFastpathDrx     *ebpf.Program `ebpf:"prg_fastpath_drx"`
+	PrgFastpathDtx     *ebpf.Program `ebpf:"prg_fastpath_dtx"`
+	PrgFastpathLrnRx   *ebpf.Program `ebpf:"prg_fastpath_lrn_rx"`
+	PrgFastpathLrnTx   *ebpf.Program `ebpf:"prg_fastpath_lrn_tx"`
+	PrgFastpathLrnTx6t *ebpf.Program `ebpf:"prg_fastpath_lrn_tx6t"`
+	PrgFastpathRx      *ebpf.Program `ebpf:"prg_fastpath_rx"`
+	PrgFastpathTx      *ebpf.Program `ebpf:"prg_fastpath_tx"`
 }
 
 func (p *fpPrograms) Close() error {
@@ -292,6 +318,7 @@ func (p *fpPrograms) Close() error {
 		p.PrgFastpathDtx,
 		p.PrgFastpathLrnRx,
 		p.PrgFastpathLrnTx,
+		p.PrgFastpathLrnTx6t,
 		p.PrgFastpathRx,
 		p.PrgFastpathTx,
 	)

@@ -66,8 +66,11 @@ func memTotal() (uint64, error) {
 // flowTables are the flow tables sized from the node's memory: the IPv4 one and the IPv6 one
 // (bpf/fastpath6.h). Both get the same number of entries, so the per-address budget (taken from
 // the IPv4 table's size, flowBudget) fits either; an IPv6 entry is a little larger (40-byte
-// key), so the two together take a little over 2/flowMemShare of the node's memory.
-var flowTables = []string{"prg_fastpath_flow", "prg_fastpath_flow6"}
+// key), so the two together take a little over 2/flowMemShare of the node's memory. The IPv6
+// Service NAT side table (prg_fastpath_nat6, bpf/fastpath_nat6.h) holds at most an entry per
+// IPv6 entry, so it gets the same size; it is not preallocated (only Service flows and their
+// aliases take memory).
+var flowTables = []string{"prg_fastpath_flow", "prg_fastpath_flow6", "prg_fastpath_nat6"}
 
 // sizeFlowTable sets the flow tables' size in spec from this node's memory.
 func sizeFlowTable(spec *ebpf.CollectionSpec) error {
@@ -89,7 +92,8 @@ func sizeFlowTable(spec *ebpf.CollectionSpec) error {
 // that programs loaded from spec can take m's maps as replacements (an overlay's copy of the
 // programs, an upgrade in place).
 func keepFlowSizes(spec *ebpf.CollectionSpec, m *fpMaps) {
-	for name, mp := range map[string]*ebpf.Map{"prg_fastpath_flow": m.PrgFastpathFlow, "prg_fastpath_flow6": m.PrgFastpathFlow6} {
+	for name, mp := range map[string]*ebpf.Map{"prg_fastpath_flow": m.PrgFastpathFlow, "prg_fastpath_flow6": m.PrgFastpathFlow6,
+		"prg_fastpath_nat6": m.PrgFastpathNat6} {
 		if fm := spec.Maps[name]; fm != nil && mp != nil {
 			fm.MaxEntries = mp.MaxEntries()
 		}

@@ -60,7 +60,10 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_stat": &m.PrgFastpathStat, "prg_fastpath_ep": &m.PrgFastpathEp, "prg_fastpath_port": &m.PrgFastpathPort,
 		"prg_fastpath_ho": &m.PrgFastpathHo, "prg_fastpath_pcnt": &m.PrgFastpathPcnt, "prg_fastpath_sweep": &m.PrgFastpathSweep,
 		"prg_fastpath_closed": &m.PrgFastpathClosed,
-		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6}
+		"prg_fastpath_flow6":  &m.PrgFastpathFlow6, "prg_fastpath_sweep6": &m.PrgFastpathSweep6,
+		// IPv6 Service NAT (bpf/fastpath_nat6.h): the 128-bit addresses of translated flows
+		// and their aliases, and the per-CPU handover record of IPv6 frames.
+		"prg_fastpath_nat6": &m.PrgFastpathNat6, "prg_fastpath_ho6": &m.PrgFastpathHo6}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {

@@ -105,6 +105,7 @@ func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 		// not done here; a detach and attach renews them all.
 		return nil, fmt.Errorf("fastpath: %d overlays: %w", len(ms.overlays()), datapath.ErrNeedsReattach)
 	}
+	addedMaps(dir) // maps this binary added since (new and empty): pinned now, the others kept
 	old, err := openPinned(st.Target, 0)
 	if err != nil {
 		// An attachment of an older layout (a map this binary pins that it lacks).
@@ -204,4 +205,48 @@ func tagOf(p *ebpf.Program) string {
 		return ""
 	}
 	return info.Tag
+}
+
+// laterMaps are maps added to the objects after attachments were made without them, that
+// start empty and change nothing the existing maps mean (IPv6 Service NAT's side table and
+// handover record, bpf/fastpath_nat6.h): an upgrade in place creates and pins them beside the
+// attachment's maps, so its flows and counters survive, where a missing map would otherwise
+// make the node agent detach and attach fastpath.
+var laterMaps = []string{"prg_fastpath_nat6", "prg_fastpath_ho6"}
+
+// addedMaps creates and pins, in the attachment's pin directory dir, those of laterMaps it
+// lacks (sized as its pinned tables: keepFlowSizes). What fails is left out: the upgrade then
+// finds the map missing and asks for a reattach, as before.
+func addedMaps(dir string) {
+	var missing []string
+	for _, name := range laterMaps {
+		if _, err := os.Stat(filepath.Join(dir, name)); errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	spec, err := loadFp()
+	if err != nil {
+		return
+	}
+	if f6, err := ebpf.LoadPinnedMap(filepath.Join(dir, "prg_fastpath_flow6"), nil); err == nil {
+		if ms := spec.Maps["prg_fastpath_nat6"]; ms != nil {
+			ms.MaxEntries = f6.MaxEntries() // an entry per IPv6 flow at most (flowTables)
+		}
+		f6.Close()
+	}
+	for _, name := range missing {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			continue
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			continue
+		}
+		_ = m.Pin(filepath.Join(dir, name))
+		m.Close()
+	}
 }

@@ -19,16 +19,15 @@ import (
 // included), a TCP stream from h1-c1 to default/one's IPv6 ClusterIP (its backend h2-c1, on
 // the other node), with the fast path attached to both hosts, in each proxy mode: the backend
 // greets, the echo is byte-exact past the first re-learn (5 s), and after learning at least
-// 99 % of each direction's packets take the fast path on the backend's node, where the flow is
-// plain pod-to-pod. The client's node, where conntrack translates the ClusterIP, leaves the flow
-// to the normal path: the fast path has no IPv6 Service NAT yet (fp_flow's nat_addr is 32 bits;
-// see docs/modes/fastpath.md), so there the test asserts only that nothing is dropped and the
-// stream is byte-exact; when IPv6 DNAT lands, ipv6ServiceNAT turns the 99 % check on for that
-// node too. None is dropped on either node. Then 10
-// short connections (the backend's FIN ends each) need no retransmission. Detach leaves no
-// program, record, pin or map, and the Service still answers over IPv6.
-// ipv6ServiceNAT says whether the fast path reproduces a Service's DNAT for IPv6 flows (not yet).
-const ipv6ServiceNAT = false
+// 99 % of each direction's packets take the fast path on both nodes: on the backend's node the
+// flow is plain pod-to-pod; on the client's node, where conntrack translates the ClusterIP, the
+// fast path replays the translation (bpf/fastpath_nat6.h: the 128-bit backend in
+// prg_fastpath_nat6 beside the flow). None is dropped on either node. Then 10 short
+// connections (the backend's FIN ends each) need no retransmission. Detach leaves no program,
+// record, pin or map (the side table included), and the Service still answers over IPv6.
+// ipv6ServiceNAT says whether the fast path reproduces a Service's DNAT for IPv6 flows: with
+// it false the client's node is held only to no drop and a byte-exact stream.
+const ipv6ServiceNAT = true
 
 func TestServiceNATFastPathIPv6(t *testing.T) {
 	for _, mode := range []string{lab.ProxyIPTables, lab.ProxyNFTables} {
