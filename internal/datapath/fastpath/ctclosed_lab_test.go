@@ -60,6 +60,7 @@ func closedLeaveNoConntrack(t *testing.T, v6 bool) {
 	r, err := crr.Run(ctx, crr.Config{ServerNS: c2.Netns, Listen: addr, ClientNS: c1.Netns, Connect: addr,
 		Clients: 2, Response: 512, Count: n, Duration: 50 * time.Second})
 	if err != nil || r.Failures != 0 || r.Connections != n {
+		closedDiag(t, hosts, []*View{before, before1}, fw, src, dst, v6)
 		t.Fatalf("crr to %s: %d connections, %d failures (%s): %v", addr, r.Connections, r.Failures, r.FirstError, err)
 	}
 	after, _ := Inspect(hosts[0])
@@ -152,4 +153,29 @@ func invalidDrops(t *testing.T, ns, fw string) int {
 	}
 	t.Fatalf("no INVALID drop rule in %s:\n%s", netnsutil.Label(ns), out)
 	return 0
+}
+
+// closedDiag logs, for a failed run, what each node's firewall and programs did meanwhile: the
+// INVALID drops, the conntrack entries left by state and the counters that changed.
+func closedDiag(t *testing.T, hosts []string, before []*View, fw, src, dst string, v6 bool) {
+	t.Helper()
+	for i, h := range hosts {
+		t.Logf("%s: %d packets dropped as INVALID; conntrack entries left %v", netnsutil.Label(h), invalidDrops(t, h, fw), ctStates(t, h, src, dst, v6))
+		after, err := Inspect(h)
+		if err != nil || before[i] == nil {
+			continue
+		}
+		for _, d := range []struct {
+			name string
+			b, a Direction
+		}{{"egress", before[i].Egress, after.Egress}, {"ingress", before[i].Ingress, after.Ingress}} {
+			var c []string
+			for k, v := range d.a {
+				if v != d.b[k] {
+					c = append(c, fmt.Sprintf("%s %d", k, v-d.b[k]))
+				}
+			}
+			t.Logf("%s %s counters: %s", netnsutil.Label(h), d.name, strings.Join(c, ", "))
+		}
+	}
 }
