@@ -143,6 +143,8 @@ enum {
 	FP_R_FULL,   /* a new flow while the flow table is full: normal path */
 	FP_R_CLOSED_LOST, /* a connection closed on the fast path whose record did not fit the
 			   * agent's ring (fastpath_closed.h): its conntrack entry stays (60 s) */
+	FP_R_CLOSED_CT,   /* a connection closed on the fast path whose conntrack entry the program
+			   * expired itself (fastpath_closed.h): nothing handed to the agent */
 	FP_R_N,
 };
 #define FP_DIR_TX 0
@@ -675,11 +677,11 @@ static __always_inline int closing_mark(struct fp_flow *f, __u32 fin, __u32 *old
  * close), fin saying whose (FP_F_FIN_OUT, FP_F_FIN_IN, FP_F_DONE for a RST), dir the
  * direction counting a lost hand-over. The flow's entry goes FP_CLOSE_NS after the first,
  * unless a SYN reopens it: short connections leave the table as fast as they come. */
-static __always_inline void closing(struct fp_key *k, __u32 fin, __u32 dir)
+static __always_inline void closing(struct __sk_buff *ctx, struct fp_key *k, __u32 fin, __u32 dir)
 {
 	__u32 old;
 	if (closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow, k), fin, &old))
-		closed_push(k, old, fin, dir);
+		closed_push(ctx, k, old, fin, dir);
 }
 
 /* fin_fast: the FIN or RST of flow k takes the fast path (FP_F_HSONLY), when the rest of
@@ -772,7 +774,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 			handover_out(f, k, p, ctx, FP_R_PROTO);
 			return NULL;
 		}
-		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
+		closing(ctx, k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
 		if (!fin_fast(k)) {
 			count(FP_DIR_TX, FP_R_PROTO);
 			return NULL;
@@ -818,7 +820,7 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 			handover_in(ctx, f, k, p, vtep, FP_R_PROTO);
 			return NULL;
 		}
-		closing(k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
+		closing(ctx, k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
 		if (!fin_fast(k)) {
 			count(FP_DIR_RX, FP_R_PROTO);
 			return NULL;

@@ -236,10 +236,20 @@ struct fp_closed6 {
 };
 
 /* closed_push6 is closed_push for an IPv6 flow. */
-static __always_inline void closed_push6(const struct fp_key6 *k, __u32 old, __u32 fin, __u32 dir)
+static __always_inline void closed_push6(struct __sk_buff *ctx, const struct fp_key6 *k, __u32 old, __u32 fin,
+					 __u32 dir)
 {
 	if (!closed_due(old, fin, k->proto))
 		return;
+	struct bpf_sock_tuple t = {};
+	__builtin_memcpy(t.ipv6.saddr, k->local, 16);
+	__builtin_memcpy(t.ipv6.daddr, k->remote, 16);
+	t.ipv6.sport = k->lport;
+	t.ipv6.dport = k->rport;
+	if (closed_expire(ctx, &t, sizeof(t.ipv6), k->proto)) {
+		count(dir, FP_R_CLOSED_CT);
+		return;
+	}
 	struct fp_closed6 c = {.lport = k->lport, .rport = k->rport, .proto = k->proto, .ovl = k->ovl,
 			       .ns = bpf_ktime_get_ns()};
 	__builtin_memcpy(c.local, k->local, 16);
@@ -249,11 +259,11 @@ static __always_inline void closed_push6(const struct fp_key6 *k, __u32 old, __u
 }
 
 /* closing6 is closing (fastpath.h) for the IPv6 table. */
-static __always_inline void closing6(struct fp_key6 *k, __u32 fin, __u32 dir)
+static __always_inline void closing6(struct __sk_buff *ctx, struct fp_key6 *k, __u32 fin, __u32 dir)
 {
 	__u32 old;
 	if (closing_mark(bpf_map_lookup_elem(&prg_fastpath_flow6, k), fin, &old))
-		closed_push6(k, old, fin, dir);
+		closed_push6(ctx, k, old, fin, dir);
 }
 
 /* fin_fast6 is fin_fast (fastpath.h) for the IPv6 table. */
@@ -316,7 +326,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 			syn_open(f);
 			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
+		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
 		if (!fin_fast6(&k)) {
 			count(FP_DIR_TX, FP_R_PROTO);
 			return TCX_NEXT;
@@ -438,7 +448,7 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 			syn_open(f);
 			return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
+		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
 		if (!fin_fast6(&k)) {
 			count(FP_DIR_RX, FP_R_PROTO);
 			return TCX_NEXT;

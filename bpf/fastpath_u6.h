@@ -202,7 +202,7 @@ static __attribute__((noinline)) int rx_u6(struct __sk_buff *ctx, const struct f
 			syn_open(f);
 			return handover_in6(ctx, f, &k, &p, cfg, vt, FP_R_PROTO);
 		}
-		closing6(&k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
+		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_IN, FP_DIR_RX);
 		if (!fin_fast6(&k)) {
 			count(FP_DIR_RX, FP_R_PROTO);
 			return TCX_NEXT;

@@ -79,7 +79,7 @@ func (after *modeSample) record(before *modeSample, rep *results.Rep) {
 			d := float64(v - min(v, before.packets[mode][k]))
 			rep.Counters["mode."+mode+"."+k[0]+"."+k[1]] = d
 			switch k[1] {
-			case "learned", "local", "other", "closed-lost": // the normal path's packet seen again; subsets of hits; not the mode's traffic
+			case "learned", "local", "other", "closed-lost", "closed-ct": // the normal path's packet seen again; subsets of hits; not the mode's traffic
 			case "budget", "full": // a subset of the misses: new flows refused an entry
 				refused[k[0]] += d
 			default:

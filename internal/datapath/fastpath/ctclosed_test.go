@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -181,5 +182,39 @@ func TestClosedIPv6Record(t *testing.T) {
 	v4 := ctEntry{orig: ctTuple{sport: k.Lport, dport: k.Rport, proto: 6}, reply: ctTuple{sport: k.Rport, dport: k.Lport, proto: 6}}
 	if !s.has(mine) || s.has(other) || s.has(v4) {
 		t.Fatalf("self-deleted: mine %v, other port %v, IPv4 %v; want true, false, false", s.has(mine), s.has(other), s.has(v4))
+	}
+}
+
+// TestClosedFastEvent: the DESTROY event of an entry the programs expired at its close (marked
+// IPS_FIXED_TIMEOUT, big-endian in CTA_STATUS as the kernel writes it) is recognised, so the
+// conntrack watch does not make the next connection on the same ports due; an ordinary TCP
+// entry's, and a UDP one with the bit, are deletions to act on.
+func TestClosedFastEvent(t *testing.T) {
+	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	event := func(proto uint8, status uint32) []byte {
+		msg := []byte{unix.AF_INET, 0, 0, 0}
+		msg = append(msg, ctnl.TupleAttr(ctnl.Tuple{Src: a, Dst: b, Sport: 40000, Dport: 80, Proto: proto})...)
+		r := ctnl.TupleAttr(ctnl.Tuple{Src: b, Dst: a, Sport: 80, Dport: 40000, Proto: proto})
+		msg = nlAttr(msg, nl.CTA_TUPLE_REPLY|unix.NLA_F_NESTED, r[unix.SizeofNlAttr:])
+		return nlAttr(msg, nl.CTA_STATUS, binary.BigEndian.AppendUint32(nil, status))
+	}
+	for _, c := range []struct {
+		name   string
+		proto  uint8
+		status uint32
+		want   bool
+	}{
+		{"expired at the close (SEEN_REPLY|CONFIRMED|FIXED_TIMEOUT)", unix.IPPROTO_TCP, 2 | 8 | 1024, true},
+		{"handshake-only, not marked (SEEN_REPLY|CONFIRMED)", unix.IPPROTO_TCP, 2 | 8, false},
+		{"UDP with a fixed timeout", unix.IPPROTO_UDP, 8 | 1024, false},
+		{"bit 10 in the wrong byte order", unix.IPPROTO_TCP, 0x00040000, false},
+	} {
+		e, ok := parseCTEvent(event(c.proto, c.status))
+		if !ok {
+			t.Fatalf("%s: did not parse", c.name)
+		}
+		if got := e.closedFast(); got != c.want {
+			t.Errorf("%s: closedFast = %v, want %v (status %#x)", c.name, got, c.want, e.status)
+		}
 	}
 }

@@ -35,6 +35,19 @@ type ctEntry struct {
 	orig, reply   ctTuple
 	v6            bool
 	orig6, reply6 ctAddrs6
+	status        uint32 // CTA_STATUS: IPS_* bits (0 when the message had none)
+}
+
+// ipsFixedTimeout is IPS_FIXED_TIMEOUT: the programs set it on a connection's entry they
+// expired at its close (closed_expire, bpf/fastpath_closed.h).
+const ipsFixedTimeout = 1 << 10
+
+// closedFast says e is the entry of a short TCP connection the programs expired at its close:
+// its DESTROY event (conntrack reaps an expired entry late, often at the next connection's SYN
+// on the same ports) is no deletion to act on, and acting on it would make the new
+// connection's flow due (ctwatch.go). No handshake-only TCP entry has the bit otherwise.
+func (e ctEntry) closedFast() bool {
+	return e.orig.proto == unix.IPPROTO_TCP && e.status&ipsFixedTimeout != 0
 }
 
 // nlAttrs walks the netlink attributes in b and calls fn with each one's type (nested and
@@ -133,6 +146,10 @@ func parseCTEvent(data []byte) (ctEntry, bool) {
 			e.orig, e.orig6, okO = parseCTTupleOf(v, family)
 		case nl.CTA_TUPLE_REPLY:
 			e.reply, e.reply6, okR = parseCTTupleOf(v, family)
+		case nl.CTA_STATUS:
+			if len(v) == 4 {
+				e.status = binary.BigEndian.Uint32(v)
+			}
 		}
 	})
 	return e, okO && okR

@@ -427,7 +427,14 @@ func receiveConntrack(f *os.File, ev chan<- ctEntry, lost chan<- string) error {
 			}
 			typ := binary.NativeEndian.Uint16(b[4:])
 			if typ == unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel {
-				if e, ok := parseCTEvent(b[unix.SizeofNlMsghdr:l]); ok {
+				e, ok := parseCTEvent(b[unix.SizeofNlMsghdr:l])
+				if ok && e.closedFast() {
+					// A connection the programs expired at its close: nothing to act on,
+					// and no deletion towards a storm either (one per short connection).
+					b = b[min(len(b), (l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1)):]
+					continue
+				}
+				if ok {
 					select {
 					case ev <- e:
 					default:

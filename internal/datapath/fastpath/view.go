@@ -11,7 +11,7 @@ import (
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
 	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full",
-	"closed-lost"}
+	"closed-lost", "closed-ct"}
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -218,7 +218,7 @@ func (d Direction) Fallbacks() uint64 {
 	var n uint64
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other", "dropped", "local", "closed-lost":
+		case "hit", "miss", "learned", "other", "dropped", "local", "closed-lost", "closed-ct":
 		default:
 			n += d[r]
 		}
@@ -230,7 +230,7 @@ func (d Direction) reasons() string {
 	var parts []string
 	for _, r := range Reasons {
 		switch r {
-		case "hit", "miss", "learned", "other", "local", "closed-lost":
+		case "hit", "miss", "learned", "other", "local", "closed-lost", "closed-ct":
 			continue
 		}
 		if d[r] > 0 {
@@ -281,6 +281,10 @@ func (v *View) Format() string {
 	if n := v.Egress["closed-lost"] + v.Ingress["closed-lost"]; n > 0 {
 		// The agent's ring of connections closed on the fast path was full (ctclosed.go).
 		fmt.Fprintf(&b, "  connections closed on the fast path whose conntrack entry the agent could not delete (its ring was full): %d\n", n)
+	}
+	if n := v.Egress["closed-ct"] + v.Ingress["closed-ct"]; n > 0 {
+		// Expired by the program at the close (fastpath_closed.h): the agent had nothing to do.
+		fmt.Fprintf(&b, "  connections closed on the fast path whose conntrack entry the program expired itself: %d\n", n)
 	}
 	for _, o := range v.Overlays {
 		state := ""
