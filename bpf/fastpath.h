@@ -116,7 +116,8 @@ static __always_inline int tcx_next_opaque(void)
 /* 0xfa5d: FP_TC_INDEX_U6 (fastpath_u6.h). Taken elsewhere: 0xfa57 PRG_TC_INDEX_LEARN (common.h),
  * 0xfa59 prism_gate.h, 0xfa5a ezpath_host.bpf.c. */
 
-/* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress.
+/* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress
+ * (reasons from FP_R_N on: prg_fastpath_stat2, below).
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
 enum {
 	FP_R_HIT,    /* took the fast path */
@@ -143,10 +144,15 @@ enum {
 	FP_R_FULL,   /* a new flow while the flow table is full: normal path */
 	FP_R_CLOSED_LOST, /* a connection closed on the fast path whose record did not fit the
 			   * agent's ring (fastpath_closed.h): its conntrack entry stays (60 s) */
-	FP_R_CLOSED_CT,   /* a connection closed on the fast path whose conntrack entry the program
-			   * expired itself (fastpath_closed.h): nothing handed to the agent */
 	FP_R_N,
+	/* Reasons added after prg_fastpath_stat's size was pinned by attachments in the field: an
+	 * upgrade in place keeps that map, so these count in prg_fastpath_stat2 (a later map,
+	 * repair.go), at (fp_ovl * 2 + dir) * FP_R2_N + (reason - FP_R_N). */
+	FP_R_CLOSED_CT = FP_R_N, /* a connection closed on the fast path whose conntrack entry the
+				  * program expired itself (fastpath_closed.h): nothing handed to the agent */
+	FP_R_ALL,
 };
+#define FP_R2_N (FP_R_ALL - FP_R_N)
 #define FP_DIR_TX 0
 #define FP_DIR_RX 1
 
@@ -240,12 +246,26 @@ struct {
 	__type(value, __u64);
 } prg_fastpath_stat SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FP_MAX_OVL * 2 * FP_R2_N);
+	__type(key, __u32);
+	__type(value, __u64);
+} prg_fastpath_stat2 SEC(".maps");
+
 PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
 
 static __always_inline void count(__u32 dir, __u32 r)
 {
-	__u32 i = (fp_ovl * 2 + dir) * FP_R_N + r;
-	__u64 *c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
+	__u64 *c;
+
+	if (r < FP_R_N) { /* r is a constant at every call: one branch is left */
+		__u32 i = (fp_ovl * 2 + dir) * FP_R_N + r;
+		c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
+	} else {
+		__u32 i = (fp_ovl * 2 + dir) * FP_R2_N + (r - FP_R_N);
+		c = bpf_map_lookup_elem(&prg_fastpath_stat2, &i);
+	}
 	if (c)
 		*c += 1;
 }

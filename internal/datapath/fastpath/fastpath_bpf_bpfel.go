@@ -172,6 +172,7 @@ const (
 	fpMapPrgFastpathPcnt        = "prg_fastpath_pcnt"
 	fpMapPrgFastpathPort        = "prg_fastpath_port"
 	fpMapPrgFastpathStat        = "prg_fastpath_stat"
+	fpMapPrgFastpathStat2       = "prg_fastpath_stat2"
 	fpMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fpMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
@@ -260,6 +261,7 @@ type fpMapSpecs struct {
 	PrgFastpathPcnt        *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort        *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathStat2       *ebpf.MapSpec `ebpf:"prg_fastpath_stat2"`
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
@@ -308,6 +310,7 @@ type fpMaps struct {
 	PrgFastpathPcnt        *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort        *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathStat2       *ebpf.Map `ebpf:"prg_fastpath_stat2"`
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
@@ -331,6 +334,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
+		m.PrgFastpathStat2,
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,

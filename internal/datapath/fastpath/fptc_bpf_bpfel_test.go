@@ -30,6 +30,7 @@ const (
 	fptcMapPrgFastpathPcnt        = "prg_fastpath_pcnt"
 	fptcMapPrgFastpathPort        = "prg_fastpath_port"
 	fptcMapPrgFastpathStat        = "prg_fastpath_stat"
+	fptcMapPrgFastpathStat2       = "prg_fastpath_stat2"
 	fptcMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fptcMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fptcMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
@@ -126,6 +127,7 @@ type fptcMapSpecs struct {
 	PrgFastpathPcnt        *ebpf.MapSpec `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort        *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
+	PrgFastpathStat2       *ebpf.MapSpec `ebpf:"prg_fastpath_stat2"`
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
@@ -174,6 +176,7 @@ type fptcMaps struct {
 	PrgFastpathPcnt        *ebpf.Map `ebpf:"prg_fastpath_pcnt"`
 	PrgFastpathPort        *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
+	PrgFastpathStat2       *ebpf.Map `ebpf:"prg_fastpath_stat2"`
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
@@ -197,6 +200,7 @@ func (m *fptcMaps) Close() error {
 		m.PrgFastpathPcnt,
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
+		m.PrgFastpathStat2,
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,

@@ -71,7 +71,9 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_u6cfg": &m.PrgFastpathU6cfg, "prg_fastpath_vtep6": &m.PrgFastpathVtep6,
 		"prg_fastpath_u6dev": &m.PrgFastpathU6dev,
 		// Which frame IPv4's handover record is (fastpath_nat.h's fp_hob).
-		"prg_fastpath_hob": &m.PrgFastpathHob}
+		"prg_fastpath_hob": &m.PrgFastpathHob,
+		// Counter reasons added after prg_fastpath_stat's size was pinned (fastpath.h FP_R2_N).
+		"prg_fastpath_stat2": &m.PrgFastpathStat2}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {

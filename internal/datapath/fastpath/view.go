@@ -9,9 +9,15 @@ import (
 )
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
+// The first baseReasons are prg_fastpath_stat's (FP_R_N); the rest, added after attachments in
+// the field pinned that map's size, are prg_fastpath_stat2's (from FP_R_N on).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
 	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full",
-	"closed-lost", "closed-ct"}
+	"closed-lost",
+	"closed-ct"}
+
+// baseReasons is FP_R_N: how many of Reasons prg_fastpath_stat counts.
+const baseReasons = 22
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -186,13 +192,23 @@ func livePods(ov *overlay, eps []endpoints.View) []PodView {
 	return out
 }
 
-// counters are overlay ovl's counters (prg_fastpath_stat[(ovl*2 + dir)*FP_R_N + reason]).
+// counters are overlay ovl's counters (prg_fastpath_stat[(ovl*2 + dir)*FP_R_N + reason], and
+// the later reasons' prg_fastpath_stat2[(ovl*2 + dir)*(len(Reasons)-FP_R_N) + reason-FP_R_N],
+// which an attachment made before them lacks until its upgrade adds the map: read as 0).
 func (p *pinned) counters(ovl int) (out, in Direction, err error) {
 	out, in = Direction{}, Direction{}
+	later := len(Reasons) - baseReasons
 	for d, dst := range []Direction{out, in} {
 		for r, name := range Reasons {
+			m, i := p.PrgFastpathStat, (ovl*2+d)*baseReasons+r
+			if r >= baseReasons {
+				m, i = p.PrgFastpathStat2, (ovl*2+d)*later+r-baseReasons
+			}
+			if m == nil {
+				continue
+			}
 			var per []uint64
-			if err := p.PrgFastpathStat.Lookup(uint32((ovl*2+d)*len(Reasons)+r), &per); err != nil {
+			if err := m.Lookup(uint32(i), &per); err != nil {
 				return nil, nil, fmt.Errorf("fastpath: read counters: %w", err)
 			}
 			for _, c := range per {

@@ -27,8 +27,16 @@ func TestFormatLocalAndNAT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := spec.Maps["prg_fastpath_stat"].MaxEntries; got != uint32(maxOverlays*2*len(Reasons)) {
-		t.Fatalf("prg_fastpath_stat holds %d counters, Reasons names %d per direction and overlay", got, len(Reasons))
+	if got := spec.Maps["prg_fastpath_stat"].MaxEntries; got != uint32(maxOverlays*2*baseReasons) {
+		t.Fatalf("prg_fastpath_stat holds %d counters, want %d reasons per direction and overlay", got, baseReasons)
+	}
+	if got := spec.Maps["prg_fastpath_stat2"].MaxEntries; got != uint32(maxOverlays*2*(len(Reasons)-baseReasons)) {
+		t.Fatalf("prg_fastpath_stat2 holds %d counters, Reasons names %d later ones per direction and overlay", got, len(Reasons)-baseReasons)
+	}
+	// prg_fastpath_stat keeps the size attachments made before the later reasons pinned
+	// (22 reasons: up to closed-lost), so an upgrade in place reuses it.
+	if baseReasons != 22 || Reasons[baseReasons-1] != "closed-lost" {
+		t.Fatalf("prg_fastpath_stat's reasons changed: %v", Reasons[:baseReasons])
 	}
 }
 
