@@ -870,9 +870,12 @@ static __always_inline struct fp_flow *begin_in(struct __sk_buff *ctx, __u32 off
 		/* A Service reply is re-learned only after the egress direction was: should
 		 * conntrack's entry be gone (flushed, expired), the pod's packet re-creates it with
 		 * its translation, where a reply first would reach the pod untranslated (and the
-		 * pod's RST would end the connection). Bounded: at most 2 intervals old. */
-		if (r == FP_R_STALE && f->out_ns <= f->in_ns &&
-		    bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+		 * pod's RST would end the connection). Bounded: at most 2 intervals old.
+		 * The egress may have been re-learned after the ingress and the entry be gone
+		 * since (conntrack -F, before the agent's watch made the flow due): then
+		 * out_ns > in_ns says nothing, so conntrack is asked (once per revalidation). */
+		if (r == FP_R_STALE && bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS &&
+		    (f->out_ns <= f->in_ns || !ct_known4(ctx, k)))
 			r = FP_R_HIT;
 	}
 	if (r != FP_R_HIT) {

@@ -235,17 +235,32 @@ struct fp_closed6 {
 	__u64 ns;
 };
 
+/* tuple6: IPv6 flow k's key as conntrack's tuple (either way). */
+static __always_inline void tuple6(struct bpf_sock_tuple *t, const struct fp_key6 *k)
+{
+	__builtin_memset(t, 0, sizeof(*t));
+	__builtin_memcpy(t->ipv6.saddr, k->local, 16);
+	__builtin_memcpy(t->ipv6.daddr, k->remote, 16);
+	t->ipv6.sport = k->lport;
+	t->ipv6.dport = k->rport;
+}
+
+/* ct_known6: ct_known (fastpath_closed.h) for IPv6 flow k's connection. */
+static __always_inline int ct_known6(struct __sk_buff *ctx, const struct fp_key6 *k)
+{
+	struct bpf_sock_tuple t;
+	tuple6(&t, k);
+	return ct_known(ctx, &t, sizeof(t.ipv6), k->proto);
+}
+
 /* closed_push6 is closed_push for an IPv6 flow. */
 static __always_inline void closed_push6(struct __sk_buff *ctx, const struct fp_key6 *k, __u32 old, __u32 fin,
 					 __u32 dir)
 {
 	if (!closed_due(old, fin, k->proto))
 		return;
-	struct bpf_sock_tuple t = {};
-	__builtin_memcpy(t.ipv6.saddr, k->local, 16);
-	__builtin_memcpy(t.ipv6.daddr, k->remote, 16);
-	t.ipv6.sport = k->lport;
-	t.ipv6.dport = k->rport;
+	struct bpf_sock_tuple t;
+	tuple6(&t, k);
 	if (closed_expire(ctx, &t, sizeof(t.ipv6), k->proto)) {
 		count(dir, FP_R_CLOSED_CT);
 		return;
@@ -462,7 +477,8 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 			return TCX_NEXT;
 		}
 		/* As begin_in (fastpath.h): a reply is re-learned after the egress direction was. */
-		if (r == FP_R_STALE && f->out_ns <= f->in_ns && bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS)
+		if (r == FP_R_STALE && bpf_ktime_get_coarse_ns() - f->in_ns <= 2 * FP_REVALIDATE_NS &&
+		    (f->out_ns <= f->in_ns || !ct_known6(ctx, &k)))
 			r = FP_R_HIT;
 	}
 	if (r != FP_R_HIT)

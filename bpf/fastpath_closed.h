@@ -91,6 +91,31 @@ static __always_inline int closed_expire(struct __sk_buff *ctx, struct bpf_sock_
 	return err == 0;
 }
 
+/* ct_known: 0 only when conntrack (the node's netns, as closed_expire) has no live entry for
+ * tuple t (tsz bytes): the lookup answered -ENOENT. Any other failure counts as known, so a
+ * caller that keeps a packet off the normal path on 0 does so only on conntrack's own word. An
+ * expired entry not yet reaped is not found (the lookup skips it). */
+static __always_inline int ct_known(struct __sk_buff *ctx, struct bpf_sock_tuple *t, __u32 tsz, __u8 proto)
+{
+	struct bpf_ct_opts o = {.netns_id = FP_CT_CURRENT_NETNS, .l4proto = proto};
+	struct nf_conn *ct = bpf_skb_ct_lookup(ctx, t, tsz, &o, FP_CT_OPTS_SZ);
+	if (!ct)
+		return o.error != -2; /* -ENOENT */
+	bpf_ct_release(ct);
+	return 1;
+}
+
+/* ct_known4: ct_known for IPv4 flow k's connection (its key as conntrack's tuple, either way). */
+static __always_inline int ct_known4(struct __sk_buff *ctx, const struct fp_key *k)
+{
+	struct bpf_sock_tuple t = {};
+	t.ipv4.saddr = k->local;
+	t.ipv4.daddr = k->remote;
+	t.ipv4.sport = k->lport;
+	t.ipv4.dport = k->rport;
+	return ct_known(ctx, &t, sizeof(t.ipv4), k->proto);
+}
+
 /* closed_due: closed_push's test, for either family's record. */
 
 /* closed_push hands flow k to the agent when this FIN or RST (fin) completed its close: old are

@@ -71,15 +71,7 @@ func TestRxServiceReverse(t *testing.T) {
 	for _, proto := range []uint8{6, 17} {
 		e := newProgEnv(t)
 		e.learnDNAT(t, proto)
-		pod := fpPrgPod{Slot: 7, Ifindex: 1}
-		copy(pod.CtrMac[:], macPod)
-		copy(pod.BrMac[:], macBridge)
-		if err := e.o.PrgFastpathPort.Put(pod.Slot, fpBpfDevmapVal{Ifindex: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.o.PrgFastpathEp.Put(fpPrgPodKey{Netns: 4026531840, Family: 4, Addr: [4]uint32{binary.LittleEndian.Uint32(podA.AsSlice())}}, pod); err != nil {
-			t.Fatal(err)
-		}
+		e.putPod4(t)
 		reply := frame{dst: macVxA, src: macVxB, saddr: podB, daddr: podA, proto: proto, sport: 5201, dport: 40000, tcpFlags: 0x10,
 			payload: []byte("the backend answers, 33 bytes ok")}
 		want := reply
