@@ -761,7 +761,7 @@ static __always_inline struct fp_flow *lookup(struct fp_key *k, int out, __u32 n
 	return lookup_flow(bpf_map_lookup_elem(&prg_fastpath_flow, k), out, need, gen, reason);
 }
 
-static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p);
+static __always_inline __u32 local_reply_due(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_pkt *p);
 
 /* syn_out/syn_in: a connection's SYN (or SYN-ACK) takes the normal path, which conntrack and
  * the firewall decide on, and is learned at its far end like any handed-over packet: a
@@ -803,7 +803,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 	}
 	struct fp_flow *f = lookup(k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
 	if (r == FP_R_STALE && f && (f->flags & FP_F_SNAT))
-		r = local_reply_due(f, p); /* fastpath_local.h */
+		r = local_reply_due(ctx, f, p); /* fastpath_local.h */
 	if (r != FP_R_HIT) {
 		handover_out(f, k, p, ctx, r);
 		return NULL;

@@ -125,12 +125,15 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
  * expired), the client's packet re-creates it with its translation, where the reply first would
  * reach the client untranslated (and its RST would end the connection). Bounded: at most 2
  * intervals old. The client's flow: the reply's destination, keyed by the Service address. */
-static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p)
+static __always_inline __u32 local_reply_due(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_pkt *p)
 {
 	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
 	struct fp_flow *c = bpf_map_lookup_elem(&prg_fastpath_flow, &ck);
 	__u64 then = f->out_ns;
-	if (c && c->out_ns <= then && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS)
+	/* A client flow re-learned after the reply says nothing once conntrack's entry is gone
+	 * since (conntrack -F before the agent's watch made the flows due): ask conntrack, as
+	 * begin_in does for a remote backend's reply. */
+	if (c && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS && (c->out_ns <= then || !ct_known4(ctx, &ck)))
 		return FP_R_HIT;
 	return FP_R_STALE;
 }

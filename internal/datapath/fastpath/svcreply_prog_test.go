@@ -123,6 +123,46 @@ func TestServiceReplyWithoutConntrackEntry(t *testing.T) {
 	})
 }
 
+// TestLocalServiceReplyWithoutConntrackEntry: the same rule for a same-node backend's reply
+// (local_reply_due, fastpath_local.h), at the backend's veth.
+func TestLocalServiceReplyWithoutConntrackEntry(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := inCtNetns(t)
+	e := newProgEnv(t)
+	e.putPod(t, podA, macPod, 3)
+	e.putPod(t, podA2, macPo2, 4)
+	now := monoNs()
+	cl := fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fDNAT, OutTtlDec: 1,
+		NatAddr: word(podA2), NatPort: htons(5201)}
+	copy(cl.Tmpl[:], append(append([]byte{}, macPo2...), macBridge...))
+	be := fpFpFlow{OutIfindex: 1, LocIfindex: 1, Flags: fOut | fIn | fLocal | fSNAT, NatAddr: word(svcAddr), NatPort: htons(80)}
+	copy(be.Tmpl[:], append(append([]byte{}, macPod...), macPo2...))
+	ck, bk := keyOf(podA, svcAddr, 40000, 80, 6), keyOf(podA2, podA, 5201, 40000, 6)
+	due := func(outAgo time.Duration) {
+		t.Helper()
+		now := monoNs()
+		cl.OutNs, be.OutNs, be.InNs = now-uint64(time.Second), now-uint64(outAgo), now-uint64(outAgo)
+		if err := e.o.PrgFastpathFlow.Put(ck, cl); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.o.PrgFastpathFlow.Put(bk, be); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := frame{dst: macPod, src: macPo2, saddr: podA2, daddr: podA, proto: 6, sport: 5201, dport: 40000, tcpFlags: 0x10,
+		payload: []byte("reply from the backend")}
+	pkt := rep.bytes()
+
+	due(6 * time.Second)
+	e.expect(t, "reply due, no conntrack entry", e.o.PrgFastpathTx, pkt, tcActRedirect, 0, "local")
+	due(11 * time.Second)
+	e.expect(t, "reply due, no entry, 2 intervals old", e.o.PrgFastpathTx, pkt, tcxNext, 0, "stale")
+	ctInsert(t, ns, "-p", "tcp", "-s", podA.String(), "-d", svcAddr.String(), "--sport", "40000", "--dport", "80",
+		"-r", podA2.String(), "-q", podA.String(), "--reply-port-src", "5201", "--reply-port-dst", "40000")
+	due(6 * time.Second)
+	e.expect(t, "reply due, entry there", e.o.PrgFastpathTx, pkt, tcxNext, 0, "stale")
+}
+
 // putPod4 registers pod A (slot 7, on "lo") in the endpoint table, as a delivery needs.
 func (e *progEnv) putPod4(t *testing.T) {
 	t.Helper()
