@@ -104,15 +104,7 @@ func TestLocalLearnAndDeliver(t *testing.T) {
 func TestLocalServiceNAT(t *testing.T) {
 	for _, proto := range []uint8{6, 17} {
 		e := newProgEnv(t)
-		e.putPod(t, podA, macPod, 3)
-		e.putPod(t, podA2, macPo2, 4)
-		now := monoNs()
-		cl := fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fDNAT, OutTtlDec: 1,
-			NatAddr: word(podA2), NatPort: htons(5201)}
-		copy(cl.Tmpl[:], append(append([]byte{}, macPo2...), macBridge...))
-		be := fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fSNAT,
-			NatAddr: word(svcAddr), NatPort: htons(80)}
-		copy(be.Tmpl[:], append(append([]byte{}, macPod...), macPo2...))
+		cl, be := e.localSvc(t)
 		for k, f := range map[fpFpKey]fpFpFlow{keyOf(podA, svcAddr, 40000, 80, proto): cl, keyOf(podA2, podA, 5201, 40000, proto): be} {
 			if err := e.o.PrgFastpathFlow.Put(k, f); err != nil {
 				t.Fatal(err)
@@ -136,6 +128,22 @@ func TestLocalServiceNAT(t *testing.T) {
 			t.Fatalf("proto %d: counters %v, want 2 local hits", proto, eg)
 		}
 	}
+}
+
+// localSvc registers pods A and A2 and returns, learned now, pod A's same-node flow to the
+// Service (translated to A2:5201) and the backend's reply flow (source NAT back to the Service).
+func (e *progEnv) localSvc(t *testing.T) (cl, be fpFpFlow) {
+	t.Helper()
+	e.putPod(t, podA, macPod, 3)
+	e.putPod(t, podA2, macPo2, 4)
+	now := monoNs()
+	cl = fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fDNAT, OutTtlDec: 1,
+		NatAddr: word(podA2), NatPort: htons(5201)}
+	copy(cl.Tmpl[:], append(append([]byte{}, macPo2...), macBridge...))
+	be = fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fSNAT,
+		NatAddr: word(svcAddr), NatPort: htons(80)}
+	copy(be.Tmpl[:], append(append([]byte{}, macPod...), macPo2...))
+	return cl, be
 }
 
 // TestLocalForgottenByOverlayLearn: a same-node flow whose receiver moved to another node is

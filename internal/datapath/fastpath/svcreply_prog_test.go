@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -51,11 +52,13 @@ func inCtNetns(t *testing.T) string {
 	return name
 }
 
-// ctInsert adds an established conntrack entry in namespace ns (conntrack(8) arguments).
-func ctInsert(t *testing.T, ns string, args ...string) {
+// ctInsert adds to namespace ns conntrack's entry of a TCP connection from client:40000 to
+// svc:80 translated to backend:5201, established.
+func ctInsert(t *testing.T, ns, client, svc, backend string) {
 	t.Helper()
-	argv := append([]string{"conntrack", "-I"}, args...)
-	argv = append(argv, "--state", "ESTABLISHED", "-u", "ASSURED", "-t", "60")
+	argv := []string{"conntrack", "-I", "-p", "tcp", "-s", client, "-d", svc, "--sport", "40000", "--dport", "80",
+		"-r", backend, "-q", client, "--reply-port-src", "5201", "--reply-port-dst", "40000",
+		"--state", "ESTABLISHED", "-u", "ASSURED", "-t", "60"}
 	if out, err := netnsutil.Run(context.Background(), ns, argv...); err != nil {
 		t.Fatalf("%v: %v: %s", argv, err, out)
 	}
@@ -85,16 +88,9 @@ func TestServiceReplyWithoutConntrackEntry(t *testing.T) {
 		}
 		reply := frame{dst: macVxA, src: macVxB, saddr: podB, daddr: podA, proto: 6, sport: 5201, dport: 40000, tcpFlags: 0x10,
 			payload: []byte("the backend answers")}
-		pkt := vx6(reply.bytes()) // vx6 wraps any inner frame
-
-		due(6 * time.Second)
-		e.expect(t, "reply due, no conntrack entry", e.o.PrgFastpathRx, pkt, tcActRedirect, 1, "hit")
-		due(11 * time.Second)
-		e.expect(t, "reply due, no entry, 2 intervals old", e.o.PrgFastpathRx, pkt, tcxNext, 1, "stale")
-		ctInsert(t, ns, "-p", "tcp", "-s", podA.String(), "-d", svcAddr.String(), "--sport", "40000", "--dport", "80",
-			"-r", podB.String(), "-q", podA.String(), "--reply-port-src", "5201", "--reply-port-dst", "40000")
-		due(6 * time.Second)
-		e.expect(t, "reply due, entry there", e.o.PrgFastpathRx, pkt, tcxNext, 1, "stale")
+		e.replyRule(t, e.o.PrgFastpathRx, 1, vx6(reply.bytes()), due, "hit", func() { // vx6 wraps any inner frame
+			ctInsert(t, ns, podA.String(), svcAddr.String(), podB.String())
+		})
 	})
 	t.Run("ipv6", func(t *testing.T) {
 		onOneCPU(t)
@@ -110,16 +106,9 @@ func TestServiceReplyWithoutConntrackEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		pkt := vx6(backend6Reply(6).bytes())
-
-		due(6 * time.Second)
-		e.expect(t, "reply due, no conntrack entry", e.o.PrgFastpathRx, pkt, tcActRedirect, 1, "hit")
-		due(11 * time.Second)
-		e.expect(t, "reply due, no entry, 2 intervals old", e.o.PrgFastpathRx, pkt, tcxNext, 1, "stale")
-		ctInsert(t, ns, "-p", "tcp", "-s", pod6A.String(), "-d", svc6.String(), "--sport", "40000", "--dport", "80",
-			"-r", pod6B.String(), "-q", pod6A.String(), "--reply-port-src", "5201", "--reply-port-dst", "40000")
-		due(6 * time.Second)
-		e.expect(t, "reply due, entry there", e.o.PrgFastpathRx, pkt, tcxNext, 1, "stale")
+		e.replyRule(t, e.o.PrgFastpathRx, 1, vx6(backend6Reply(6).bytes()), due, "hit", func() {
+			ctInsert(t, ns, pod6A.String(), svc6.String(), pod6B.String())
+		})
 	})
 }
 
@@ -129,14 +118,7 @@ func TestLocalServiceReplyWithoutConntrackEntry(t *testing.T) {
 	testutil.RequireRoot(t)
 	ns := inCtNetns(t)
 	e := newProgEnv(t)
-	e.putPod(t, podA, macPod, 3)
-	e.putPod(t, podA2, macPo2, 4)
-	now := monoNs()
-	cl := fpFpFlow{OutIfindex: 1, LocIfindex: 1, OutNs: now, InNs: now, Flags: fOut | fIn | fLocal | fDNAT, OutTtlDec: 1,
-		NatAddr: word(podA2), NatPort: htons(5201)}
-	copy(cl.Tmpl[:], append(append([]byte{}, macPo2...), macBridge...))
-	be := fpFpFlow{OutIfindex: 1, LocIfindex: 1, Flags: fOut | fIn | fLocal | fSNAT, NatAddr: word(svcAddr), NatPort: htons(80)}
-	copy(be.Tmpl[:], append(append([]byte{}, macPod...), macPo2...))
+	cl, be := e.localSvc(t)
 	ck, bk := keyOf(podA, svcAddr, 40000, 80, 6), keyOf(podA2, podA, 5201, 40000, 6)
 	due := func(outAgo time.Duration) {
 		t.Helper()
@@ -151,16 +133,24 @@ func TestLocalServiceReplyWithoutConntrackEntry(t *testing.T) {
 	}
 	rep := frame{dst: macPod, src: macPo2, saddr: podA2, daddr: podA, proto: 6, sport: 5201, dport: 40000, tcpFlags: 0x10,
 		payload: []byte("reply from the backend")}
-	pkt := rep.bytes()
+	e.replyRule(t, e.o.PrgFastpathTx, 0, rep.bytes(), due, "local", func() {
+		ctInsert(t, ns, podA.String(), svcAddr.String(), podA2.String())
+	})
+}
 
+// replyRule runs a Service reply pkt, due for re-learning, through prog (direction dir) three
+// times: due(age) sets how long ago the reply's direction was learned (its client's egress
+// re-learned after it). No conntrack entry: delivered (counted hit). Two intervals old: the
+// normal path (stale). With the translated entry insert puts in: the normal path (stale).
+func (e *progEnv) replyRule(t *testing.T, prog *ebpf.Program, dir int, pkt []byte, due func(time.Duration), hit string, insert func()) {
+	t.Helper()
 	due(6 * time.Second)
-	e.expect(t, "reply due, no conntrack entry", e.o.PrgFastpathTx, pkt, tcActRedirect, 0, "local")
+	e.expect(t, "reply due, no conntrack entry", prog, pkt, tcActRedirect, dir, hit)
 	due(11 * time.Second)
-	e.expect(t, "reply due, no entry, 2 intervals old", e.o.PrgFastpathTx, pkt, tcxNext, 0, "stale")
-	ctInsert(t, ns, "-p", "tcp", "-s", podA.String(), "-d", svcAddr.String(), "--sport", "40000", "--dport", "80",
-		"-r", podA2.String(), "-q", podA.String(), "--reply-port-src", "5201", "--reply-port-dst", "40000")
+	e.expect(t, "reply due, no entry, 2 intervals old", prog, pkt, tcxNext, dir, "stale")
+	insert()
 	due(6 * time.Second)
-	e.expect(t, "reply due, entry there", e.o.PrgFastpathTx, pkt, tcxNext, 0, "stale")
+	e.expect(t, "reply due, entry there", prog, pkt, tcxNext, dir, "stale")
 }
 
 // putPod4 registers pod A (slot 7, on "lo") in the endpoint table, as a delivery needs.
