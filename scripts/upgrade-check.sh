@@ -17,7 +17,10 @@
 # Environment: PRG_UPG_NAME (lab name, default upg), PRG_UPG_SECONDS (stream length, default 20),
 # PRG_UPG_SWAP_AT (seconds into the stream the upgrade starts, default 6), PRG_UPG_RATE (iperf3 -b,
 # default 1G: leaves CPU to the agents so a dip is the datapath's, not CPU contention; 0 = no cap),
-# PRG_UPG_KEEP=1 (keep the work directory with logs and JSON).
+# PRG_UPG_KEEP=1 (keep the work directory with logs and JSON), PRG_UPG_IPV6_UNDERLAY=1 (the lab is
+# real flannel's dual stack, --ipv6 --ipv6-underlay, and the stream runs between the pods' IPv6
+# addresses over flannel-v6.1: a binary before the IPv6 underlay leaves it to the normal path,
+# the upgraded programs must take it onto the fast path, mid-stream, without a stall).
 # On a shared machine run it under the heavy-work lock:
 #   sudo flock -o /tmp/prg-heavy.lock scripts/upgrade-check.sh
 # Not part of scripts/test.sh: building an older tree takes minutes.
@@ -28,6 +31,7 @@ NAME=${PRG_UPG_NAME:-upg}
 SECS=${PRG_UPG_SECONDS:-20}
 SWAP_AT=${PRG_UPG_SWAP_AT:-6}
 RATE=${PRG_UPG_RATE:-1G}
+V6=${PRG_UPG_IPV6_UNDERLAY:-0}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PINS=/sys/fs/bpf/peregrine
 HOSTS=(prg-$NAME-h1 prg-$NAME-h2)
@@ -85,6 +89,8 @@ cleanup() {
 	exit $rc
 }
 trap cleanup EXIT
+# A command that fails outside a check ends the run: say which, so it never passes silently.
+trap 'echo "FAIL upgrade-check.sh line $LINENO: $BASH_COMMAND exited non-zero" >&2' ERR
 trap 'exit 130' INT TERM
 
 pass() { echo "PASS $*"; }
@@ -118,18 +124,28 @@ free_port() {
 	done
 	die "no free port"
 }
-declare -A PORT AGENT
+declare -A PORT AGENT NOTED
 start_agent() { # start_agent BIN HOST TAG
 	local cfg=$WORK/$2.yaml
 	setsid "$1" agent --config "$cfg" --netns "$2" >"$WORK/agent-$3-$2.log" 2>&1 </dev/null &
 	AGENT[$2]=$!
 	PIDS+=("$!")
 }
-wait_ready() { # wait_ready HOST SECONDS
-	local i code
+# wait_ready HOST SECONDS: /readyz says ready. On the IPv6 underlay's lab the start-up checks
+# fail (doctor's mtu: flannel-v6.1's MTU is 20 below the pods'), so there the agent counts as
+# ready once its only reason is those checks (no mode's reason, first reconcile done).
+wait_ready() {
+	local i code body
 	for ((i = 0; i < $2 * 20; i++)); do
-		code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT[$1]}/readyz" || true)
+		body=$(curl -s -w '\n%{http_code}' "http://127.0.0.1:${PORT[$1]}/readyz" || true)
+		code=${body##*$'\n'}
 		[[ $code == 200 ]] && return 0
+		if [[ $V6 == 1 && $code == 503 && $body == "not ready: start-up checks:"* && $body != *"fastpath:"* &&
+			$body != *"first reconcile"* && $body != *"config refused"* ]]; then
+			[[ -n ${NOTED[$1]:-} ]] || echo "NOTE $1: ready but for the start-up checks: $(head -1 <<<"$body")"
+			NOTED[$1]=1
+			return 0
+		fi
 		kill -0 "${AGENT[$1]}" 2>/dev/null || return 1
 		sleep 0.05
 	done
@@ -164,7 +180,9 @@ resets() { # resets NS: TCP EstabResets + OutRsts
 
 # --- lab and the old binary's agents ------------------------------------------------------------
 echo "old: $OLD_COMMIT ($("$OLD" --version 2>/dev/null || echo "$OLD")), new: $(git -C "$REPO" rev-parse --short HEAD)"
-"$NEW" lab up --style flannel --name "$NAME" --hosts 2 --containers 1 >"$WORK/lab.log" 2>&1 ||
+LABFLAGS=()
+[[ $V6 == 1 ]] && LABFLAGS=(--ipv6 --ipv6-underlay)
+"$NEW" lab up --style flannel --name "$NAME" --hosts 2 --containers 1 "${LABFLAGS[@]}" >"$WORK/lab.log" 2>&1 ||
 	{ cat "$WORK/lab.log"; die "lab up failed"; }
 for h in "${HOSTS[@]}"; do
 	PORT[$h]=$(free_port)
@@ -177,7 +195,10 @@ done
 pass "old agents ($OLD_COMMIT) attached fastpath to ${HOSTS[*]} and are ready"
 
 # --- the stream --------------------------------------------------------------------------------
-DST=$(ip -n "$C2" -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
+FAMILY=-4
+[[ $V6 == 1 ]] && FAMILY=-6
+DST=$(ip -n "$C2" $FAMILY -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
+echo "stream: $C1 -> $DST:5201 (iperf3, ${SECS} s, 100 ms intervals, rate ${RATE/#0/uncapped})"
 R0=$(($(resets "$C1") + $(resets "$C2")))
 ip netns exec "$C2" iperf3 -s -1 -p 5201 >"$WORK/iperf3-server.log" 2>&1 </dev/null &
 PIDS+=("$!")
@@ -201,8 +222,12 @@ for h in "${HOSTS[@]}"; do
 	BEFORE_LEARNED[$h]=$(($(learned "$r" egress) + $(learned "$r" ingress)))
 	echo "before, $h: links [$(tr '\n' ';' <<<"${BEFORE_LINKS[$h]}")] flow map ${BEFORE_FLOWMAP[$h]}, ${BEFORE_FLOWS[$h]} flows, ${BEFORE_HITS[$h]} hits, ${BEFORE_LEARNED[$h]} learned"
 	echo "before, $h: programs $(tr '\n' ' ' <<<"${BEFORE_TAGS[$h]}")"
-	[[ ${BEFORE_HITS[$h]} -gt 0 ]] && ok=0 || ok=1
-	check $ok "$h: the stream takes the old binary's fast path before the upgrade (${BEFORE_HITS[$h]} hits)"
+	if [[ $V6 == 1 ]]; then
+		echo "before, $h: the old binary leaves flannel-v6.1 to the normal path (${BEFORE_HITS[$h]} hits)"
+	else
+		[[ ${BEFORE_HITS[$h]} -gt 0 ]] && ok=0 || ok=1
+		check $ok "$h: the stream takes the old binary's fast path before the upgrade (${BEFORE_HITS[$h]} hits)"
+	fi
 done
 missing_before=$(for m in prg_fastpath_hob prg_fastpath_stat2 prg_fastpath_u6cfg prg_fastpath_vtep6 prg_fastpath_u6dev; do
 	[[ -e $PINS/${HOSTS[0]}/fastpath/$m ]] || echo "$m"
@@ -224,6 +249,10 @@ for h in "${HOSTS[@]}"; do
 done
 UPGRADE_S=$(since "$UP_T0")
 echo "upgrade: stream second $SWAP_REL; old agents stopped in ${STOPPED} s; new agents ready ${UPGRADE_S} s after the SIGTERM"
+for h in "${HOSTS[@]}"; do
+	ts=$(sed -n 's/^time=\([^ ]*\) .*programs of an older binary replaced.*/\1/p' "$WORK/agent-new-$h.log" | head -1)
+	[[ -n $ts ]] && echo "upgrade: $h's links updated at stream second $(awk -v a="$STREAM_T0" -v b="$(date -d "$ts" +%s.%N)" 'BEGIN { printf "%.2f", b - a }')"
+done
 
 for h in "${HOSTS[@]}"; do
 	log=$WORK/agent-new-$h.log
@@ -241,8 +270,9 @@ for h in "${HOSTS[@]}"; do
 	[[ -z $(comm -12 <(echo "${BEFORE_TAGS[$h]}") <(echo "$a_tags")) ]] && ok=0 || ok=1
 	check $ok "$h: every linked program's tag changed (the old binary's programs are gone from the links)"
 	pinned_tags=$(for p in "$PINS/$h/fastpath"/prg_fastpath_*; do
-		[[ $(bpftool prog show pinned "$p" --json 2>/dev/null | jq -r .type) == sched_cls ]] &&
+		if [[ $(bpftool prog show pinned "$p" --json 2>/dev/null | jq -r .type) == sched_cls ]]; then
 			bpftool prog show pinned "$p" --json | jq -r '"\(.name)=\(.tag)"'
+		fi
 	done | sort -u)
 	[[ -z $(comm -13 <(echo "$pinned_tags") <(echo "$a_tags")) ]] && ok=0 || ok=1
 	check $ok "$h: the program pins hold the programs the links run (new pods get the new ones)"
@@ -255,6 +285,11 @@ for h in "${HOSTS[@]}"; do
 	check $ok "$h: the maps the new binary added are pinned${miss:+ (missing:$miss)}"
 	[[ $(map_id "$h" prg_fastpath_flow) == "${BEFORE_FLOWMAP[$h]}" ]] && ok=0 || ok=1
 	check $ok "$h: the flow table is the same map (id ${BEFORE_FLOWMAP[$h]})"
+	if [[ $V6 == 1 ]]; then
+		vtep=$(bpftool map lookup pinned "$PINS/$h/fastpath/prg_fastpath_u6cfg" key 0 0 0 0 --json | jq -c '(.formatted // .).value.vtep')
+		[[ $vtep != "[0,0,0,0]" && $vtep != null ]] && ok=0 || ok=1
+		check $ok "$h: the IPv6 underlay's config is written (prg_fastpath_u6cfg vtep $vtep)"
+	fi
 done
 
 sleep 2
@@ -267,8 +302,8 @@ for h in "${HOSTS[@]}"; do
 	echo "after,  $h: $f flows, $hi hits (+$((hi - BEFORE_HITS[$h]))), $le learned (+$((le - BEFORE_LEARNED[$h])))"
 	[[ -n $f && $f -ge ${BEFORE_FLOWS[$h]} && $f -gt 0 ]] && ok=0 || ok=1
 	check $ok "$h: the flow table kept its entries ($f flows, ${BEFORE_FLOWS[$h]} before)"
-	[[ $hi -gt ${BEFORE_HITS[$h]} ]] && ok=0 || ok=1
-	check $ok "$h: fast-path hits continue on the new programs (counters kept: ${BEFORE_HITS[$h]} -> $hi)"
+	[[ $hi -gt $((BEFORE_HITS[$h] + 100)) ]] && ok=0 || ok=1
+	check $ok "$h: the stream's packets hit the new programs' fast path (counters kept: ${BEFORE_HITS[$h]} -> $hi)"
 	! grep -q "live state unavailable" <<<"$r" && grep -q "managed by the node agent" <<<"$r" &&
 		grep -q "agent in the node agent (pid ${AGENT[$h]}), running" <<<"$r" && ! grep -q "CHANGED SINCE ATTACH" <<<"$r" && ok=0 || ok=1
 	check $ok "$h: peregrine status is sane (live state read, managed, fastpath's agent running in the new node agent, every knob holds)"
