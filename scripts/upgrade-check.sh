@@ -21,11 +21,16 @@
 # real flannel's dual stack, --ipv6 --ipv6-underlay, and the stream runs between the pods' IPv6
 # addresses over flannel-v6.1: a binary before the IPv6 underlay leaves it to the normal path,
 # the upgraded programs must take it onto the fast path, mid-stream, without a stall).
-# On a shared machine run it under the heavy-work lock:
-#   sudo flock -o /tmp/prg-heavy.lock scripts/upgrade-check.sh
+# On a shared machine give it the heavy-work lock, taken after the builds (its children never hold
+# it): sudo PRG_UPG_LOCK=/tmp/prg-heavy.lock scripts/upgrade-check.sh
 # Not part of scripts/test.sh: building an older tree takes minutes.
 set -euo pipefail
 
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+	sed -n '2,/^set -euo/{/^set -euo/d; s/^# \{0,1\}//; p}' "$0"
+	exit 0
+fi
+[[ $# -le 1 ]] || { echo "usage: $0 [OLD_COMMIT] (see --help)" >&2; exit 2; }
 OLD_COMMIT=${1:-fe2a938}
 NAME=${PRG_UPG_NAME:-upg}
 SECS=${PRG_UPG_SECONDS:-20}
@@ -114,6 +119,14 @@ if [[ -z ${PRG_UPG_OLD_BIN:-} ]]; then
 	(cd "$SCRATCH" && CGO_ENABLED=0 go build -o "$OLD" ./cmd/peregrine)
 fi
 [[ -x $OLD && -x $NEW ]] || die "binaries missing: $OLD $NEW"
+if [[ -n ${PRG_UPG_LOCK:-} ]]; then
+	exec 9>>"$PRG_UPG_LOCK"
+	echo "waiting for the lock $PRG_UPG_LOCK ..."
+	flock 9
+	if ip netns list | grep -q "^prg-$NAME-"; then # made while this run waited
+		die "namespaces prg-$NAME-* exist: a lab named '$NAME' is up"
+	fi
+fi
 
 # --- helpers ----------------------------------------------------------------------------------------
 free_port() {
@@ -127,7 +140,7 @@ free_port() {
 declare -A PORT AGENT NOTED
 start_agent() { # start_agent BIN HOST TAG
 	local cfg=$WORK/$2.yaml
-	setsid "$1" agent --config "$cfg" --netns "$2" >"$WORK/agent-$3-$2.log" 2>&1 </dev/null &
+	setsid "$1" agent --config "$cfg" --netns "$2" >"$WORK/agent-$3-$2.log" 2>&1 </dev/null 9>&- &
 	AGENT[$2]=$!
 	PIDS+=("$!")
 }
@@ -182,7 +195,7 @@ resets() { # resets NS: TCP EstabResets + OutRsts
 echo "old: $OLD_COMMIT ($("$OLD" --version 2>/dev/null || echo "$OLD")), new: $(git -C "$REPO" rev-parse --short HEAD)"
 LABFLAGS=()
 [[ $V6 == 1 ]] && LABFLAGS=(--ipv6 --ipv6-underlay)
-"$NEW" lab up --style flannel --name "$NAME" --hosts 2 --containers 1 "${LABFLAGS[@]}" >"$WORK/lab.log" 2>&1 ||
+"$NEW" lab up --style flannel --name "$NAME" --hosts 2 --containers 1 "${LABFLAGS[@]}" >"$WORK/lab.log" 2>&1 9>&- ||
 	{ cat "$WORK/lab.log"; die "lab up failed"; }
 for h in "${HOSTS[@]}"; do
 	PORT[$h]=$(free_port)
@@ -200,13 +213,13 @@ FAMILY=-4
 DST=$(ip -n "$C2" $FAMILY -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
 echo "stream: $C1 -> $DST:5201 (iperf3, ${SECS} s, 100 ms intervals, rate ${RATE/#0/uncapped})"
 R0=$(($(resets "$C1") + $(resets "$C2")))
-ip netns exec "$C2" iperf3 -s -1 -p 5201 >"$WORK/iperf3-server.log" 2>&1 </dev/null &
+ip netns exec "$C2" iperf3 -s -1 -p 5201 >"$WORK/iperf3-server.log" 2>&1 </dev/null 9>&- &
 PIDS+=("$!")
 sleep 0.5
 BFLAG=()
 [[ $RATE != 0 ]] && BFLAG=(-b "$RATE")
 STREAM_T0=$(now)
-ip netns exec "$C1" iperf3 -c "$DST" -p 5201 -t "$SECS" -i 0.1 "${BFLAG[@]}" --json >"$WORK/iperf3.json" 2>"$WORK/iperf3.err" </dev/null &
+ip netns exec "$C1" iperf3 -c "$DST" -p 5201 -t "$SECS" -i 0.1 "${BFLAG[@]}" --json >"$WORK/iperf3.json" 2>"$WORK/iperf3.err" </dev/null 9>&- &
 IPERF=$!
 PIDS+=("$IPERF")
 sleep $((SWAP_AT - 1))
