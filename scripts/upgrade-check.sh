@@ -8,8 +8,9 @@
 #   - the maps the new binary added (repair.go's laterMaps) are pinned beside the old ones;
 #   - the flow table is the same map and kept its entries; fast-path hits continue;
 #   - the agent logged an in-place upgrade, not a detach and attach;
-#   - `peregrine status` is sane; detach with the new binary leaves no pin, record or link, and
-#     `lab down` no prg-<lab> namespace.
+#   - the new binary's `peregrine status` reads the old attachment before the upgrade, and is
+#     sane after it; detach with the new binary leaves no pin, record or link, and `lab down` no
+#     prg-<lab> namespace.
 #
 # It builds OLD_COMMIT (default fe2a938: before prg_fastpath_hob, prg_fastpath_stat2 and the IPv6
 # underlay's maps) in a scratch git worktree and this tree's binary, unless PRG_UPG_OLD_BIN /
@@ -229,7 +230,9 @@ for h in "${HOSTS[@]}"; do
 	BEFORE_LINKS[$h]=$(links "$h")
 	BEFORE_TAGS[$h]=$(awk '{ print $3 }' <<<"${BEFORE_LINKS[$h]}" | sort -u | while read -r id; do tag "$id"; done | sort -u)
 	BEFORE_FLOWMAP[$h]=$(map_id "$h" prg_fastpath_flow)
-	r=$(report "$OLD" "$h")
+	r=$(report "$NEW" "$h") # the new binary reads the old attachment before its upgrade
+	! grep -q "live state unavailable" <<<"$r" && [[ -n $(flows "$r") ]] && ok=0 || ok=1
+	check $ok "$h: the new binary's status reads the old binary's attachment before the upgrade"
 	BEFORE_FLOWS[$h]=$(flows "$r")
 	BEFORE_HITS[$h]=$(($(hits "$r" egress) + $(hits "$r" ingress)))
 	BEFORE_LEARNED[$h]=$(($(learned "$r" egress) + $(learned "$r" ingress)))
