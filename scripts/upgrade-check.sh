@@ -10,7 +10,8 @@
 #   - the agent logged an in-place upgrade, not a detach and attach;
 #   - the new binary's `peregrine status` reads the old attachment before the upgrade, and is
 #     sane after it; detach with the new binary leaves no pin, record or link, and `lab down` no
-#     prg-<lab> namespace.
+#     prg-<lab> namespace. (`peregrine uninstall` is not run: it removes every attachment on the
+#     machine, other labs' included; detach removes the same pieces of these two.)
 #
 # It builds OLD_COMMIT (default fe2a938: before prg_fastpath_hob, prg_fastpath_stat2 and the IPv6
 # underlay's maps) in a scratch git worktree and this tree's binary, unless PRG_UPG_OLD_BIN /
