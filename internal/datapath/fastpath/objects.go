@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
@@ -169,11 +170,25 @@ func (p *pinned) tables() endpoints.Tables {
 
 // openPinned opens the maps and the programs of the overlays ovls.
 func openPinned(target string, ovls ...int) (*pinned, error) {
+	return openPins(target, false, ovls...)
+}
+
+// openPinnedToRead opens the maps for reading them (status, /metrics): the maps of laterMaps that
+// an attachment of an older binary lacks until the node agent upgrades it are left nil (read as
+// empty: view.go's counters), where openPinned fails, so the new binary's status can show such an
+// attachment in the meantime (a binary installed before the agent's restart, or no agent at all).
+func openPinnedToRead(target string) (*pinned, error) { return openPins(target, true) }
+
+func openPins(target string, olderOK bool, ovls ...int) (*pinned, error) {
 	dir := datapath.ModePinDir(target, Name)
 	p := &pinned{more: map[int]*fpPrograms{}}
 	for name, m := range mapsOf(&p.fpMaps) {
 		var err error
 		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err != nil {
+			if olderOK && errors.Is(err, os.ErrNotExist) && slices.Contains(laterMaps, name) {
+				*m = nil
+				continue
+			}
 			p.Close()
 			return nil, fmt.Errorf("fastpath: open pinned %s (is fastpath attached to %s?): %w", name, netnsutil.Label(target), err)
 		}

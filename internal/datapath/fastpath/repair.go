@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -112,6 +113,9 @@ func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 		return nil, fmt.Errorf("%w: %w", err, datapath.ErrNeedsReattach)
 	}
 	defer old.Close()
+	if err := upgradeU6(old, st); err != nil {
+		return nil, err
+	}
 	spec, err := loadFp()
 	if err != nil {
 		return nil, fmt.Errorf("fastpath: %w", err)
@@ -194,6 +198,34 @@ func (mode) Upgrade(_ context.Context, st *datapath.State) ([]string, error) {
 		}
 	}
 	return replaced, errors.Join(errs...)
+}
+
+// upgradeU6 writes the IPv6 underlay's config into the attachment's maps as attach does
+// (putU6), before this binary's programs take the links: an attachment made by a binary without
+// bpf/fastpath_u6.h gets prg_fastpath_u6cfg and prg_fastpath_u6dev created empty (addedMaps),
+// and empty they leave flannel-v6.1's pods on the normal path for good, since the node agent
+// writes them only with an overlay's config (a pod count or device change). The record's note
+// that the device takes the normal path is replaced as attach replaces it.
+func upgradeU6(p *pinned, st *datapath.State) error {
+	ms, err := datapath.LoadModeState[modeState](st)
+	ovs := ms.overlays()
+	if err != nil || len(ovs) == 0 {
+		return errors.Join(errors.New("fastpath: record has no overlay"), err)
+	}
+	ov := ovs[0]
+	dev6, err := putU6(p, ov.Underlay.Netns, ov)
+	if err != nil || dev6 == "" {
+		return err
+	}
+	return datapath.UpdateState(st.Target, Name, time.Second, func(cur *datapath.State) error {
+		cms, err := datapath.LoadModeState[modeState](cur)
+		if err != nil {
+			return err
+		}
+		cms.Notes = u6Notes(cms.Notes, dev6, ov)
+		datapath.SetModeState(cur, cms)
+		return nil
+	})
 }
 
 func tagOf(p *ebpf.Program) string {

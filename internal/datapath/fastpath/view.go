@@ -75,7 +75,7 @@ func Inspect(target string) (*View, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := openPinned(target)
+	p, err := openPinnedToRead(target) // also before an upgrade adds later maps
 	if err != nil {
 		return nil, err
 	}
