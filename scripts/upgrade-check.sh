@@ -146,9 +146,10 @@ start_agent() { # start_agent BIN HOST TAG
 	AGENT[$2]=$!
 	PIDS+=("$!")
 }
-# wait_ready HOST SECONDS: /readyz says ready. On the IPv6 underlay's lab the start-up checks
-# fail (doctor's mtu: flannel-v6.1's MTU is 20 below the pods'), so there the agent counts as
-# ready once its only reason is those checks (no mode's reason, first reconcile done).
+# wait_ready HOST SECONDS: /readyz says ready. On the IPv6 underlay's lab an older binary's
+# start-up checks fail (its doctor's mtu: flannel-v6.1's MTU is 20 below the pods'; a note since
+# 2026-11-29), so there the agent counts as ready once its only reason is those checks (no
+# mode's reason, first reconcile done).
 wait_ready() {
 	local i code body
 	for ((i = 0; i < $2 * 20; i++)); do

@@ -90,13 +90,13 @@ func flannel(vxMTU, nicMTU, podMTU int) []devInfo {
 }
 
 func TestMTUProblems(t *testing.T) {
-	if p, f := mtuProblems(flannel(1450, 1500, 1450)); len(p) != 0 || len(f) != 0 {
+	if p, f, _ := mtuProblems(flannel(1450, 1500, 1450)); len(p) != 0 || len(f) != 0 {
 		t.Errorf("a consistent path: %v %v", p, f)
 	}
-	if p, _ := mtuProblems(flannel(8950, 9000, 1450)); len(p) != 0 {
+	if p, _, _ := mtuProblems(flannel(8950, 9000, 1450)); len(p) != 0 {
 		t.Errorf("pods below the VXLAN MTU are fine (only wasteful): %v", p)
 	}
-	p, f := mtuProblems(flannel(1450, 1400, 1450))
+	p, f, _ := mtuProblems(flannel(1450, 1400, 1450))
 	if len(p) != 1 || !strings.Contains(p[0], "1450 + 50") || !strings.Contains(p[0], "MTU 1400") {
 		t.Errorf("underlay 1400 under VXLAN 1450: %v", p)
 	}
@@ -106,11 +106,11 @@ func TestMTUProblems(t *testing.T) {
 	// An IPv6 underlay takes 20 bytes more.
 	v6 := flannel(1450, 1500, 1450)
 	v6[1].IPv6 = true
-	if p, f := mtuProblems(v6); len(p) != 1 || !strings.Contains(f[0], "to 1430") {
+	if p, f, _ := mtuProblems(v6); len(p) != 1 || !strings.Contains(f[0], "to 1430") {
 		t.Errorf("IPv6 underlay: %v %v", p, f)
 	}
 	// A pod above the VXLAN device: both veth ends are reported, the fix once.
-	p, f = mtuProblems(flannel(1450, 1500, 1500))
+	p, f, _ = mtuProblems(flannel(1450, 1500, 1500))
 	if len(p) != 2 || len(f) != 1 || !strings.Contains(f[0], "at most 1450") {
 		t.Errorf("pods at 1500 over VXLAN 1450: %v %v", p, f)
 	}
@@ -118,8 +118,33 @@ func TestMTUProblems(t *testing.T) {
 	routed := flannel(1450, 1500, 1450)
 	routed[1].VtepDev = 0
 	routed = append(routed, devInfo{Dev: datapath.Dev{Netns: "prg-x-h1", Name: "eth1", Ifindex: 9, Stage: datapath.StageNIC}, MTU: 1480})
-	if p, _ := mtuProblems(routed); len(p) != 1 || !strings.Contains(p[0], "eth1") {
+	if p, _, _ := mtuProblems(routed); len(p) != 1 || !strings.Contains(p[0], "eth1") {
 		t.Errorf("routed VXLAN with a small second underlay: %v", p)
+	}
+}
+
+// TestMTUDualStackIPv6Underlay: flannel's dual-stack over an IPv6 underlay gives the pods
+// flannel.1's MTU (1450) and flannel-v6.1 1430: a note (IPv6 above 1430 gets Packet Too Big),
+// not a problem that would keep the agent unready; a pod above flannel.1 too stays a problem.
+func TestMTUDualStackIPv6Underlay(t *testing.T) {
+	links := append(flannel(1450, 1500, 1450),
+		devInfo{Dev: datapath.Dev{Netns: "prg-x-h1", Name: "flannel-v6.1", Ifindex: 4, Stage: datapath.StageVXLAN}, MTU: 1430, VtepDev: 2, IPv6: true})
+	p, _, n := mtuProblems(links)
+	if len(p) != 0 || len(n) != 2 || !strings.Contains(n[0], "Packet Too Big") || !strings.Contains(n[0], "1430") {
+		t.Errorf("dual-stack, pods at 1450: problems %v, notes %v", p, n)
+	}
+	if c := mtuCheck("h1", links); c.Status != Warn {
+		t.Errorf("check: %s %q", c.Status, c.Detail)
+	}
+	links[2].MTU, links[3].MTU = 1500, 1500
+	if p, _, _ := mtuProblems(links); len(p) != 4 {
+		t.Errorf("pods at 1500, above both devices: %v", p)
+	}
+	// Without an IPv4 overlay beside it, an IPv6-underlay device's MTU binds.
+	only6 := flannel(1430, 1500, 1450)
+	only6[1].IPv6 = true
+	if p, _, _ := mtuProblems(only6); len(p) != 2 {
+		t.Errorf("IPv6 underlay only, pods at 1450 over 1430: %v", p)
 	}
 }
 
@@ -135,11 +160,11 @@ func TestMTUDockerTenants(t *testing.T) {
 		{Dev: datapath.Dev{Netns: "ov2", Name: "veth0", Stage: datapath.StageVethHost, Master: "br0", Peer: "c2/eth0"}, MTU: 8950},
 		{Dev: datapath.Dev{Netns: "c2", Name: "eth0", Stage: datapath.StageVeth, Peer: "ov2/veth0"}, MTU: 8950},
 	}
-	if p, _ := mtuProblems(links); len(p) != 0 {
+	if p, _, _ := mtuProblems(links); len(p) != 0 {
 		t.Errorf("each tenant consistent: %v", p)
 	}
 	links[6].MTU = 9000
-	if p, _ := mtuProblems(links); len(p) != 1 || !strings.Contains(p[0], "c2/eth0 MTU 9000 > ov2/vxlan0 MTU 8950") {
+	if p, _, _ := mtuProblems(links); len(p) != 1 || !strings.Contains(p[0], "c2/eth0 MTU 9000 > ov2/vxlan0 MTU 8950") {
 		t.Errorf("tenant 2's pod above its VXLAN: %v", p)
 	}
 }

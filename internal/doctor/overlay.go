@@ -173,7 +173,14 @@ func underlaysOf(links []devInfo, vx devInfo) []devInfo {
 // device whose MTU plus the encapsulation exceeds its underlay's (full-sized packets are
 // dropped once encapsulated), and a pod veth whose MTU exceeds its VXLAN device's (the pod
 // sends packets the overlay cannot carry; TCP stalls until PMTU discovery, if ever).
-func mtuProblems(links []devInfo) (problems, fixes []string) {
+//
+// A pod above only an IPv6-underlay VXLAN device's MTU, where an IPv4-underlay one beside it
+// (the same routed host) carries it, is a note, not a problem: flannel's dual-stack VXLAN gives
+// the pods flannel.1's MTU (1450) while flannel-v6.1 has 20 bytes less (1430), so every real
+// dual-stack cluster over an IPv6 underlay has it. IPv4 fits; the kernel answers a larger IPv6
+// packet with Packet Too Big, which the pod's TCP obeys. Failing the check would keep the node
+// agent unready on every such cluster.
+func mtuProblems(links []devInfo) (problems, fixes, notes []string) {
 	for _, vx := range byStage(links, datapath.StageVXLAN) {
 		over := vxlanOverhead4
 		if vx.IPv6 {
@@ -202,15 +209,32 @@ func mtuProblems(links []devInfo) (problems, fixes []string) {
 				}
 				hs = h
 			}
-			for _, vx := range vxlansOf(links, hs) {
-				if v.MTU > vx.MTU {
-					problems = append(problems, fmt.Sprintf("%s MTU %d > %s MTU %d", v, v.MTU, vx, vx.MTU))
-					fixes = append(fixes, fmt.Sprintf("set the pods' MTU (the CNI's MTU setting) to at most %d, the VXLAN device's", vx.MTU))
+			vxs := vxlansOf(links, hs)
+			for _, vx := range vxs {
+				if v.MTU <= vx.MTU {
+					continue
 				}
+				if vx.IPv6 && fitsIPv4Overlay(vxs, v.MTU) {
+					notes = append(notes, fmt.Sprintf("%s MTU %d > %s MTU %d (the IPv6 underlay's): IPv6 packets above %d get Packet Too Big, as flannel's dual-stack sets it up; a CNI MTU of %d avoids that",
+						v, v.MTU, vx, vx.MTU, vx.MTU, vx.MTU))
+					continue
+				}
+				problems = append(problems, fmt.Sprintf("%s MTU %d > %s MTU %d", v, v.MTU, vx, vx.MTU))
+				fixes = append(fixes, fmt.Sprintf("set the pods' MTU (the CNI's MTU setting) to at most %d, the VXLAN device's", vx.MTU))
 			}
 		}
 	}
-	return problems, dedupe(fixes)
+	return problems, dedupe(fixes), notes
+}
+
+// fitsIPv4Overlay: one of vxs is an IPv4-underlay VXLAN device whose MTU holds mtu.
+func fitsIPv4Overlay(vxs []devInfo, mtu int) bool {
+	for _, vx := range vxs {
+		if !vx.IPv6 && mtu <= vx.MTU {
+			return true
+		}
+	}
+	return false
 }
 
 func dedupe(xs []string) []string {
@@ -227,9 +251,13 @@ func dedupe(xs []string) []string {
 
 func mtuCheck(label string, links []devInfo) Check {
 	c := Check{Name: "mtu", Target: label}
-	problems, fixes := mtuProblems(links)
+	problems, fixes, notes := mtuProblems(links)
 	if len(problems) > 0 {
 		c.Status, c.Detail, c.Fix = Fail, strings.Join(problems, "; "), strings.Join(fixes, "; ")
+		return c
+	}
+	if len(notes) > 0 {
+		c.Status, c.Detail = Warn, strings.Join(notes, "; ")
 		return c
 	}
 	var parts []string
