@@ -10,6 +10,8 @@
 # with complete checksums on the "wire", as a real link carries), receive steered to CPU 0 by RPS
 # (the emulated NIC's IRQ core), a pfifo_fast qdisc (a veth with a qdisc stops its queue when the
 # peer's ring is full instead of dropping); PRG_CB_NICLIKE=0 leaves the script's plain veth pair.
+# `peregrine bench compare tcp --style calico --modes vanilla,fastpath` builds the same layout in the
+# bench itself, with a native baseline, the stage probe and BPF statistics (docs/results.md).
 # Brings the lab up and takes it down (also on failure). Run under the shared lock:
 #   flock -o /tmp/prg-heavy.lock scripts/calico-bench.sh [REPS] [SECS]
 # PEREGRINE: the binary (default: go build into a temporary directory).

@@ -20,7 +20,7 @@ import (
 )
 
 func TestParseConfigs(t *testing.T) {
-	cs, err := ParseConfigs("native, docker, flannel/rps, real-flannel-nocsum/vanilla, real-flannel/fastpath")
+	cs, err := ParseConfigs("native, docker, flannel/rps, real-flannel-nocsum/vanilla, real-flannel/fastpath, calico/fastpath")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,11 +28,11 @@ func TestParseConfigs(t *testing.T) {
 	for _, c := range cs {
 		names = append(names, c.Name())
 	}
-	if got := strings.Join(names, ","); got != "native,docker/vanilla,flannel/rps,real-flannel-nocsum/vanilla,real-flannel/fastpath" {
+	if got := strings.Join(names, ","); got != "native,docker/vanilla,flannel/rps,real-flannel-nocsum/vanilla,real-flannel/fastpath,calico/fastpath" {
 		t.Fatalf("names = %s", got)
 	}
 	for in, want := range map[string]string{
-		"calico":             "unknown style",
+		"cilium":             "unknown style",
 		"docker/bogus":       "unknown mode",
 		"native/rps":         "no overlay",
 		"docker/rps@x":       "key=value",

@@ -66,9 +66,9 @@ func ParseConfig(s string) (Config, error) {
 	parts := strings.Split(s, "/")
 	style := parts[0]
 	switch style {
-	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleK8s:
+	case lab.StyleDocker, lab.StyleFlannel, lab.StyleNative, lab.StyleLinux, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleK8s, testbed.StyleCalico:
 	default:
-		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, %s, %s, linux or native)", s, style, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleK8s)
+		return Config{}, fmt.Errorf("config %q: unknown style %q (docker, flannel, %s, %s, %s, %s, linux or native)", s, style, testbed.StyleRealFlannel, testbed.StyleRealFlannelNoCsum, testbed.StyleCalico, testbed.StyleK8s)
 	}
 	c := Config{Style: style, Mode: ModeVanilla}
 	var names []string

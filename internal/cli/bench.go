@@ -171,7 +171,7 @@ func newBenchRunCmd() *cobra.Command {
 	c.Flags().StringVar(&given.ServerNS, "server-ns", "", "measure between existing namespaces: the receiving namespace (no lab is built)")
 	c.Flags().StringVar(&given.ServerAddr, "server-addr", "", "with --server-ns: the receiver's address")
 	c.Flags().StringVar(&given.ClientNS, "client-ns", "", "with --server-ns: the sending namespace (default: the current one)")
-	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel, real-flannel, k8s (the Kubernetes lab that is up, shared by the run's k8s configs); all but native and linux optionally /MODE (e.g. docker/rps, k8s/fastpath); the first is the baseline")
+	c.Flags().StringVar(&configs, "configs", "native,docker,flannel", "configurations: native, linux (VXLAN in the host namespace, no containers), docker, flannel, real-flannel, calico (Calico VXLAN's routed layout), k8s (the Kubernetes lab that is up, shared by the run's k8s configs); all but native and linux optionally /MODE (e.g. docker/rps, k8s/fastpath); the first is the baseline")
 	return c
 }
 
@@ -186,6 +186,7 @@ func newBenchCompareCmd() *cobra.Command {
   peregrine bench compare tcp --modes vanilla,fastpath --style flannel --via-service --proxy-mode nftables
   peregrine bench compare tcp --modes vanilla,fastpath --style flannel --same-node
   peregrine bench compare tcp --modes vanilla,fastpath --style real-flannel
+  peregrine bench compare tcp --modes vanilla,fastpath --style calico  # Calico VXLAN's routed layout
   # on the real Kubernetes lab (up first: sudo peregrine lab up --style k8s --no-agent)
   peregrine bench compare tcp --style k8s --reps 3 --duration 3s   # vanilla,fastpath,prism
   peregrine bench compare pingpong --style k8s --via-service        # through a ClusterIP
@@ -227,7 +228,7 @@ func newBenchCompareCmd() *cobra.Command {
 	}
 	b.add(c, true)
 	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached; with --style k8s the default is "+bench.K8sCompareModes+")")
-	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
+	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off), calico (Calico VXLAN's layout as calico-node and its CNI plugin program it: vxlan.calico, unbridged cali* veths with proxy ARP, /32 routes) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
 	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; with --ipv6: tcp, udp; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.ipv6Underlay, "ipv6-underlay", false, "with --ipv6: real flannel's dual-stack layout (lab up --ipv6-underlay): the pods' IPv6 on flannel-v6.1, VXLAN over the nodes' IPv6 addresses, beside flannel.1 for IPv4")

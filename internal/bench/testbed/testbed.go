@@ -77,6 +77,7 @@ type Testbed struct {
 	given                bool
 	real                 *realflannel.Lab // the real-flannel style's lab (Lab is nil)
 	k8s                  *K8s             // the k8s style's shared cluster (Lab is nil)
+	calico               string           // the calico style's layout name (Lab is nil)
 	stack                []Attach         // k8s: the modes Activate attaches
 }
 
@@ -88,6 +89,9 @@ func labName(i int) string { return fmt.Sprintf("b%dx%d", os.Getpid()%100000, i)
 func Up(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, error) {
 	if IsRealFlannel(s.Style) {
 		return upRealFlannel(ctx, s, log)
+	}
+	if s.Style == StyleCalico {
+		return upCalico(ctx, s, log)
 	}
 	if IsK8s(s.Style) {
 		if s.K8s == nil {
@@ -204,7 +208,11 @@ func (tb *Testbed) Teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if tb.real != nil {
+	if tb.calico != "" {
+		if err := downCalico(tb.calico); err != nil {
+			errs = append(errs, err)
+		}
+	} else if tb.real != nil {
 		if err := realflannel.Down(tb.real.Spec.Name); err != nil {
 			errs = append(errs, err)
 		}
@@ -223,6 +231,10 @@ func (tb *Testbed) Namespaces() []string {
 		nss, _ := netnsutil.List(realflannel.Prefix(tb.real.Spec.Name))
 		return nss
 	}
+	if tb.calico != "" {
+		nss, _ := netnsutil.List(calicoPrefix(tb.calico))
+		return nss
+	}
 	if tb.k8s != nil {
 		return append(slices.Clone(tb.k8s.nodes), tb.k8s.named...)
 	}
@@ -235,6 +247,9 @@ func (tb *Testbed) Namespaces() []string {
 func (tb *Testbed) ReceiveHostNetns() string {
 	if tb.real != nil {
 		return tb.real.Nodes[1].Netns // its underlay is eth0 too
+	}
+	if tb.calico != "" {
+		return calicoNode(tb.calico, 2)
 	}
 	if tb.k8s != nil {
 		return tb.k8s.recvNode // node namespace = node name
