@@ -19,10 +19,17 @@ import (
 // event, and any message the filter does not understand, passes; receiveConntrack still skips
 // a closedFast event that got through (a kernel without the filter, a layout it missed).
 
+// Conntrack's TCP states of a connection that is over (enum tcp_conntrack).
+const (
+	ctTCPTimeWait = 7 // TCP_CONNTRACK_TIME_WAIT
+	ctTCPClose    = 8 // TCP_CONNTRACK_CLOSE
+)
+
 // ctFilterSteps is how many attributes a level of the filter's walk looks at: the kernel puts
 // CTA_STATUS after the two tuples, the zone and the id (ctnetlink_conntrack_event), and the
-// protocol inside the original tuple after the addresses.
-const ctFilterSteps = 8
+// protocol inside the original tuple after the addresses; a DESTROY event's CTA_PROTOINFO
+// follows the counters and the timestamp (where conntrack keeps them).
+const ctFilterSteps = 10
 
 // Scratch slots of the filter.
 const (
@@ -122,11 +129,12 @@ func (p *cbpf) find(name string, typ uint8, minLen uint32, far string) {
 }
 
 // ctDestroyFilter is the socket filter of the DESTROY subscription: 0 (drop) for the DELETE
-// message of a TCP entry whose CTA_STATUS has IPS_FIXED_TIMEOUT (closedFast), the whole
-// message for anything else.
+// message of a TCP entry whose CTA_STATUS has IPS_FIXED_TIMEOUT (closedFast) or whose TCP state
+// (CTA_PROTOINFO_TCP_STATE, which DESTROY events carry) is TIME_WAIT or CLOSE (ctEnded), the
+// whole message for anything else.
 func ctDestroyFilter() ([]bpf.RawInstruction, error) {
 	p := &cbpf{labels: map[string]int{}, fix: map[int]string{}}
-	const keep = "keep"
+	const keep, drop, ended = "keep", "drop", "ended"
 	const hdr = unix.SizeofNlMsghdr + sizeofNfgenmsg
 	// A ctnetlink DELETE message (the type is host order: byte 4 the message, 5 the subsystem),
 	// long enough for its headers.
@@ -141,23 +149,37 @@ func ctDestroyFilter() ([]bpf.RawInstruction, error) {
 		p.emit(bpf.LoadExtension{Num: bpf.ExtLen}, bpf.StoreScratch{Src: bpf.RegA, N: fsEnd},
 			bpf.LoadConstant{Dst: bpf.RegX, Val: hdr})
 	}
-	top()
-	p.find("status", 3 /* CTA_STATUS */, 4, keep)
-	p.emit(bpf.LoadIndirect{Off: unix.SizeofNlAttr, Size: 4}) // big-endian, as the kernel writes it
-	p.jumpTo(bpf.JumpBitsNotSet, ipsFixedTimeout, false, keep)
-	top()
-	p.find("orig", 1 /* CTA_TUPLE_ORIG */, 0, keep)
 	nested := func() { // the level inside the attribute X is at (length fsLen)
 		p.emit(bpf.TXA{}, bpf.LoadScratch{Dst: bpf.RegX, N: fsLen}, bpf.ALUOpX{Op: bpf.ALUOpAdd},
 			bpf.StoreScratch{Src: bpf.RegA, N: fsEnd},
 			bpf.LoadScratch{Dst: bpf.RegA, N: fsCur}, bpf.ALUOpConstant{Op: bpf.ALUOpAdd, Val: unix.SizeofNlAttr}, bpf.TAX{})
 	}
+	// closedFast: IPS_FIXED_TIMEOUT and TCP.
+	top()
+	p.find("status", 3 /* CTA_STATUS */, 4, ended)
+	p.emit(bpf.LoadIndirect{Off: unix.SizeofNlAttr, Size: 4}) // big-endian, as the kernel writes it
+	p.jumpTo(bpf.JumpBitsNotSet, ipsFixedTimeout, false, ended)
+	top()
+	p.find("orig", 1 /* CTA_TUPLE_ORIG */, 0, ended)
 	nested()
-	p.find("proto", 2 /* CTA_TUPLE_PROTO */, 0, keep)
+	p.find("proto", 2 /* CTA_TUPLE_PROTO */, 0, ended)
 	nested()
-	p.find("num", 1 /* CTA_PROTO_NUM */, 1, keep)
+	p.find("num", 1 /* CTA_PROTO_NUM */, 1, ended)
 	p.emit(bpf.LoadIndirect{Off: unix.SizeofNlAttr, Size: 1})
-	p.jumpTo(bpf.JumpNotEqual, unix.IPPROTO_TCP, false, keep)
+	p.jumpTo(bpf.JumpEqual, unix.IPPROTO_TCP, false, drop)
+	// ctEnded: a TCP state past the connection's end (only TCP's protoinfo has CTA_PROTOINFO_TCP).
+	p.label(ended)
+	top()
+	p.find("pinfo", 4 /* CTA_PROTOINFO */, 0, keep)
+	nested()
+	p.find("tcp", 1 /* CTA_PROTOINFO_TCP */, 0, keep)
+	nested()
+	p.find("state", 1 /* CTA_PROTOINFO_TCP_STATE */, 1, keep)
+	p.emit(bpf.LoadIndirect{Off: unix.SizeofNlAttr, Size: 1})
+	p.jumpTo(bpf.JumpEqual, ctTCPTimeWait, false, drop)
+	p.jumpTo(bpf.JumpEqual, ctTCPClose, false, drop)
+	p.goTo(keep)
+	p.label(drop)
 	p.emit(bpf.RetConstant{Val: 0})
 	p.label(keep)
 	p.emit(bpf.RetConstant{Val: 0xffffffff})

@@ -15,8 +15,9 @@ import (
 
 // ctEventMsg is a DESTROY event as ctnetlink_conntrack_event lays it out: the netlink header,
 // nfgenmsg, the original and reply tuples, CTA_ID, CTA_STATUS, then counters and the like
-// (extra: attributes after the status).
-func ctEventMsg(v6 bool, proto uint8, status uint32, extra bool) []byte {
+// (extra: attributes after the status), and for a TCP entry of a state (state > 0) its
+// CTA_PROTOINFO last, as a DESTROY event has it.
+func ctEventMsg(v6 bool, proto uint8, status uint32, extra bool, state ...uint8) []byte {
 	a, b, fam := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2"), byte(unix.AF_INET)
 	if v6 {
 		a, b, fam = netip.MustParseAddr("fd00:244:1::2"), netip.MustParseAddr("fd00:244:2::2"), unix.AF_INET6
@@ -30,6 +31,11 @@ func ctEventMsg(v6 bool, proto uint8, status uint32, extra bool) []byte {
 	if extra {
 		msg = nlAttr(msg, 9|unix.NLA_F_NESTED /* CTA_COUNTERS_ORIG */, make([]byte, 20))
 		msg = nlAttr(msg, 8 /* CTA_MARK */, make([]byte, 4))
+	}
+	if len(state) > 0 {
+		st := nlAttr(nil, 1 /* CTA_PROTOINFO_TCP_STATE */, []byte{state[0]})
+		st = nlAttr(st, 2 /* CTA_PROTOINFO_TCP_WSCALE_ORIGINAL */, []byte{7})
+		msg = nlAttr(msg, 4|unix.NLA_F_NESTED /* CTA_PROTOINFO */, nlAttr(nil, 1|unix.NLA_F_NESTED /* CTA_PROTOINFO_TCP */, st))
 	}
 	return nlMsg(unix.NFNL_SUBSYS_CTNETLINK<<8|ipctnlMsgCTDel, msg)
 }
@@ -72,8 +78,9 @@ func kept(t testing.TB, vm *bpf.VM, msg []byte) bool {
 	return n != 0
 }
 
-// TestCTDestroyFilter: the subscription's socket filter drops exactly the events the agent
-// skips (closedFast: TCP, IPS_FIXED_TIMEOUT), IPv4 and IPv6, and passes every other one.
+// TestCTDestroyFilter: the subscription's socket filter drops the events the agent skips
+// (closedFast: TCP, IPS_FIXED_TIMEOUT) and those of TCP entries that ended through conntrack
+// (TIME_WAIT, CLOSE), IPv4 and IPv6, and passes every other one.
 func TestCTDestroyFilter(t *testing.T) {
 	vm := ctFilterVM(t)
 	for _, c := range []struct {
@@ -104,15 +111,24 @@ func TestCTDestroyFilter(t *testing.T) {
 			return m[:len(m)-2]
 		}(), true},
 		{"a message shorter than its header", []byte{1, 2, 3}, true},
+		{"ended through conntrack: TIME_WAIT", ctEventMsg(false, unix.IPPROTO_TCP, 2|4|8, true, ctTCPTimeWait), false},
+		{"ended through conntrack: CLOSE (a RST), IPv6", ctEventMsg(true, unix.IPPROTO_TCP, 2|4|8, false, ctTCPClose), false},
+		{"ESTABLISHED (conntrack -D of a live connection)", ctEventMsg(false, unix.IPPROTO_TCP, 2|4|8, true, 3), true},
+		{"FIN_WAIT (half closed: data may still come)", ctEventMsg(false, unix.IPPROTO_TCP, 2|4|8, true, 4), true},
+		{"SYN_RECV, handshake-only, not marked", ctEventMsg(false, unix.IPPROTO_TCP, 2|8, true, 2), true},
+		{"expired at the close, with its state", ctEventMsg(false, unix.IPPROTO_TCP, 2|8|1024, true, 2), false},
 	} {
 		if got := kept(t, vm, c.msg); got != c.wantIn {
 			t.Errorf("%s: received %v, want %v", c.name, got, c.wantIn)
 		}
-		// Where the agent parses it, the filter and closedFast agree.
+		// What the agent skips itself (closedFast) the filter drops.
 		if len(c.msg) > unix.SizeofNlMsghdr {
-			if e, ok := parseCTEvent(c.msg[unix.SizeofNlMsghdr:]); ok && c.msg[4] == ipctnlMsgCTDel && c.msg[5] == unix.NFNL_SUBSYS_CTNETLINK && e.closedFast() == kept(t, vm, c.msg) {
-				t.Errorf("%s: closedFast %v, but the filter keeps it %v", c.name, e.closedFast(), kept(t, vm, c.msg))
+			if e, ok := parseCTEvent(c.msg[unix.SizeofNlMsghdr:]); ok && e.closedFast() && c.msg[4] == ipctnlMsgCTDel && c.msg[5] == unix.NFNL_SUBSYS_CTNETLINK && kept(t, vm, c.msg) {
+				t.Errorf("%s: closedFast, but the filter keeps it", c.name)
 			}
+		}
+		if got := ctFilterSpec(c.msg); got != c.wantIn {
+			t.Errorf("%s: the spec keeps it %v, want %v", c.name, got, c.wantIn)
 		}
 	}
 }
@@ -120,7 +136,8 @@ func TestCTDestroyFilter(t *testing.T) {
 // ctFilterSpec is what the filter is meant to do, in Go: drop (false) a ctnetlink DELETE whose
 // first top-level CTA_STATUS (among the first ctFilterSteps attributes) has IPS_FIXED_TIMEOUT
 // and whose first CTA_TUPLE_ORIG holds, first, a CTA_TUPLE_PROTO whose first CTA_PROTO_NUM is
-// TCP; keep everything else, a malformed message included.
+// TCP, or whose CTA_PROTOINFO's CTA_PROTOINFO_TCP's state is TIME_WAIT or CLOSE; keep
+// everything else, a malformed message included.
 func ctFilterSpec(m []byte) bool {
 	if len(m) < 6 || m[4] != ipctnlMsgCTDel || m[5] != unix.NFNL_SUBSYS_CTNETLINK {
 		return true
@@ -149,12 +166,14 @@ func ctFilterSpec(m []byte) bool {
 	if len(m) < hdr {
 		return true
 	}
-	st := find(m[hdr:], nl.CTA_STATUS, 4)
-	if st == nil || binary.BigEndian.Uint32(st)&ipsFixedTimeout == 0 {
-		return true
+	if st := find(m[hdr:], nl.CTA_STATUS, 4); st != nil && binary.BigEndian.Uint32(st)&ipsFixedTimeout != 0 {
+		num := find(find(find(m[hdr:], nl.CTA_TUPLE_ORIG, 0), nl.CTA_TUPLE_PROTO, 0), nl.CTA_PROTO_NUM, 1)
+		if num != nil && num[0] == unix.IPPROTO_TCP {
+			return false
+		}
 	}
-	num := find(find(find(m[hdr:], nl.CTA_TUPLE_ORIG, 0), nl.CTA_TUPLE_PROTO, 0), nl.CTA_PROTO_NUM, 1)
-	return num == nil || num[0] != unix.IPPROTO_TCP
+	state := find(find(find(m[hdr:], 4 /* CTA_PROTOINFO */, 0), 1 /* CTA_PROTOINFO_TCP */, 0), 1 /* ..._STATE */, 1)
+	return state == nil || (state[0] != ctTCPTimeWait && state[0] != ctTCPClose)
 }
 
 // TestCTDestroyFilterHostile: damaged and random messages (lengths past the end, zero, odd,
@@ -166,6 +185,7 @@ func TestCTDestroyFilterHostile(t *testing.T) {
 	bases := [][]byte{
 		ctEventMsg(false, unix.IPPROTO_TCP, 2|8|1024, true), ctEventMsg(true, unix.IPPROTO_TCP, 2|8|1024, false),
 		ctEventMsg(false, unix.IPPROTO_UDP, 1024, true), ctEventMsg(false, unix.IPPROTO_TCP, 8, true),
+		ctEventMsg(false, unix.IPPROTO_TCP, 2|4|8, true, ctTCPTimeWait), ctEventMsg(true, unix.IPPROTO_TCP, 2|4|8, false, 3),
 	}
 	drops := 0
 	for i := 0; i < 200000; i++ {
