@@ -392,6 +392,9 @@ func subscribeCT(ns string) (*os.File, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ctRcvBuffer); err != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, ctRcvBuffer)
 	}
+	// The fast-path closes' DESTROY events stay in the kernel (ctfilter.go); without the
+	// filter they are read and skipped, as before it.
+	_ = attachCTFilter(fd)
 	return os.NewFile(uintptr(fd), "ctnetlink-destroy"), nil
 }
 
