@@ -31,9 +31,9 @@ func TestLabCTFilterInKernel(t *testing.T) {
 			t.Errorf("remove %s: %v", ns, err)
 		}
 	})
-	f, err := subscribeCT(ns)
-	if err != nil {
-		t.Fatal(err)
+	f, ferr, err := subscribeCT(ns)
+	if err != nil || ferr != nil {
+		t.Fatal(err, ferr)
 	}
 	defer f.Close()
 	entries := []struct {

@@ -317,9 +317,13 @@ const (
 // which the kernel's queue goes with, and makes every flow due when it closes and again when
 // it resumes: the agent's cost stays bounded whatever the rate of deletions.
 func (a *agent) followConntrack(ctx context.Context, ns string, ev chan<- ctEntry, lost chan<- string) {
-	wait, failing, storm := 100*time.Millisecond, false, false
+	wait, failing, storm, filterNoted := 100*time.Millisecond, false, false, false
 	for ctx.Err() == nil {
-		f, err := subscribeCT(ns)
+		f, ferr, err := subscribeCT(ns)
+		if ferr != nil && !filterNoted {
+			a.lg.Printf("conntrack events from %s unfiltered (each short connection's DESTROY is read and skipped): %v", netnsutil.Label(ns), ferr)
+			filterNoted = true
+		}
 		if err != nil {
 			if !failing {
 				a.lg.Printf("no conntrack events from %s (deletions reach cached flows at their re-learn meanwhile): %v", netnsutil.Label(ns), err)
@@ -372,10 +376,11 @@ const (
 var errCTStorm = errors.New("conntrack deletion storm")
 
 // subscribeCT opens a ctnetlink socket in namespace ns subscribed to DESTROY events, read
-// through the runtime's poller (so that Close ends a blocked read).
-func subscribeCT(ns string) (*os.File, error) {
+// through the runtime's poller (so that Close ends a blocked read). ferr says why the DESTROY
+// filter (ctfilter.go) could not be attached: the subscription then works without it.
+func subscribeCT(ns string) (f *os.File, ferr, err error) {
 	fd := -1
-	err := netnsutil.Do(ns, func() error {
+	err = netnsutil.Do(ns, func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_NETFILTER)
 		if err != nil {
@@ -387,15 +392,15 @@ func subscribeCT(ns string) (*os.File, error) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ctRcvBuffer); err != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, ctRcvBuffer)
 	}
 	// The fast-path closes' DESTROY events stay in the kernel (ctfilter.go); without the
 	// filter they are read and skipped, as before it.
-	_ = attachCTFilter(fd)
-	return os.NewFile(uintptr(fd), "ctnetlink-destroy"), nil
+	ferr = attachCTFilter(fd)
+	return os.NewFile(uintptr(fd), "ctnetlink-destroy"), ferr, nil
 }
 
 // receiveConntrack reads events into ev until the socket fails or a storm begins; one buffer
