@@ -125,14 +125,17 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
  * expired), the client's packet re-creates it with its translation, where the reply first would
  * reach the client untranslated (and its RST would end the connection). Bounded: at most 2
  * intervals old. The client's flow: the reply's destination, keyed by the Service address. */
-static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p)
+static __always_inline __u32 local_reply_keep(const struct fp_flow *c, __u64 then)
 {
-	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
-	struct fp_flow *c = bpf_map_lookup_elem(&prg_fastpath_flow, &ck);
-	__u64 then = f->out_ns;
 	if (c && c->out_ns <= then && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS)
 		return FP_R_HIT;
 	return FP_R_STALE;
+}
+
+static __always_inline __u32 local_reply_due(struct fp_flow *f, const struct fp_pkt *p)
+{
+	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
+	return local_reply_keep(bpf_map_lookup_elem(&prg_fastpath_flow, &ck), f->out_ns);
 }
 
 /* local_tx delivers a learned same-node flow's packet (at the sender's host-side veth, tcx
