@@ -54,6 +54,8 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 	__u32 nat_addr = 0, fl = 0;
 	__u16 nat_port = 0;
 
+	if (p->ctl == FP_TCP_SYN)
+		return; /* a handshake teaches nothing same-node: see local_learn6 (fastpath_local6.h) */
 	key_out(&k, p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {

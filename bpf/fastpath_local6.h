@@ -57,6 +57,14 @@ static __attribute__((noinline)) int local_learn6(struct __sk_buff *ctx, const s
 	struct fp_key6 k = {};
 	__u32 fl = 0;
 
+	/* A TCP handshake teaches nothing here. Learned from its SYN and SYN-ACK, a connection's
+	 * third ACK and data would ride the fast path while its FIN takes the normal path (same-node
+	 * flows close there, fastpath_closed.h), where conntrack, having seen only the handshake,
+	 * calls it INVALID and kube-proxy's KUBE-FORWARD drops it: each short connection stalled
+	 * until the agent's liberal marking (bench crr --ipv6 --via-service --same-node: 1 request/s).
+	 * Learned from its first data each way, the connection is established in conntrack. */
+	if (p->ctl == FP_TCP_SYN)
+		return 0;
 	key6_out(&k, p);
 	/* The flow's key: the frame's, or the handover record's (a translated frame). The record is
 	 * read in place (a stack of 512 bytes has no room for a copy): this CPU's handover_out6 runs

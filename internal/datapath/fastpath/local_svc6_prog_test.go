@@ -255,3 +255,30 @@ func TestLocalServiceIPv6Hostile(t *testing.T) {
 	}
 	e.expect(t, "hairpin's next packet", e.o.PrgFastpathTx, hp.bytes(), tcxNext, 0, "nat")
 }
+
+// TestLocalServiceIPv6HandshakeNotLearned: the SYN and SYN-ACK of a same-node connection teach
+// nothing (its FIN would otherwise meet a conntrack entry that saw only the handshake: INVALID,
+// dropped by kube-proxy); its first data each way does.
+func TestLocalServiceIPv6HandshakeNotLearned(t *testing.T) {
+	onOneCPU(t)
+	e := newProgEnv(t)
+	tp := e.tagProgs(t)
+	e.putPod6(t, pod6A, macPod, 3)
+	e.putPod6(t, pod6A2, macPo2, 4)
+	req, rep := svcLocal6(6)
+	syn, synack := req, rep
+	syn.tcpFlags, synack.tcpFlags = 0x02, 0x12
+	e.expect(t, "SYN to the ClusterIP", e.o.PrgFastpathTx, syn.bytes(), tcxNext, 0, "proto")
+	e.learnTagged(t, tp, "SYN delivered to A2", deliveredReq(syn, pod6A2, macPo2).bytes(), 0)
+	e.expect(t, "SYN-ACK", e.o.PrgFastpathTx, synack.bytes(), tcxNext, 0, "proto")
+	e.learnTagged(t, tp, "SYN-ACK delivered to A", deliveredRep(synack).bytes(), 0)
+	if f := e.flow6(t, key6(pod6A, svc6, 40000, 80, 6)); f.Flags&(fOut|fIn|fDNAT|fLocal) != 0 {
+		t.Fatalf("client's flow learned from the handshake: flags %#x", f.Flags)
+	}
+	e.expect(t, "third ACK", e.o.PrgFastpathTx, req.bytes(), tcxNext, 0, "miss")
+	e.learnTagged(t, tp, "third ACK delivered", deliveredReq(req, pod6A2, macPo2).bytes(), 1)
+	e.expect(t, "first reply data", e.o.PrgFastpathTx, rep.bytes(), tcxNext, 0, "miss")
+	e.learnTagged(t, tp, "first reply delivered", deliveredRep(rep).bytes(), 1)
+	e.expectDelivered(t, "A to the ClusterIP", req, deliveredReq(req, pod6A2, macPo2))
+	e.expectDelivered(t, "A2's reply", rep, deliveredRep(rep))
+}
