@@ -325,6 +325,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		if (p.ctl == FP_TCP_SYN) { /* learned from the normal path, as for IPv4 */
 			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 			syn_open(f);
+			local_syn6(f); /* fastpath_local6.h */
 			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
 		}
 		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);

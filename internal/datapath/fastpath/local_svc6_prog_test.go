@@ -281,4 +281,8 @@ func TestLocalServiceIPv6HandshakeNotLearned(t *testing.T) {
 	e.learnTagged(t, tp, "first reply delivered", deliveredRep(rep).bytes(), 1)
 	e.expectDelivered(t, "A to the ClusterIP", req, deliveredReq(req, pod6A2, macPo2))
 	e.expectDelivered(t, "A2's reply", rep, deliveredRep(rep))
+	// A new connection on the same ports (a reused port): its SYN un-learns the client's
+	// egress, so its third ACK takes the normal path too (conntrack sees it established).
+	e.expect(t, "SYN of a new connection, same ports", e.o.PrgFastpathTx, syn.bytes(), tcxNext, 0, "proto")
+	e.expect(t, "its third ACK", e.o.PrgFastpathTx, req.bytes(), tcxNext, 0, "miss")
 }
