@@ -138,12 +138,13 @@ static __attribute__((noinline)) int local_learn6(struct __sk_buff *ctx, const s
 
 /* local_syn6: a new connection on the key of a same-node flow (a reused port; the old one's
  * entry lingers FP_CLOSE_NS) is learned anew from its own first data, not carried on the old
- * learn: else its third ACK and data would ride the fast path and its FIN meet a conntrack
- * entry that saw only the handshake (see local_learn6). */
+ * learn, both directions: else its third ACK or first data would ride the fast path and the
+ * other end's first segment or FIN meet a conntrack entry that never saw them (INVALID, see
+ * local_learn6). */
 static __always_inline void local_syn6(struct fp_flow *f)
 {
-	if (f && (f->flags & (FP_F_LOCAL | FP_F_OUT)) == (FP_F_LOCAL | FP_F_OUT))
-		__sync_fetch_and_and(&f->flags, ~FP_F_OUT);
+	if (f && (f->flags & FP_F_LOCAL) && (f->flags & (FP_F_OUT | FP_F_IN)))
+		__sync_fetch_and_and(&f->flags, ~(FP_F_OUT | FP_F_IN));
 }
 
 /* local_client6 is the key of the client's flow of a same-node backend's reply (the packet p,

@@ -285,4 +285,7 @@ func TestLocalServiceIPv6HandshakeNotLearned(t *testing.T) {
 	// egress, so its third ACK takes the normal path too (conntrack sees it established).
 	e.expect(t, "SYN of a new connection, same ports", e.o.PrgFastpathTx, syn.bytes(), tcxNext, 0, "proto")
 	e.expect(t, "its third ACK", e.o.PrgFastpathTx, req.bytes(), tcxNext, 0, "miss")
+	if f := e.flow6(t, key6(pod6A, svc6, 40000, 80, 6)); f.Flags&(fOut|fIn) != 0 {
+		t.Fatalf("client's flow after a new SYN: flags %#x, want neither direction learned", f.Flags)
+	}
 }
