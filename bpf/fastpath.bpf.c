@@ -386,12 +386,13 @@ static __attribute__((noinline)) int lrn_tx_u4(struct __sk_buff *ctx, struct fp_
 	return tcx_next_opaque();
 }
 
-/* Both layouts: how the normal path delivers a flow to the pod, at the end of that path. */
+static __attribute__((noinline)) int lrn_rx4(struct __sk_buff *ctx, struct fp_cfg *cfg, int handed, int noout);
+
+/* Both layouts: how the normal path delivers a flow to the pod, at the end of that path. Each
+ * family's learner is a subprogram with a stack of its own: inlined together they pass the
+ * 512 bytes (IPv6's same-node Service learning, fastpath_local6.h, with its 40-byte keys). */
 static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 {
-	struct fp_key k = {};
-	struct fp_pkt p;
-
 	__u32 ti = ctx->tc_index; /* read once (as in prg_fastpath_dlrn_tx) */
 	int handed = ti == FP_TC_INDEX_OUT; /* a local pod's veth handed it over */
 	/* The tx or rx program found no entry for the frame's flow (FP_TC_INDEX_NOOUT/NOIN). */
@@ -401,9 +402,19 @@ static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 	if (noin) /* from the underlay, its flow without an entry: nothing to learn */
 		return TCX_NEXT;
 	struct fp_cfg *cfg = fp_config();
-	if (cfg && !(cfg->flags & FP_C_DOCKER) && fp_is_ip6(ctx, 0))
-		return lrn_rx6(ctx, cfg);
-	if (!cfg || parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
+	if (!cfg)
+		return TCX_NEXT;
+	if (!(cfg->flags & FP_C_DOCKER) && fp_is_ip6(ctx, 0))
+		return lrn_rx6(ctx, cfg, handed);
+	return lrn_rx4(ctx, cfg, handed, noout);
+}
+
+static __attribute__((noinline)) int lrn_rx4(struct __sk_buff *ctx, struct fp_cfg *cfg, int handed, int noout)
+{
+	struct fp_key k = {};
+	struct fp_pkt p;
+
+	if (parse(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
 	if (!(cfg->flags & FP_C_DOCKER) && !noout)
 		local_learn(ctx, cfg, &p, handed); /* same node: fastpath_local.h */

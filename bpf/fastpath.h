@@ -774,6 +774,18 @@ static __always_inline void syn_open(struct fp_flow *f)
 		__sync_fetch_and_and(&f->flags, ~(FP_F_CLOSING | FP_F_DONE));
 }
 
+/* local_syn: a new connection on the key of a same-node flow (either family; a reused port, the
+ * old one's entry lingering FP_CLOSE_NS) is learned anew from its own first data, not carried on
+ * the old learn, both directions: else its third ACK or first data would ride the fast path and
+ * the other end's first segment or FIN meet a conntrack entry that never saw them (INVALID,
+ * dropped by kube-proxy's KUBE-FORWARD; see local_learn). Called with a SYN or SYN-ACK at the
+ * sender's veth. */
+static __always_inline void local_syn(struct fp_flow *f)
+{
+	if (f && (f->flags & FP_F_LOCAL) && (f->flags & (FP_F_OUT | FP_F_IN)))
+		__sync_fetch_and_and(&f->flags, ~(FP_F_OUT | FP_F_IN));
+}
+
 /* begin_out is the common start of the egress programs: parse, look up, hand over what cannot
  * take the fast path. NULL: the packet goes the normal path (counted). */
 static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const struct fp_cfg *cfg, struct fp_pkt *p,
@@ -791,6 +803,7 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 		if (p->ctl == FP_TCP_SYN) { /* SYN, SYN-ACK: learned from the normal path */
 			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 			syn_open(f);
+			local_syn(f);
 			handover_out(f, k, p, ctx, FP_R_PROTO);
 			return NULL;
 		}

@@ -18,8 +18,9 @@
  *  - TCP and UDP only: ICMPv6 carries neighbour discovery and errors about other flows.
  * Services (a ClusterIP's DNAT) are on the fast path on the client's node as for IPv4, with the
  * 128-bit addresses in a side table: fastpath_nat6.h.
- * Same-node pods: fastpath_local6.h. Not (yet) on the fast path for IPv6: the docker layout, BIG
- * TCP, same-node Service flows. Such packets take the normal path, counted, and never learn. Over
+ * Same-node pods, Services among them included: fastpath_local6.h. Not (yet) on the fast path
+ * for IPv6: the docker layout, BIG TCP. Such packets take the normal path, counted, and never
+ * learn. Over
  * an IPv6 underlay (flannel's flannel-v6.1) both halves are fastpath_u6.h's: tx6 hands a flow
  * learned there (FP_F_U6) to tx_u6, and the underlay's programs hand IPv6 frames to rx_u6 and
  * lrn_u6.
@@ -339,6 +340,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		if (p.ctl == FP_TCP_SYN) { /* learned from the normal path, as for IPv4 */
 			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 			syn_open(f);
+			local_syn(f);
 			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
 		}
 		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
@@ -349,6 +351,8 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		/* A short connection's FIN or RST: on the fast path like its data (FP_F_HSONLY). */
 	}
 	struct fp_flow *f = lookup6(&k, 1, FP_F_OUT | FP_F_IN, cfg->gen, &r);
+	if (r == FP_R_STALE && f && (f->flags & FP_F_SNAT))
+		r = local_reply_due6(ctx, f, &k, &p); /* fastpath_local6.h */
 	if (r != FP_R_HIT)
 		return handover_out6(f, &k, &p, ctx, cfg, r);
 	if (!f)
@@ -569,15 +573,16 @@ static __always_inline int lrn_tx6(struct __sk_buff *ctx, __u32 vtep, int handed
 	return TCX_NEXT;
 }
 
-/* lrn_rx6: prg_fastpath_lrn_rx for an IPv6 frame the normal path delivers to a pod. */
-static __always_inline int lrn_rx6(struct __sk_buff *ctx, const struct fp_cfg *cfg)
+/* lrn_rx6: prg_fastpath_lrn_rx for an IPv6 frame the normal path delivers to a pod (handed:
+ * tagged by handover_out6 at a local pod's veth). */
+static __attribute__((noinline)) int lrn_rx6(struct __sk_buff *ctx, const struct fp_cfg *cfg, int handed)
 {
 	struct fp_key6 k = {};
 	struct fp_pkt6 p;
 
 	if (parse6(ctx, 0, &p) || (p.ctl & (FP_TCP_FIN | FP_TCP_RST)))
 		return TCX_NEXT;
-	local_learn6(ctx, cfg, &p); /* same node: fastpath_local6.h */
+	local_learn6(ctx, cfg, &p, handed); /* same node: fastpath_local6.h */
 	key6_in(&k, &p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 	if (!f || !f->in_ttl_seen || f->in_ttl_seen < p.ttl)

@@ -54,6 +54,8 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
 	__u32 nat_addr = 0, fl = 0;
 	__u16 nat_port = 0;
 
+	if (p->ctl == FP_TCP_SYN)
+		return; /* a handshake teaches nothing same-node: see local_learn6 (fastpath_local6.h) */
 	key_out(&k, p);
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, &k);
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
@@ -125,17 +127,26 @@ static __always_inline void local_learn(struct __sk_buff *ctx, const struct fp_c
  * expired), the client's packet re-creates it with its translation, where the reply first would
  * reach the client untranslated (and its RST would end the connection). Bounded: at most 2
  * intervals old. The client's flow: the reply's destination, keyed by the Service address. */
+static __always_inline __u32 local_reply_keep(struct __sk_buff *ctx, const struct fp_flow *c, __u64 then,
+					      struct bpf_sock_tuple *t, __u32 tsz, __u8 proto)
+{
+	/* A client flow re-learned after the reply says nothing once conntrack's entry is gone
+	 * since (conntrack -F before the agent's watch made the flows due): ask conntrack (t: the
+	 * client's connection), as begin_in does for a remote backend's reply. */
+	if (c && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS && (c->out_ns <= then || !ct_known(ctx, t, tsz, proto)))
+		return FP_R_HIT;
+	return FP_R_STALE;
+}
+
 static __always_inline __u32 local_reply_due(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_pkt *p)
 {
 	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
-	struct fp_flow *c = bpf_map_lookup_elem(&prg_fastpath_flow, &ck);
-	__u64 then = f->out_ns;
-	/* A client flow re-learned after the reply says nothing once conntrack's entry is gone
-	 * since (conntrack -F before the agent's watch made the flows due): ask conntrack, as
-	 * begin_in does for a remote backend's reply. */
-	if (c && bpf_ktime_get_coarse_ns() - then <= 2 * FP_REVALIDATE_NS && (c->out_ns <= then || !ct_known4(ctx, &ck)))
-		return FP_R_HIT;
-	return FP_R_STALE;
+	struct bpf_sock_tuple t = {};
+	t.ipv4.saddr = ck.local;
+	t.ipv4.daddr = ck.remote;
+	t.ipv4.sport = ck.lport;
+	t.ipv4.dport = ck.rport;
+	return local_reply_keep(ctx, bpf_map_lookup_elem(&prg_fastpath_flow, &ck), f->out_ns, &t, sizeof(t.ipv4), ck.proto);
 }
 
 /* local_tx delivers a learned same-node flow's packet (at the sender's host-side veth, tcx

@@ -12,7 +12,8 @@
  * has a 32-bit nat_addr, too small for an IPv6 address, and its layout stays as it is so that
  * an attachment's pinned tables keep working across upgrades. The 128-bit address and the
  * port live in a side table, prg_fastpath_nat6, under the same key as the flow6 entry they
- * belong to: a DNAT flow's entry holds its backend, an alias's the Service address. Entries go
+ * belong to: a DNAT flow's entry holds its backend, an alias's and a same-node backend's reply
+ * flow's (FP_F_SNAT, fastpath_local6.h) the Service address. Entries go
  * with their flow: the sweep of the IPv6 table (sweep6) removes those whose flow is gone in
  * the same run, the agent's forget deletes them with their flows (ctliberal.go), and a flow
  * learned without translation drops its own.
@@ -34,8 +35,9 @@
  * which a BPF program cannot tell apart: such a packet stays on the normal path (about one in
  * 65 536), whose NAT knows the difference.
  *
- * Not here: same-node IPv6 Service flows (fastpath_local.h is IPv4 only) stay on the normal
- * path, as every same-node IPv6 flow does.
+ * Same-node IPv6 Service flows (a backend on the client's node) use the same record, side
+ * table and alias, learned at the receiver's veth instead (fastpath_local6.h); their backend's
+ * replies are a flow of their own (FP_F_SNAT) whose side entry holds the Service address.
  */
 #ifndef PRG_FASTPATH_NAT6_H
 #define PRG_FASTPATH_NAT6_H
@@ -184,25 +186,31 @@ static __always_inline int nat6_reply_ok(const struct fp_key6 *k, const struct f
 
 static int sweep6(void *map, __u32 *key, struct fp_sweep *s);
 
-/* learn_dnat6 is learn_dnat (fastpath_nat.h) for IPv6: the egress learner's half for a frame
- * handover_out6 tagged whose key k (the frame as translated; the inner IPv6 header at
- * FP_TMPL_LEN) is not a flow the fast path handed over. The record's flow is returned to learn
- * into, its backend and the alias written; NULL: nothing to learn. */
-static __always_inline struct fp_flow *learn_dnat6(struct __sk_buff *ctx, const struct fp_key6 *k, const struct fp_pkt6 *p,
-						   __u32 vtep)
+/* nat6_ho is this CPU's handover record if it is the frame's (its IPv6 header at ip_off, proto
+ * its L4): NULL when it is another frame's (nat_ho, fastpath_nat.h, for IPv6). */
+static __always_inline struct fp_ho6 *nat6_ho(struct __sk_buff *ctx, __u32 ip_off, __u8 proto)
 {
 	__u32 zero = 0, lbl, bind[2] = {};
 	struct fp_ho6 *ho = bpf_map_lookup_elem(&prg_fastpath_ho6, &zero);
 	if (!ho)
 		return NULL;
-	struct fp_key6 ok = ho->k;
-	nat6_bind(ctx, FP_TMPL_LEN, p->proto, &lbl, bind);
+	nat6_bind(ctx, ip_off, proto, &lbl, bind);
 	if (lbl != ho->lbl || bind[0] != ho->bind[0] || bind[1] != ho->bind[1])
-		return NULL; /* another frame's record */
-	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &ok);
+		return NULL;
+	return ho;
+}
+
+/* learn_dnat6 is learn_dnat (fastpath_nat.h) for IPv6: a learner's half for a frame
+ * handover_out6 tagged whose key k (the frame as translated) is not a flow the fast path handed
+ * over; ok is the key the pod sent (a copy of the frame's handover record, nat6_ho). The record's flow is
+ * returned to learn into, its backend and the alias written; NULL: nothing to learn. */
+static __always_inline struct fp_flow *learn_dnat6(const struct fp_key6 *ok, const struct fp_key6 *k, const struct fp_pkt6 *p,
+						   __u32 vtep)
+{
+	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, ok);
 	if (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen || f->out_ttl_seen < p->ttl)
 		return NULL;
-	if (!addr6_eq(ok.local, k->local) || ok.lport != k->lport || ok.proto != k->proto ||
+	if (!addr6_eq(ok->local, k->local) || ok->lport != k->lport || ok->proto != k->proto ||
 	    (k->proto != PRG_IPPROTO_TCP && k->proto != PRG_IPPROTO_UDP)) {
 		/* This frame, translated otherwise (its source): not reproduced. */
 		__sync_fetch_and_or(&f->flags, FP_F_NATX);
@@ -210,11 +218,8 @@ static __always_inline struct fp_flow *learn_dnat6(struct __sk_buff *ctx, const 
 		f->out_ttl_seen = 0;
 		return NULL;
 	}
-	if (addr6_eq(ok.remote, k->remote) && ok.rport == k->rport)
+	if (addr6_eq(ok->remote, k->remote) && ok->rport == k->rport)
 		return NULL; /* untranslated: the record's flow is the frame's key, which the caller had */
-	struct fp_nat6 svc = {.port = ok.rport}, be = {.port = k->rport};
-	__builtin_memcpy(svc.addr, ok.remote, 16);
-	__builtin_memcpy(be.addr, k->remote, 16);
 	struct fp_flow *a = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
 	if (a && !(a->flags & FP_F_ALIAS))
 		return NULL; /* the translated key is a flow of its own: leave both to the normal path */
@@ -228,9 +233,15 @@ static __always_inline struct fp_flow *learn_dnat6(struct __sk_buff *ctx, const 
 		sweep_arm_at(&prg_fastpath_sweep6, sweep6);
 	}
 	/* The alias first, then its Service address: a reply meeting the alias alone stays on the
-	 * normal path (nat6_in). The backend before the flag (the caller). */
-	if (bpf_map_update_elem(&prg_fastpath_nat6, k, &svc, BPF_ANY) ||
-	    bpf_map_update_elem(&prg_fastpath_nat6, &ok, &be, BPF_ANY))
+	 * normal path (nat6_in). The backend before the flag (the caller). One value on the stack
+	 * for both (the same-node learner's 512 bytes, fastpath_local6.h). */
+	struct fp_nat6 v = {.port = ok->rport};
+	__builtin_memcpy(v.addr, ok->remote, 16);
+	if (bpf_map_update_elem(&prg_fastpath_nat6, k, &v, BPF_ANY))
+		return NULL;
+	v.port = k->rport;
+	__builtin_memcpy(v.addr, k->remote, 16);
+	if (bpf_map_update_elem(&prg_fastpath_nat6, ok, &v, BPF_ANY))
 		return NULL;
 	return f;
 }
@@ -245,7 +256,11 @@ static __always_inline struct fp_flow *nat6_learn_out(struct __sk_buff *ctx, con
 {
 	struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, k);
 	if (handed && (!f || (f->flags & FP_F_ALIAS) || !f->out_ttl_seen)) {
-		f = learn_dnat6(ctx, k, p, vtep);
+		struct fp_ho6 *ho = nat6_ho(ctx, FP_TMPL_LEN, p->proto);
+		if (!ho)
+			return NULL; /* no record, or another frame's */
+		struct fp_key6 ok = ho->k;
+		f = learn_dnat6(&ok, k, p, vtep);
 		if (f) {
 			__sync_fetch_and_and(&f->flags, ~FP_F_NATX);
 			__sync_fetch_and_or(&f->flags, FP_F_DNAT);
@@ -254,7 +269,7 @@ static __always_inline struct fp_flow *nat6_learn_out(struct __sk_buff *ctx, con
 	}
 	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p->ttl)
 		return NULL; /* not a flow the fast path handed over */
-	if (f->flags & (FP_F_DNAT | FP_F_NATX)) {
+	if (f->flags & (FP_F_DNAT | FP_F_NATX | FP_F_SNAT)) { /* SNAT: the caller's local_forget */
 		__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_NATX));
 		bpf_map_delete_elem(&prg_fastpath_nat6, k);
 	}

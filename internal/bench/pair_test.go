@@ -17,7 +17,10 @@ func TestValidatePair(t *testing.T) {
 		{Scenario{Name: "udp", ViaService: true}, false},
 		{Scenario{Name: "tcp", ViaService: true, ProxyMode: "ipvs"}, false},
 		{Scenario{Name: "tcp", ProxyMode: "iptables"}, false},
-		{Scenario{Name: "tcp", SameNode: true, ViaService: true}, false},
+		{Scenario{Name: "tcp", SameNode: true, ViaService: true}, true},
+		{Scenario{Name: "crr", SameNode: true, ViaService: true, IPv6: true}, true},
+		{Scenario{Name: "udp", SameNode: true, ViaService: true}, false},
+		{Scenario{Name: "tcp", SameNode: true, ViaService: true, Background: "tcp"}, false},
 		{Scenario{Name: "udp-inject", SameNode: true}, false},
 		{Scenario{Name: "memcached", SameNode: true}, false},
 	} {

@@ -256,17 +256,16 @@ func (s *Scenario) validatePair() error {
 	if !s.SameNode && !s.ViaService {
 		return nil
 	}
-	switch {
-	case s.SameNode && s.ViaService:
-		return errors.New("--same-node and --via-service together are not supported: the lab's one-backend Service has its backend on the other node")
-	case s.Background != "" && s.Background != "none":
+	// Both together: the client is the Service backend's node mate (testbed.pickPair), so the
+	// ClusterIP's translation takes every connection to a pod of the client's own node.
+	if s.Background != "" && s.Background != "none" {
 		return errors.New("--same-node/--via-service: no background pair (the lab's second pods are taken)")
 	}
 	switch s.Name {
 	case "tcp", "udp", "pingpong", "underload":
 	case "crr": // its client takes a connect address; one-backend Service, so every connection lands on the receiver
-		if s.SameNode {
-			return errors.New("--same-node: scenario crr is not supported (tcp, udp, pingpong, underload)")
+		if !s.ViaService {
+			return errors.New("--same-node: scenario crr needs --via-service (tcp, udp, pingpong, underload)")
 		}
 	default:
 		return fmt.Errorf("--same-node/--via-service: scenario %s is not supported (tcp, udp, pingpong, underload; crr with --via-service)", s.Name)

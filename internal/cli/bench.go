@@ -190,7 +190,8 @@ func newBenchCompareCmd() *cobra.Command {
   # on the real Kubernetes lab (up first: sudo peregrine lab up --style k8s --no-agent)
   peregrine bench compare tcp --style k8s --reps 3 --duration 3s   # vanilla,fastpath,prism
   peregrine bench compare pingpong --style k8s --via-service        # through a ClusterIP
-  peregrine bench compare tcp --style flannel --ipv6 --via-service  # through an IPv6 ClusterIP (dual-stack lab)`,
+  peregrine bench compare tcp --style flannel --ipv6 --via-service  # through an IPv6 ClusterIP (dual-stack lab)
+  peregrine bench compare crr --style flannel --ipv6 --via-service --same-node  # the ClusterIP's backend on the client's node`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ms []string
@@ -229,7 +230,7 @@ func newBenchCompareCmd() *cobra.Command {
 	b.add(c, true)
 	c.Flags().StringVar(&modes, "modes", bench.DefaultCompareModes, "datapath modes to compare (vanilla = nothing attached; with --style k8s the default is "+bench.K8sCompareModes+")")
 	c.Flags().StringVar(&style, "style", "docker", "overlay style the modes run on: docker, flannel, real-flannel (flannel's own etcd, flanneld and CNI plugin; scripts/setup.sh builds them), real-flannel-nocsum (the same with flannel.1's outer UDP checksums off), calico (Calico VXLAN's layout as calico-node and its CNI plugin program it: vxlan.calico, unbridged cali* veths with proxy ARP, /32 routes) or k8s (the real Kubernetes lab that is up: `lab up --style k8s --no-agent`; between kubelet's pods on node 1 and node 2, across flannel's VXLAN; no native baseline, modes default vanilla,fastpath,prism; see docs/bench.md)")
-	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; with --ipv6: tcp, udp; no native baseline: the first mode is the baseline)")
+	c.Flags().BoolVar(&b.sameNode, "same-node", false, "measure between two pods of one node (the sender's host) instead of across the overlay (tcp, udp, pingpong, underload; with --ipv6: tcp, udp; with --via-service: the client moves to the Service backend's node, TCP scenarios and crr; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.viaService, "via-service", false, "the client connects to a Service's ClusterIP whose one backend is the receiver, instead of the receiver's own address (flannel style: kube-proxy style rules, lab up --services; k8s style: Service prg-bench the bench creates, through kube-proxy's own rules; TCP; no native baseline: the first mode is the baseline)")
 	c.Flags().BoolVar(&b.ipv6Underlay, "ipv6-underlay", false, "with --ipv6: real flannel's dual-stack layout (lab up --ipv6-underlay): the pods' IPv6 on flannel-v6.1, VXLAN over the nodes' IPv6 addresses, beside flannel.1 for IPv4")
 	c.Flags().BoolVar(&b.ipv6, "ipv6", false, "flannel style: measure between the pods' IPv6 addresses on a dual-stack lab (lab up --ipv6: IPv6 inside flannel.1, the IPv4 underlay outside; tcp, udp and crr; with --via-service through the Service's IPv6 ClusterIP, tcp and crr; no native baseline: the first mode is the baseline)")

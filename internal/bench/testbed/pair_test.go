@@ -44,3 +44,16 @@ func TestPickPairService(t *testing.T) {
 		}
 	}
 }
+
+// Same node through a Service: the sender becomes the backend's node mate, so the ClusterIP's
+// translation lands on a pod of the sender's own node (both families).
+func TestPickPairSameNodeService(t *testing.T) {
+	for _, ipv6 := range []bool{false, true} {
+		l := pairLab(ipv6)
+		tb := &Testbed{Lab: l, Sender: l.Containers[0]}
+		err := tb.pickPair(Spec{Config: "flannel/vanilla", Style: lab.StyleFlannel, ProxyMode: lab.ProxyIPTables, IPv6: ipv6, SameNode: true})
+		if err != nil || tb.Sender.Name != "h2-c2" || tb.Receiver.Name != "h2-c1" || tb.Sender.Host != tb.Receiver.Host || tb.Connect == "" {
+			t.Errorf("ipv6 %v: sender %s receiver %s connect %q (%v)", ipv6, tb.Sender.Name, tb.Receiver.Name, tb.Connect, err)
+		}
+	}
+}

@@ -320,17 +320,24 @@ func (tb *Testbed) attachStack(ctx context.Context, s Spec, hosts []string, labN
 // Spec.ProxyMode (the receiver is Service default/one's backend, reached via its ClusterIP).
 func (tb *Testbed) pickPair(s Spec) error {
 	eps := tb.Lab.Endpoints()
-	if s.SameNode {
+	mate := func(of lab.Node) (lab.Node, error) {
 		var mates []lab.Node
 		for _, e := range eps {
-			if e.Host != "" && e.Host == tb.Sender.Host && e.Name != tb.Sender.Name {
+			if e.Host != "" && e.Host == of.Host && e.Name != of.Name {
 				mates = append(mates, e)
 			}
 		}
 		if len(mates) == 0 {
-			return fmt.Errorf("%s: same node: style %s has no second pod on %s's host", s.Config, s.Style, tb.Sender.Name)
+			return lab.Node{}, fmt.Errorf("%s: same node: style %s has no second pod on %s's host", s.Config, s.Style, of.Name)
 		}
-		tb.Receiver = mates[len(mates)-1]
+		return mates[len(mates)-1], nil
+	}
+	if s.SameNode && s.ProxyMode == "" {
+		r, err := mate(tb.Sender)
+		if err != nil {
+			return err
+		}
+		tb.Receiver = r
 	}
 	if s.ProxyMode != "" {
 		svcs := tb.Lab.Services
@@ -341,7 +348,14 @@ func (tb *Testbed) pickPair(s Spec) error {
 		if err != nil {
 			return err
 		}
-		if be.Host == tb.Sender.Host {
+		switch {
+		case s.SameNode: // the sender moves to the backend's node (its other pod)
+			snd, err := mate(*be)
+			if err != nil {
+				return err
+			}
+			tb.Sender = snd
+		case be.Host == tb.Sender.Host:
 			return fmt.Errorf("%s: Service %s's backend %s is on the sender's host", s.Config, svcs[0].Name, be.Name)
 		}
 		tb.Receiver, tb.Connect, tb.ServerPort = *be, svcs[0].Target(), svcs[0].Backends[0].Port

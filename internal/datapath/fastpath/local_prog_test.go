@@ -169,3 +169,33 @@ func TestLocalForgottenByOverlayLearn(t *testing.T) {
 		t.Fatalf("after the overlay's learner: flags %#x, template %x", g.Flags, g.Tmpl[:])
 	}
 }
+
+// TestLocalSynUnlearns: a new connection on a learned same-node flow's ports (a reused port)
+// un-learns both directions at its SYN, and the backend's SYN-ACK its reply flow's, so the new
+// connection's third ACK and first data take the normal path (conntrack sees it established)
+// instead of riding the old learn (its FIN then INVALID: kube-proxy drops it).
+func TestLocalSynUnlearns(t *testing.T) {
+	e := newProgEnv(t)
+	cl, be := e.localSvc(t)
+	ck, bk := keyOf(podA, svcAddr, 40000, 80, 6), keyOf(podA2, podA, 5201, 40000, 6)
+	for k, f := range map[fpFpKey]fpFpFlow{ck: cl, bk: be} {
+		if err := e.o.PrgFastpathFlow.Put(k, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := frame{dst: macBridge, src: macPod, saddr: podA, daddr: svcAddr, proto: 6, sport: 40000, dport: 80, tcpFlags: 0x10,
+		payload: []byte("request")}
+	e.expect(t, "learned request", e.o.PrgFastpathTx, req.bytes(), tcActRedirect, 0, "local")
+	syn := req
+	syn.tcpFlags, syn.payload = 0x02, nil
+	e.expect(t, "SYN of a new connection, same ports", e.o.PrgFastpathTx, syn.bytes(), tcxNext, 0, "proto")
+	if f := e.flow(t, ck); f.Flags&(fOut|fIn) != 0 {
+		t.Fatalf("client's flow after a new SYN: flags %#x, want neither direction learned", f.Flags)
+	}
+	e.expect(t, "its third ACK", e.o.PrgFastpathTx, req.bytes(), tcxNext, 0, "miss")
+	synack := frame{dst: macPod, src: macPo2, saddr: podA2, daddr: podA, proto: 6, sport: 5201, dport: 40000, tcpFlags: 0x12}
+	e.expect(t, "the backend's SYN-ACK", e.o.PrgFastpathTx, synack.bytes(), tcxNext, 0, "proto")
+	if f := e.flow(t, bk); f.Flags&(fOut|fIn) != 0 {
+		t.Fatalf("reply flow after the SYN-ACK: flags %#x, want neither direction learned", f.Flags)
+	}
+}
