@@ -41,7 +41,8 @@ static __always_inline int local_reverse(const struct fp_key *ok, const struct f
 	if (ok->remote != k->remote || ok->rport != k->rport || ok->proto != k->proto ||
 	    (ok->local == k->local && ok->lport == k->lport))
 		return 0;
-	struct fp_key ak = {.local = ok->remote, .remote = ok->local, .lport = ok->rport, .rport = ok->lport, .proto = ok->proto};
+	struct fp_key ak = {.local = ok->remote, .remote = ok->local, .lport = ok->rport, .rport = ok->lport, .proto = ok->proto,
+			     .ovl = ok->ovl};
 	struct fp_flow *a = bpf_map_lookup_elem(&prg_fastpath_flow, &ak);
 	return a && (a->flags & FP_F_ALIAS) && a->nat_addr == k->local && a->nat_port == k->lport;
 }
@@ -140,7 +141,8 @@ static __always_inline __u32 local_reply_keep(struct __sk_buff *ctx, const struc
 
 static __always_inline __u32 local_reply_due(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_pkt *p)
 {
-	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto};
+	struct fp_key ck = {.local = p->daddr, .remote = f->nat_addr, .lport = p->dport, .rport = f->nat_port, .proto = p->proto,
+			     .ovl = fp_ovl};
 	struct bpf_sock_tuple t = {};
 	t.ipv4.saddr = ck.local;
 	t.ipv4.daddr = ck.remote;

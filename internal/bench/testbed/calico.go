@@ -108,30 +108,19 @@ func upCalico(ctx context.Context, s Spec, log func(string, ...any)) (*Testbed, 
 // is the NIC, vxlan.calico the VXLAN device, a cali* veth the pod's host side (there is no bridge
 // stage in this layout), eth0 of a pod the pod's end.
 func calicoDevices(ns string, pod bool) []lab.Device {
-	var out []lab.Device
-	_ = netnsutil.Do(ns, func() error {
-		links, err := netlink.LinkList()
-		if err != nil {
-			return err
+	return stagedDevices(ns, func(kind string, a *netlink.LinkAttrs) string {
+		switch {
+		case kind == "vxlan":
+			return "vxlan"
+		case kind == "veth" && a.Name == "eth0" && pod:
+			return "veth"
+		case kind == "veth" && a.Name == "eth0":
+			return "nic"
+		case kind == "veth" && strings.HasPrefix(a.Name, "cali"):
+			return "veth-host"
 		}
-		for _, l := range links {
-			a := l.Attrs()
-			d := lab.Device{Name: a.Name, Kind: l.Type(), MTU: a.MTU}
-			switch {
-			case d.Kind == "vxlan":
-				d.Stage = "vxlan"
-			case d.Kind == "veth" && a.Name == "eth0" && pod:
-				d.Stage = "veth"
-			case d.Kind == "veth" && a.Name == "eth0":
-				d.Stage = "nic"
-			case d.Kind == "veth" && strings.HasPrefix(a.Name, "cali"):
-				d.Stage = "veth-host"
-			}
-			out = append(out, d)
-		}
-		return nil
+		return ""
 	})
-	return out
 }
 
 // buildCalico makes the namespaces and devices of the layout (see StyleCalico). On error the

@@ -96,6 +96,25 @@ func upRealFlannel(ctx context.Context, s Spec, log func(string, ...any)) (*Test
 // lab names them: eth0 of a node is the NIC, flannel.1 the VXLAN device, cni0 the bridge, a
 // veth on the bridge the pod's host side, eth0 of a pod the pod's end.
 func devicesOf(ns string, pod bool) []lab.Device {
+	return stagedDevices(ns, func(kind string, a *netlink.LinkAttrs) string {
+		switch {
+		case kind == "vxlan":
+			return "vxlan"
+		case kind == "bridge":
+			return "bridge"
+		case kind == "veth" && a.MasterIndex != 0:
+			return "veth-host"
+		case kind == "veth" && a.Name == "eth0" && pod:
+			return "veth"
+		case kind == "veth" && a.Name == realflannel.UnderlayDev:
+			return "nic"
+		}
+		return ""
+	})
+}
+
+// stagedDevices lists namespace ns's devices, each with the stage stage gives it ("": none).
+func stagedDevices(ns string, stage func(kind string, a *netlink.LinkAttrs) string) []lab.Device {
 	var out []lab.Device
 	_ = netnsutil.Do(ns, func() error {
 		links, err := netlink.LinkList()
@@ -104,20 +123,7 @@ func devicesOf(ns string, pod bool) []lab.Device {
 		}
 		for _, l := range links {
 			a := l.Attrs()
-			d := lab.Device{Name: a.Name, Kind: l.Type(), MTU: a.MTU}
-			switch {
-			case d.Kind == "vxlan":
-				d.Stage = "vxlan"
-			case d.Kind == "bridge":
-				d.Stage = "bridge"
-			case d.Kind == "veth" && a.MasterIndex != 0:
-				d.Stage = "veth-host"
-			case d.Kind == "veth" && a.Name == "eth0" && pod:
-				d.Stage = "veth"
-			case d.Kind == "veth" && a.Name == realflannel.UnderlayDev:
-				d.Stage = "nic"
-			}
-			out = append(out, d)
+			out = append(out, lab.Device{Name: a.Name, Kind: l.Type(), MTU: a.MTU, Stage: stage(l.Type(), a)})
 		}
 		return nil
 	})

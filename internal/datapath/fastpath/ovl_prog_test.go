@@ -91,3 +91,37 @@ func TestOverlaysApart(t *testing.T) {
 		t.Fatalf("overlay 1 ingress: %v", in1)
 	}
 }
+
+// TestLocalServiceReplyOnSecondOverlay: a same-node Service backend's due reply on overlay 1
+// finds its client's flow under overlay 1's key (local_reply_due keys it with fp_ovl): the
+// client not re-learned since, the reply stays on the fast path. Keyed as overlay 0's, the
+// lookup missed and every due reply went to the normal path.
+func TestLocalServiceReplyOnSecondOverlay(t *testing.T) {
+	e := newProgEnv(t)
+	p1, err := loadOverlayPrograms(&e.o.fpMaps, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	ov1 := &overlay{Index: 1, Layout: LayoutRouted, VNI: 4097, Port: 4789, VTEP: net.IP(vtepA.AsSlice()), PortMin: 32768, PortMax: 60999, MTU: 1500,
+		Underlay: devOf(1), VX: endpoints.VXLAN{Dev: devOf(1), MAC: macVxA, Inode: 4026531840, Routed: true}}
+	if err := e.o.PrgFastpathCfg.Put(uint32(1), ov1.cfg()); err != nil {
+		t.Fatal(err)
+	}
+	cl, be := e.localSvc(t)
+	now := monoNs()
+	cl.OutNs, be.OutNs, be.InNs = now-7e9, now-6e9, now-6e9 // the reply due, its client learned before it
+	ck, bk := keyOf(podA, svcAddr, 40000, 80, 6), keyOf(podA2, podA, 5201, 40000, 6)
+	ck.Ovl, bk.Ovl = 1, 1
+	for k, f := range map[fpFpKey]fpFpFlow{ck: cl, bk: be} {
+		if err := e.o.PrgFastpathFlow.Put(k, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := frame{dst: macPod, src: macPo2, saddr: podA2, daddr: podA, proto: 6, sport: 5201, dport: 40000, tcpFlags: 0x10,
+		payload: []byte("reply from the backend")}
+	if ret, _ := e.run(t, p1.PrgFastpathTx, rep.bytes(), 0); ret != tcActRedirect {
+		out, _, _ := (&pinned{fpMaps: e.o.fpMaps}).counters(1)
+		t.Fatalf("overlay 1's due reply: verdict %d, want redirect (counters %v)", int32(ret), out)
+	}
+}
