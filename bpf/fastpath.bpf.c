@@ -70,10 +70,8 @@ static __always_inline int tx_main(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_UNSUP);
 		return TCX_NEXT;
 	}
-	if (p.ttl <= f->out_ttl_dec) {
-		count(FP_DIR_TX, FP_R_TTL);
-		return TCX_NEXT;
-	}
+	if (p.ttl <= f->out_ttl_dec) /* the normal path sends the ICMP error, or re-learns the change */
+		return handover_out(f, &k, &p, ctx, FP_R_TTL);
 	if (f->flags & FP_F_LOCAL) /* to a pod on this node: fastpath_local.h */
 		return local_tx(ctx, cfg, f, &k, &p);
 	/* Outer IPv4 length of the (largest) frame on the wire. */
@@ -270,10 +268,8 @@ static __attribute__((noinline)) int rx_u4(struct __sk_buff *ctx, struct fp_cfg 
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
 		return handover_in(ctx, f, &k, &p, o.saddr, FP_R_STALE);
-	if (p.ttl <= f->in_ttl_dec) {
-		count(FP_DIR_RX, FP_R_TTL);
-		return TCX_NEXT;
-	}
+	if (p.ttl <= f->in_ttl_dec) /* the normal path sends the ICMP error, or re-learns the change */
+		return handover_in(ctx, f, &k, &p, o.saddr, FP_R_TTL);
 	if (bpf_skb_adjust_room(ctx, -FP_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_NO_CSUM_RESET)) {
 		count(FP_DIR_RX, FP_R_ERR);
@@ -482,8 +478,7 @@ int prg_fastpath_dlrn_tx(struct __sk_buff *ctx)
 	if (!f || !f->out_ttl_seen || f->out_ttl_seen < p.ttl)
 		return TCX_NEXT;
 	__builtin_memcpy(f->tmpl, &p.eth, sizeof(p.eth));
-	f->out_ttl_dec = f->out_ttl_seen - p.ttl;
-	f->out_ttl_seen = 0;
+	ttl_learned(&f->out_ttl_seen, &f->out_ttl_dec, p.ttl);
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory");
 	f->flags |= FP_F_OUT;

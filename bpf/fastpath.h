@@ -570,6 +570,24 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 #include "fastpath_nat.h"
 #include "fastpath_learned.h"
 
+/* ttl_learned is the TTL/hop limit change the normal path made to a learned direction: what the
+ * fast path recorded at its handover (*seen: out_ttl_seen or in_ttl_seen) less the delivered
+ * frame's ttl, written to *dec, and *seen cleared. *seen is read once, here, not again after
+ * the caller's check: two frames of one flow are learned on two CPUs at once (a TCP stream's
+ * segments; a receiver's veth egress runs in each sender's context), and the other learner
+ * clears the field between this one's check and its use. Re-read, 0 - 63 wrapped to 193, and
+ * every later packet of the direction went to the normal path as "ttl" until its 5-s
+ * revalidation (TestSameNodeServiceIPv6 in CI: 19 % of a stream). A value below ttl here means
+ * the other learner finished the same learning: its change stands. */
+static __always_inline void ttl_learned(__u8 *seen, __u8 *dec, __u8 ttl)
+{
+	__u8 s = *(volatile __u8 *)seen;
+	if (s && s >= ttl)
+		*dec = s - ttl;
+	asm volatile("" ::: "memory"); /* the change before the clear another learner may read */
+	*seen = 0;
+}
+
 /* seen_out records in flow f, of either family, that the fast path hands its egress packet
  * (ttl, leaving the pod on ifindex) to the normal path, which the learner then learns from. */
 static __always_inline void seen_out(struct fp_flow *f, __u32 gen, __u8 ttl, __u32 ifindex)
@@ -910,8 +928,7 @@ from_service:
 static __always_inline void learned_out(struct fp_flow *f, __u32 vtep, __u8 ttl, __u8 proto, __u8 ctl)
 {
 	f->vtep = vtep;
-	f->out_ttl_dec = f->out_ttl_seen - ttl;
-	f->out_ttl_seen = 0;
+	ttl_learned(&f->out_ttl_seen, &f->out_ttl_dec, ttl);
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory"); /* the template before the flag */
 	f->flags |= FP_F_OUT;
@@ -927,8 +944,7 @@ static __always_inline void learned_in(struct fp_flow *f, const struct ethhdr *e
 	__builtin_memcpy(f->in_mac, eth->h_dest, 6);
 	__builtin_memcpy(f->in_mac + 6, eth->h_source, 6);
 	f->in_ifindex = ifindex;
-	f->in_ttl_dec = f->in_ttl_seen - ttl;
-	f->in_ttl_seen = 0;
+	ttl_learned(&f->in_ttl_seen, &f->in_ttl_dec, ttl);
 	f->in_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory");
 	f->flags |= FP_F_IN;

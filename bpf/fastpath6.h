@@ -363,10 +363,8 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 		count(FP_DIR_TX, FP_R_UNSUP);
 		return TCX_NEXT;
 	}
-	if (p.ttl <= f->out_ttl_dec) {
-		count(FP_DIR_TX, FP_R_TTL);
-		return TCX_NEXT;
-	}
+	if (p.ttl <= f->out_ttl_dec) /* the normal path sends the ICMP error, or re-learns the change */
+		return handover_out6(f, &k, &p, ctx, cfg, FP_R_TTL);
 	if (f->flags & FP_F_LOCAL) /* to a pod on this node: fastpath_local6.h */
 		return local_tx6(ctx, cfg, f, &k, &p);
 	if (f->flags & FP_F_U6) /* learned over the IPv6 underlay: the VXLAN device encapsulates */
@@ -503,10 +501,8 @@ static __always_inline int rx6(struct __sk_buff *ctx, __u32 vtep)
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
 		return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_STALE);
-	if (p.ttl <= f->in_ttl_dec) {
-		count(FP_DIR_RX, FP_R_TTL);
-		return TCX_NEXT;
-	}
+	if (p.ttl <= f->in_ttl_dec) /* the normal path sends the ICMP error, or re-learns the change */
+		return handover_in6(ctx, f, &k, &p, cfg, vtep, FP_R_TTL);
 	/* The reply's source back to the Service address (k.remote: nat6_in), as conntrack reverses
 	 * the DNAT, before decapsulation: a failure leaves the frame as it came. */
 	if (svc) {

@@ -105,8 +105,7 @@ static __attribute__((noinline)) int local_learn6(struct __sk_buff *ctx, const s
 	/* FP_F_U6: it moved from the IPv6 underlay (fastpath_u6.h) */
 	__sync_fetch_and_and(&f->flags, ~(FP_F_DNAT | FP_F_SNAT | FP_F_NATX | FP_F_U6));
 	__sync_fetch_and_or(&f->flags, FP_F_LOCAL | fl);
-	f->out_ttl_dec = f->out_ttl_seen - p->ttl;
-	f->out_ttl_seen = 0;
+	ttl_learned(&f->out_ttl_seen, &f->out_ttl_dec, p->ttl);
 	f->out_ns = bpf_ktime_get_coarse_ns();
 	asm volatile("" ::: "memory"); /* the delivery before the flag */
 	f->flags |= FP_F_OUT;

@@ -231,10 +231,8 @@ static __attribute__((noinline)) int rx_u6(struct __sk_buff *ctx, const struct f
 	}
 	if (pr != PRG_POD_OK || pod->ifindex != f->in_ifindex || !mac_eq(pod->ctr_mac, f->in_mac))
 		return handover_in6(ctx, f, &k, &p, cfg, vt, FP_R_STALE);
-	if (p.ttl <= f->in_ttl_dec) {
-		count(FP_DIR_RX, FP_R_TTL);
-		return TCX_NEXT;
-	}
+	if (p.ttl <= f->in_ttl_dec) /* the normal path sends the ICMP error, or re-learns the change */
+		return handover_in6(ctx, f, &k, &p, cfg, vt, FP_R_TTL);
 	__u8 dec = f->in_ttl_dec;
 	/* Outer IPv6 + UDP + VXLAN + inner Ethernet: IPv6 on both sides, the protocol stays. */
 	if (bpf_skb_adjust_room(ctx, -FP_U6_ENCAP,
