@@ -308,6 +308,9 @@ nodeStatusUpdateFrequency: 4s
 	}
 	return c.start(i, fmt.Sprintf("kubelet-n%d", i), nil, c.Bin.K("kubelet"), "--config="+cfg,
 		"--kubeconfig="+c.pki.path("kubelet-"+NodeName(i)+".kubeconfig"), "--root-dir="+filepath.Join(d, "kubelet"),
+		// Its self-signed serving certificate goes to --cert-dir, /var/lib/kubelet/pki by
+		// default whatever --root-dir says: on the host, where it outlived the lab.
+		"--cert-dir="+filepath.Join(d, "kubelet", "pki"),
 		"--hostname-override="+NodeName(i), "--node-ip="+nodeAddr(i).String(), "--v=1")
 }
 

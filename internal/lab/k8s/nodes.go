@@ -103,13 +103,13 @@ func runIn(ctx context.Context, ns string, cmds [][]string) error {
 
 // madeMountPoints are the mount points makeMountNS needs on the host, parents first; those it
 // creates, Down removes again (children first, and only while empty).
-var madeMountPoints = []string{"/run/netns", "/run/peregrine", "/var/lib/kubelet", "/var/lib/kubelet/device-plugins"}
+var madeMountPoints = []string{"/run/netns", "/run/peregrine", "/var/lib/kubelet", "/var/lib/kubelet/device-plugins", "/var/lib/cni"}
 
 // makeMountNS gives node i a mount namespace of its own, kept by a bind mount of its file:
 // a sysfs of the node's network namespace on /sys (the agent's rps knobs are the node's
 // devices'), with the host's cgroup hierarchies and a bpffs of the node's own under it; tmpfs
 // on /run/netns (the node's pods' namespaces), /run/peregrine (the agent's records),
-// /var/log (kubelet's /var/log/containers) and /var/lib/kubelet/device-plugins. Everything
+// /var/log (kubelet's /var/log/containers), /var/lib/kubelet/device-plugins and /var/lib/cni. Everything
 // is made private first, then rshared inside: the node's mounts reach its containers (HostToContainer) and never the host.
 func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 	f := MountNS(i)
@@ -143,6 +143,9 @@ func (c *Cluster) makeMountNS(ctx context.Context, i int) error {
 		// two nodes' kubelets starting together on the host's directory removed each
 		// other's socket (bind: address already in use, kubelet exits).
 		"mount -t tmpfs -o mode=755 prg-k8s-dp /var/lib/kubelet/device-plugins",
+		// containerd's CNI library caches each attachment's result under /var/lib/cni (no
+		// setting moves it): on the host's directory the nodes' caches outlived the lab.
+		"mount -t tmpfs -o mode=700 prg-k8s-cni /var/lib/cni",
 		"mkdir -p /var/log/containers /var/log/pods",
 		// The host's copies of the other nodes' mount namespace files: a node must not hold
 		// another's namespace alive.
