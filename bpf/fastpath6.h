@@ -312,7 +312,8 @@ static __always_inline int pod_lookup6(__u32 netns, const __u32 *addr, struct pr
 }
 
 /* fastpath_u6.h: the sending half over an IPv6 underlay. */
-static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f);
+static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_key6 *k,
+					    const struct fp_cfg *cfg);
 
 #include "fastpath_local6.h"
 
@@ -368,7 +369,7 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 	if (f->flags & FP_F_LOCAL) /* to a pod on this node: fastpath_local6.h */
 		return local_tx6(ctx, cfg, f, &k, &p);
 	if (f->flags & FP_F_U6) /* learned over the IPv6 underlay: the VXLAN device encapsulates */
-		return tx_u6(ctx, f);
+		return tx_u6(ctx, f, &k, cfg);
 	__u32 wire = ctx->gso_size ? ctx->gso_size + p.hdrs + FP_ENCAP_LEN : ctx->len - sizeof(struct ethhdr) + FP_ENCAP_LEN;
 	if (wire > cfg->mtu) {
 		count(FP_DIR_TX, FP_R_MTU);

@@ -10,10 +10,14 @@
  * underlay. A flow is served on receive once learned both ways (inbound alone with FP_C_ONEWAY),
  * as over the IPv4 underlay.
  *
- * Send (tx_u6): tc cannot build the outer headers itself, as tx6 does over IPv4: it cannot ask
- * for per-segment outer UDP checksums on GSO packets (bpf_skb_adjust_room sets
- * SKB_GSO_UDP_TUNNEL, never _CSUM), and a zero checksum over IPv6 is dropped by a receiving
- * device without udp6zerocsumrx. So for a flow learned both ways whose egress the normal path
+ * Send (tx_u6): for a GSO packet tc cannot build the outer headers itself, as tx6 does over
+ * IPv4: it cannot ask for per-segment outer UDP checksums (bpf_skb_adjust_room sets
+ * SKB_GSO_UDP_TUNNEL, never _CSUM, and __skb_udp_tunnel_segment then copies the one outer
+ * checksum into every segment), and a zero checksum over IPv6 is dropped by a receiving device
+ * without udp6zerocsumrx (flannel sets neither udp6zerocsumtx nor udp6zerocsumrx). A packet that
+ * is not GSO is encapsulated here (tx_u6_encap: the flow's whole learned header,
+ * prg_fastpath_u6tmpl, and an outer checksum computed from the headers alone, below). For a GSO
+ * packet, for a flow learned both ways whose egress the normal path
  * sent through flannel-v6.1 (FP_F_U6), tx_u6 rewrites the inner Ethernet header to the one the
  * kernel's neighbour entry gave it (dst: the remote VTEP's flannel-v6.1 MAC, src: ours, learned
  * by lrn_u6 from the kernel's own frame into the flow's template), lowers the hop limit as the
@@ -72,6 +76,34 @@ struct {
 struct fp_vtep6 {
 	__u32 addr[4];
 };
+
+/* The whole header the kernel put before a flow's inner IPv6 packet over the IPv6 underlay:
+ * outer Ethernet 14 + IPv6 40 + UDP 8 + VXLAN 8 + inner Ethernet 14 (fp_flow.tmpl has 64 bytes:
+ * a side table keyed by the flow, as prg_fastpath_vtep6), the underlay device it left on, and the
+ * flow's out_ns when learned (a template of an earlier learning is never used). tx_u6_encap
+ * pushes it in the program for a packet that is not GSO (see the top). */
+#define FP_U6_TMPL_LEN 84
+struct fp_u6tmpl {
+	__u8 hdr[FP_U6_TMPL_LEN];
+	__u32 ifindex;
+	__u64 out_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FP_MAX_FLOWS6);
+	__type(key, struct fp_key6);
+	__type(value, struct fp_u6tmpl);
+} prg_fastpath_u6tmpl SEC(".maps");
+
+/* Of the egress hits (FP_R_HIT), the packets tx_u6_encap encapsulated itself (the rest went to
+ * flannel-v6.1's driver). A map of its own: prg_fastpath_stat2's size stays as pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} prg_fastpath_u6enc SEC(".maps");
 
 /* LRU: no sweep needed; an entry without its flow is never read (the flow is looked up first). */
 struct {
@@ -302,14 +334,134 @@ static __attribute__((noinline)) int lrn_u6(struct __sk_buff *ctx, const struct 
 		return tcx_next_opaque();
 	__sync_fetch_and_or(&f->flags, FP_F_U6);
 	learned_out(f, vtep6_fold(o.daddr), p.ttl, p.proto, p.ctl);
+	/* The whole header for tx_u6_encap, bound to this learning (out_ns). */
+	struct fp_u6tmpl *t = bpf_map_lookup_elem(&prg_fastpath_u6tmpl, &k);
+	if (!t) {
+		struct fp_u6tmpl z = {};
+		bpf_map_update_elem(&prg_fastpath_u6tmpl, &k, &z, BPF_ANY);
+		t = bpf_map_lookup_elem(&prg_fastpath_u6tmpl, &k);
+	}
+	if (t) {
+		t->out_ns = 0; /* not usable while being written */
+		asm volatile("" ::: "memory");
+		if (!bpf_skb_load_bytes(ctx, 0, t->hdr, FP_U6_TMPL_LEN)) {
+			t->ifindex = ctx->ifindex;
+			asm volatile("" ::: "memory");
+			t->out_ns = f->out_ns;
+		}
+	}
 	learned_report(&k, sizeof(k), f, p.proto, 1, 0);
 	return tcx_next_opaque();
+}
+
+/* csum16 adds the 16-bit words of n (even) bytes at b to sum as they lie in memory (ones'
+ * complement sums are byte-order independent, RFC 1071: the result is in network order). */
+static __always_inline __u32 csum16(const void *b, int n, __u32 sum)
+{
+	const __u16 *w = b;
+#pragma unroll
+	for (int i = 0; i < n / 2; i++)
+		sum += w[i];
+	return sum;
+}
+
+/* tx_u6_encap: tx_u6's hit for a packet that is not GSO: the outer headers are pushed here, as
+ * tx6 does over IPv4, with a valid outer UDP checksum computed without reading the payload.
+ * Returns the verdict (TC_ACT_REDIRECT, TC_ACT_SHOT), or -1 (not TCX_NEXT's meaning): the
+ * caller goes on through flannel-v6.1 (nothing was changed).
+ *
+ * The checksum: the inner TCP/UDP/ICMPv6 checksum, whether already in the packet or still to be
+ * filled in (CHECKSUM_PARTIAL: the NIC or skb_checksum_help does it later), makes the 16-bit sum
+ * of the inner L4 bytes equal the complement of the inner pseudo-header's sum (P). So the outer
+ * UDP checksum covers: the outer pseudo header, the UDP and VXLAN headers, the inner Ethernet and
+ * IPv6 headers, and ~P, in which the inner addresses and payload length cancel those of the
+ * inner IPv6 header: 38 header bytes and the 32 bytes of outer addresses, as lco_csum does for
+ * the driver. A template rewritten while being copied is the same flow's header from the kernel
+ * (as fp_flow.tmpl over IPv4, written in place). */
+static __always_inline int tx_u6_encap(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_key6 *k,
+					const struct fp_cfg *cfg)
+{
+	struct fp_u6tmpl *t = bpf_map_lookup_elem(&prg_fastpath_u6tmpl, k);
+	__u64 ns = f->out_ns;
+	if (!t || t->out_ns != ns || !ns || t->ifindex != cfg->underlay)
+		return -1;
+	/* The underlay's MTU, as tx6 checks it over IPv4 (the driver path checks flannel-v6.1's). */
+	if (ctx->len - sizeof(struct ethhdr) + FP_U6_ENCAP > cfg->mtu)
+		return -1;
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end)
+		return -1; /* tx_u6 pulled it */
+	struct ipv6hdr *iip = data + sizeof(struct ethhdr);
+	__u8 nh = iip->nexthdr;
+	if (nh != PRG_IPPROTO_TCP && nh != PRG_IPPROTO_UDP && nh != 58 /* ICMPv6 */)
+		return -1;
+	/* Few values live across the helpers below (tx6's frame leaves this subprogram little
+	 * stack): the rest is read again from the packet. */
+	if (bpf_skb_adjust_room(ctx, FP_U6_ENCAP, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 |
+					BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+					FP_ADJ_ROOM_ENCAP_L2(sizeof(struct ethhdr))))
+		return -1; /* nothing changed (skb_cow_head keeps the bytes): the driver's way */
+#define FP_U6_HDRS (FP_U6_TMPL_LEN + FP_IP6_HLEN)
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + FP_U6_HDRS > end) {
+		if (bpf_skb_pull_data(ctx, FP_U6_HDRS))
+			goto drop;
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + FP_U6_HDRS > end)
+			goto drop;
+	}
+	/* 21 words (unaligned stores to the packet are fine where BPF runs JITed) */
+	__u32 *dw = data;
+	const __u32 *tw = (const __u32 *)t->hdr;
+#pragma unroll
+	for (int i = 0; i < FP_U6_TMPL_LEN / 4; i++)
+		dw[i] = tw[i];
+	__u8 *b = data;
+	struct ipv6hdr *oip = data + sizeof(struct ethhdr);
+	struct udphdr *oudp = data + sizeof(struct ethhdr) + FP_IP6_HLEN;
+	iip = data + FP_U6_TMPL_LEN;
+	__u32 plen = ctx->len - sizeof(struct ethhdr) - FP_IP6_HLEN; /* the outer payload */
+	/* ip6_flow_hdr with ip_tunnel_ecn_encap's ECN (CE becomes ECT(0)); DSCP, flow label and the
+	 * UDP source port as the kernel gave them to this flow (the template is the flow's own:
+	 * flannel-v6.1's port range need not be flannel.1's, which cfg has). */
+	__u8 ecn = (iip->flow_lbl[0] >> 4) & 3;
+	oip->flow_lbl[0] = (oip->flow_lbl[0] & ~0x30) | ((ecn == 3 ? 2 : ecn) << 4);
+	oip->payload_len = bpf_htons(plen);
+	oudp->len = bpf_htons(plen);
+	oudp->check = 0;
+	iip->hop_limit -= f->out_ttl_dec;
+	/* In network order throughout. Outer pseudo header: addresses, length, next header 17. */
+	__u32 sum = csum16(b + sizeof(struct ethhdr) + 8, 32, (__u32)bpf_htons(plen) + bpf_htons(PRG_IPPROTO_UDP));
+	/* UDP, VXLAN, inner Ethernet and the inner IPv6 header's first 8 bytes; its addresses cancel
+	 * against ~P's, and so do its payload length and next header (P has it as 0x00nh, the
+	 * header word as nh:hop limit), subtracted here. */
+	sum = csum16(b + sizeof(struct ethhdr) + FP_IP6_HLEN, FP_U6_ENCAP - FP_IP6_HLEN + 8, sum);
+	sum += (__u16)~iip->payload_len;
+	sum += (__u16)~bpf_htons(iip->nexthdr);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	__u16 c = ~sum & 0xffff;
+	oudp->check = c ? c : 0xffff;
+	ctx->mark = FP_MARK; /* the underlay's egress learner gives it back */
+	__u32 z = 0;
+	__u64 *n = bpf_map_lookup_elem(&prg_fastpath_u6enc, &z);
+	if (n)
+		*n += 1;
+	count(FP_DIR_TX, FP_R_HIT);
+	return bpf_redirect(t->ifindex, 0); /* cfg->underlay: checked above */
+drop:
+	count(FP_DIR_TX, FP_R_DROP);
+	return TC_ACT_SHOT;
 }
 
 /* tx_u6: tx6's hit for a flow learned over the IPv6 underlay (FP_F_U6), after tx6's checks (both
  * ways learned and fresh, the pod's own veth, no mark, hop limit): the inner frame goes to
  * flannel-v6.1 with the Ethernet header the normal path gave it (see the top). */
-static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f)
+static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow *f, const struct fp_key6 *k,
+					    const struct fp_cfg *cfg)
 {
 	__u32 z = 0, mtu = 0;
 	struct fp_u6dev *d = bpf_map_lookup_elem(&prg_fastpath_u6dev, &z);
@@ -331,6 +483,17 @@ static __attribute__((noinline)) int tx_u6(struct __sk_buff *ctx, struct fp_flow
 			count(FP_DIR_TX, FP_R_ERR);
 			return TCX_NEXT;
 		}
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end) {
+			count(FP_DIR_TX, FP_R_ERR);
+			return TCX_NEXT;
+		}
+	}
+	if (!ctx->gso_size) { /* one packet: encapsulated here when its template is learned */
+		int v = tx_u6_encap(ctx, f, k, cfg);
+		if (v != -1)
+			return v;
 		data = (void *)(long)ctx->data;
 		end = (void *)(long)ctx->data_end;
 		if (data + sizeof(struct ethhdr) + FP_IP6_HLEN > end) {

@@ -132,6 +132,13 @@ type fpFpU6dev struct {
 	Pad     uint32
 }
 
+type fpFpU6tmpl struct {
+	_       structs.HostLayout
+	Hdr     [84]uint8
+	Ifindex uint32
+	OutNs   uint64
+}
+
 type fpFpVtep6 struct {
 	_    structs.HostLayout
 	Addr [4]uint32
@@ -177,6 +184,8 @@ const (
 	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fpMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
 	fpMapPrgFastpathU6dev       = "prg_fastpath_u6dev"
+	fpMapPrgFastpathU6enc       = "prg_fastpath_u6enc"
+	fpMapPrgFastpathU6tmpl      = "prg_fastpath_u6tmpl"
 	fpMapPrgFastpathVtep6       = "prg_fastpath_vtep6"
 	fpProgPrgFastpathDlrnTx     = "prg_fastpath_dlrn_tx"
 	fpProgPrgFastpathDrx        = "prg_fastpath_drx"
@@ -266,6 +275,8 @@ type fpMapSpecs struct {
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
 	PrgFastpathU6dev       *ebpf.MapSpec `ebpf:"prg_fastpath_u6dev"`
+	PrgFastpathU6enc       *ebpf.MapSpec `ebpf:"prg_fastpath_u6enc"`
+	PrgFastpathU6tmpl      *ebpf.MapSpec `ebpf:"prg_fastpath_u6tmpl"`
 	PrgFastpathVtep6       *ebpf.MapSpec `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -315,6 +326,8 @@ type fpMaps struct {
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
 	PrgFastpathU6dev       *ebpf.Map `ebpf:"prg_fastpath_u6dev"`
+	PrgFastpathU6enc       *ebpf.Map `ebpf:"prg_fastpath_u6enc"`
+	PrgFastpathU6tmpl      *ebpf.Map `ebpf:"prg_fastpath_u6tmpl"`
 	PrgFastpathVtep6       *ebpf.Map `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -339,6 +352,8 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,
 		m.PrgFastpathU6dev,
+		m.PrgFastpathU6enc,
+		m.PrgFastpathU6tmpl,
 		m.PrgFastpathVtep6,
 	)
 }

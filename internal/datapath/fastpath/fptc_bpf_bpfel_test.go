@@ -35,6 +35,8 @@ const (
 	fptcMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fptcMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
 	fptcMapPrgFastpathU6dev       = "prg_fastpath_u6dev"
+	fptcMapPrgFastpathU6enc       = "prg_fastpath_u6enc"
+	fptcMapPrgFastpathU6tmpl      = "prg_fastpath_u6tmpl"
 	fptcMapPrgFastpathVtep6       = "prg_fastpath_vtep6"
 	fptcProgPrgFastpathDlrnTx     = "prg_fastpath_dlrn_tx"
 	fptcProgPrgFastpathDrx        = "prg_fastpath_drx"
@@ -132,6 +134,8 @@ type fptcMapSpecs struct {
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
 	PrgFastpathU6dev       *ebpf.MapSpec `ebpf:"prg_fastpath_u6dev"`
+	PrgFastpathU6enc       *ebpf.MapSpec `ebpf:"prg_fastpath_u6enc"`
+	PrgFastpathU6tmpl      *ebpf.MapSpec `ebpf:"prg_fastpath_u6tmpl"`
 	PrgFastpathVtep6       *ebpf.MapSpec `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -181,6 +185,8 @@ type fptcMaps struct {
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
 	PrgFastpathU6dev       *ebpf.Map `ebpf:"prg_fastpath_u6dev"`
+	PrgFastpathU6enc       *ebpf.Map `ebpf:"prg_fastpath_u6enc"`
+	PrgFastpathU6tmpl      *ebpf.Map `ebpf:"prg_fastpath_u6tmpl"`
 	PrgFastpathVtep6       *ebpf.Map `ebpf:"prg_fastpath_vtep6"`
 }
 
@@ -205,6 +211,8 @@ func (m *fptcMaps) Close() error {
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,
 		m.PrgFastpathU6dev,
+		m.PrgFastpathU6enc,
+		m.PrgFastpathU6tmpl,
 		m.PrgFastpathVtep6,
 	)
 }

@@ -71,6 +71,8 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		// the device the sending half hands frames to.
 		"prg_fastpath_u6cfg": &m.PrgFastpathU6cfg, "prg_fastpath_vtep6": &m.PrgFastpathVtep6,
 		"prg_fastpath_u6dev": &m.PrgFastpathU6dev,
+		// The IPv6 underlay's whole header per flow, for packets encapsulated in the program.
+		"prg_fastpath_u6tmpl": &m.PrgFastpathU6tmpl, "prg_fastpath_u6enc": &m.PrgFastpathU6enc,
 		// Which frame IPv4's handover record is (fastpath_nat.h's fp_hob).
 		"prg_fastpath_hob": &m.PrgFastpathHob,
 		// Counter reasons added after prg_fastpath_stat's size was pinned (fastpath.h FP_R2_N).

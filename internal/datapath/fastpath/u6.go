@@ -99,7 +99,7 @@ func u6Notes(notes []string, dev string, ov *overlay) []string {
 	for i, n := range notes {
 		label, _, ok := strings.Cut(n, ": only one routed VXLAN overlay")
 		if dev != "" && ok && (label == dev || strings.HasSuffix(label, "/"+dev)) {
-			notes[i] = fmt.Sprintf("%s: the IPv6 underlay beside %s (same VNI and port): its pods' IPv6 flows take the fast path both ways through %s's programs (receive decapsulated in tc; send handed to %s, which encapsulates)",
+			notes[i] = fmt.Sprintf("%s: the IPv6 underlay beside %s (same VNI and port): its pods' IPv6 flows take the fast path both ways through %s's programs (receive decapsulated in tc; send encapsulated in tc, GSO packets handed to %s, which encapsulates them)",
 				label, ov.VX.Dev, ov.VX.Dev, dev)
 		}
 	}

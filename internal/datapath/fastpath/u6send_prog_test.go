@@ -51,6 +51,10 @@ func TestIPv6UnderlaySend(t *testing.T) {
 
 	e.expect(t, "no device yet", e.o.PrgFastpathTx, out.bytes(), tcxNext, 0, "unsupported")
 	e.putU6dev(t, 1) // "lo" stands in for flannel-v6.1 (the test run's namespace)
+	// Without the flow's whole header (u6encap_prog_test.go has it), the driver encapsulates.
+	if err := e.o.PrgFastpathU6tmpl.Delete(key6(pod6A, pod6B, 40000, 5201, 6)); err != nil {
+		t.Fatal(err)
+	}
 	got := e.expect(t, "send hit", e.o.PrgFastpathTx, out.bytes(), tcActRedirect, 0, "hit")
 	if w := sent.bytes(); !bytes.Equal(got[:len(w)], w) {
 		t.Fatalf("frame for flannel-v6.1\n got %x\nwant %x", got[:len(w)], w)
