@@ -395,7 +395,10 @@ static __always_inline int lrn_rx_main(struct __sk_buff *ctx)
 	int noout = ti == FP_TC_INDEX_NOOUT, noin = ti == FP_TC_INDEX_NOIN;
 	if (ti == PRG_TC_INDEX_LEARN || handed || noout || noin) /* handovers': give it back */
 		ctx->tc_index = 0;
-	if (noin) /* from the underlay, its flow without an entry: nothing to learn */
+	/* From the underlay, its flow without an entry; or from a local pod, its flow without an
+	 * entry, or its source refused (src_refused: a forged frame must not finish another flow's
+	 * pending learning): nothing to learn. */
+	if (noin || noout)
 		return TCX_NEXT;
 	struct fp_cfg *cfg = fp_config();
 	if (!cfg)

@@ -150,6 +150,10 @@ enum {
 	 * repair.go), at (fp_ovl * 2 + dir) * FP_R2_N + (reason - FP_R_N). */
 	FP_R_CLOSED_CT = FP_R_N, /* a connection closed on the fast path whose conntrack entry the
 				  * program expired itself (fastpath_closed.h): nothing handed to the agent */
+	FP_R_FORGED, /* egress: the source is another live local pod's address (src_refused): normal
+		      * path, its flow untouched */
+	FP_R_NOSRC,  /* egress: the source is no live local pod's (not listed yet, gone, another
+		      * node's, nobody's) and the frame would change or make a flow: normal path */
 	FP_R_ALL,
 };
 #define FP_R2_N (FP_R_ALL - FP_R_N)
@@ -631,13 +635,66 @@ static __always_inline int dir_fresh(const struct fp_flow *f, int out, __u32 gen
 	return bpf_ktime_get_coarse_ns() - (out ? f->out_ns : f->in_ns) <= FP_REVALIDATE_NS;
 }
 
-/* handover records what the normal path will be learned from and lets the packet go there. */
+/* Forged sources. A pod's frame may carry any source address: one with another pod's (a
+ * neighbour's) would, through seen_out, move that pod's learned flow to the forger's veth and
+ * un-learn it, and through flow_new make entries charged to that pod's budget; one with nobody's
+ * address would make entries under budgets of their own until the table is full. So before an
+ * egress program changes a flow (seen_out, closing, syn_open, local_syn) or makes one, the
+ * frame's source must be the live endpoint (pod.h) on the veth it came from: src_refused says
+ * FP_R_FORGED (another live pod's address) or FP_R_NOSRC (no live endpoint: not listed yet, gone,
+ * not a pod of this node), 0 when it is. A flow learned on this veth (out_ifindex) proves it
+ * already: only the mismatch and the new flow look the endpoint up, never a hit. The refused
+ * frame goes to the normal path (rp_filter and the CNI decide) tagged FP_TC_INDEX_NOOUT: the
+ * learners learn nothing from it. */
+static __always_inline __u32 src_owner(__u32 ifindex, int r, const struct prg_pod *pod)
+{
+	if (r != PRG_POD_OK || !pod)
+		return FP_R_NOSRC;
+	return pod->ifindex == ifindex ? 0 : FP_R_FORGED;
+}
+
+static __always_inline __u32 src_refused(struct __sk_buff *ctx, const struct fp_cfg *cfg, const struct fp_flow *f,
+					 __u32 saddr)
+{
+	__u32 ifindex = ctx->ifindex;
+	asm volatile("" : "+r"(ifindex)); /* one load of the field: no kept pointer into ctx */
+	if (f && f->out_ifindex == ifindex)
+		return 0;
+	struct prg_pod *pod = NULL;
+	int r = prg_pod_lookup4(&prg_fastpath_ep, &prg_fastpath_port, cfg->netns, saddr, &pod);
+	return src_owner(ifindex, r, pod);
+}
+
+/* refuse_out hands a frame src_refused refused (reason r) to the normal path, to learn nothing. */
+static __always_inline int refuse_out(struct __sk_buff *ctx, __u32 r)
+{
+	if (!ctx->tc_index)
+		ctx->tc_index = FP_TC_INDEX_NOOUT;
+	count(FP_DIR_TX, r);
+	return TCX_NEXT;
+}
+
+static __always_inline int handover_out_src(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
+					    struct __sk_buff *ctx, __u32 reason, const struct fp_cfg *cfg);
+
+/* handover records what the normal path will be learned from and lets the packet go there
+ * (a frame whose source src_refused refuses: untouched, counted as such). */
 static __always_inline int handover_out(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
 					struct __sk_buff *ctx, __u32 reason)
 {
 	struct fp_cfg *cfg = fp_config();
 	if (!cfg)
 		return TCX_NEXT;
+	__u32 sr = src_refused(ctx, cfg, f, p->saddr);
+	if (sr)
+		return refuse_out(ctx, sr);
+	return handover_out_src(f, k, p, ctx, reason, cfg);
+}
+
+/* handover_out_src is handover_out for a frame whose source was checked. */
+static __always_inline int handover_out_src(struct fp_flow *f, struct fp_key *k, const struct fp_pkt *p,
+					    struct __sk_buff *ctx, __u32 reason, const struct fp_cfg *cfg)
+{
 	struct fp_flow *e = f;
 	if (f && reason == FP_R_MISS && dir_fresh(f, 1, cfg->gen, ctx->ifindex)) {
 		f->seen_ns = bpf_ktime_get_ns(); /* still sending: a pending entry lives on */
@@ -818,12 +875,24 @@ static __always_inline struct fp_flow *begin_out(struct __sk_buff *ctx, const st
 	}
 	key_out(k, p);
 	if (p->ctl) {
+		struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
 		if (p->ctl == FP_TCP_SYN) { /* SYN, SYN-ACK: learned from the normal path */
-			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow, k);
+			__u32 sr = src_refused(ctx, cfg, f, p->saddr); /* before it reopens the flow */
+			if (sr) {
+				refuse_out(ctx, sr);
+				return NULL;
+			}
 			syn_open(f);
 			local_syn(f);
-			handover_out(f, k, p, ctx, FP_R_PROTO);
+			handover_out_src(f, k, p, ctx, FP_R_PROTO, cfg);
 			return NULL;
+		}
+		if (f) { /* a forged FIN or RST would close another pod's flow */
+			__u32 sr = src_refused(ctx, cfg, f, p->saddr);
+			if (sr) {
+				refuse_out(ctx, sr);
+				return NULL;
+			}
 		}
 		closing(ctx, k, p->ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
 		if (!fin_fast(k)) {

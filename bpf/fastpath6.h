@@ -193,8 +193,36 @@ static __always_inline struct fp_flow *flow_new6(const struct fp_cfg *cfg, struc
 	return f;
 }
 
+static __always_inline int pod_lookup6(__u32 netns, const __u32 *addr, struct prg_pod **out);
+
+/* src_refused6 is src_refused (fastpath.h) for an IPv6 source. */
+static __always_inline __u32 src_refused6(struct __sk_buff *ctx, const struct fp_cfg *cfg, const struct fp_flow *f,
+					  const __u32 *saddr)
+{
+	__u32 ifindex = ctx->ifindex;
+	asm volatile("" : "+r"(ifindex)); /* as src_refused */
+	if (f && f->out_ifindex == ifindex)
+		return 0;
+	struct prg_pod *pod = NULL;
+	int r = pod_lookup6(cfg->netns, saddr, &pod);
+	return src_owner(ifindex, r, pod);
+}
+
+static __always_inline int handover_out6_src(struct fp_flow *f, struct fp_key6 *k, const struct fp_pkt6 *p,
+					     struct __sk_buff *ctx, const struct fp_cfg *cfg, __u32 reason);
+
+/* handover_out6 is handover_out (fastpath.h) for IPv6, its source checked as there. */
 static __always_inline int handover_out6(struct fp_flow *f, struct fp_key6 *k, const struct fp_pkt6 *p,
 					 struct __sk_buff *ctx, const struct fp_cfg *cfg, __u32 reason)
+{
+	__u32 sr = src_refused6(ctx, cfg, f, p->saddr);
+	if (sr)
+		return refuse_out(ctx, sr);
+	return handover_out6_src(f, k, p, ctx, cfg, reason);
+}
+
+static __always_inline int handover_out6_src(struct fp_flow *f, struct fp_key6 *k, const struct fp_pkt6 *p,
+					     struct __sk_buff *ctx, const struct fp_cfg *cfg, __u32 reason)
 {
 	if (f) {
 		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
@@ -338,11 +366,19 @@ static __always_inline int tx6(struct __sk_buff *ctx)
 	}
 	key6_out(&k, &p);
 	if (p.ctl) {
+		struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
 		if (p.ctl == FP_TCP_SYN) { /* learned from the normal path, as for IPv4 */
-			struct fp_flow *f = bpf_map_lookup_elem(&prg_fastpath_flow6, &k);
+			__u32 sr = src_refused6(ctx, cfg, f, p.saddr); /* before it reopens the flow */
+			if (sr)
+				return refuse_out(ctx, sr);
 			syn_open(f);
 			local_syn(f);
-			return handover_out6(f, &k, &p, ctx, cfg, FP_R_PROTO);
+			return handover_out6_src(f, &k, &p, ctx, cfg, FP_R_PROTO);
+		}
+		if (f) { /* a forged FIN or RST would close another pod's flow */
+			__u32 sr = src_refused6(ctx, cfg, f, p.saddr);
+			if (sr)
+				return refuse_out(ctx, sr);
 		}
 		closing6(ctx, &k, p.ctl & FP_TCP_RST ? FP_F_DONE : FP_F_FIN_OUT, FP_DIR_TX);
 		if (!fin_fast6(&k)) {

@@ -102,6 +102,7 @@ func framesOf(lport uint16) budgetFrames {
 func TestOverBudgetSkipsLearners(t *testing.T) {
 	e := newProgEnv(t)
 	tp := e.tagProgs(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	e.setBudget(t, 1)
 	in, over := framesOf(40000), framesOf(40001)
 	kIn, kOver := keyOf(podA, podB, 40000, 5201, 6), keyOf(podA, podB, 40001, 5201, 6)
@@ -165,6 +166,7 @@ func TestOverBudgetSkipsLearners(t *testing.T) {
 func TestBudgetFreedLearnsAgain(t *testing.T) {
 	e := newProgEnv(t)
 	tp := e.tagProgs(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	e.setBudget(t, 1)
 	old, next := framesOf(40000), framesOf(40001)
 	kOld, kNext := keyOf(podA, podB, 40000, 5201, 6), keyOf(podA, podB, 40001, 5201, 6)
@@ -210,6 +212,7 @@ func TestBudgetFreedLearnsAgain(t *testing.T) {
 func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 	e := newProgEnv(t)
 	tp := e.tagProgs(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	e.setBudget(t, 2)
 	for i := range 50 {
 		f := framesOf(uint16(41000 + i))
@@ -222,6 +225,7 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 		}
 	}
 	podC := netip.MustParseAddr("198.19.1.3")
+	e.putPod(t, podC, macPo2, 101)
 	cNew := podFrame()
 	cNew.saddr = podC
 	if ret, tag := e.runTag(t, tp.Tx, cNew.bytes(), 0); ret != tcxNext || tag != tagOut {
@@ -255,6 +259,7 @@ func TestFloodingPodLeavesOthersAlone(t *testing.T) {
 func TestOneWayFlowLearnsOnce(t *testing.T) {
 	e := newProgEnv(t)
 	tp := e.tagProgs(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	fr := framesOf(40000)
 	k := keyOf(podA, podB, 40000, 5201, 6)
 	if _, tag := e.runTag(t, tp.Tx, fr.sent, 0); tag != tagOut {

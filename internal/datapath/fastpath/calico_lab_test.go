@@ -166,10 +166,19 @@ func calicoIdentity(t *testing.T, host string) {
 		_, held := now["10.65.1.2"]
 		return !held && now["10.65.1.3"] == other, fmt.Sprint(now)
 	})
-	i0 = in()
+	// Refused: no delivery (no-pod), and its replies, from an address no pod holds now, neither
+	// make nor change a flow (no-src, src_refused): the flow is not even learned.
+	out := func() Direction {
+		v, err := Inspect(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Egress
+	}
+	i0, e0 := in(), out()
 	run(t, "prg-fca-n2-p1", "ping", "-c", "5", "-i", "0.1", "-w", "5", "10.65.1.2")
-	if i1 := in(); i1["hit"] != i0["hit"] || i1["no-pod"] <= i0["no-pod"] {
-		t.Fatalf("a doubly routed address still delivered by the fast path: ingress %v -> %v", i0, i1)
+	if i1, e1 := in(), out(); i1["hit"] != i0["hit"] || (i1["no-pod"] <= i0["no-pod"] && e1["no-src"] <= e0["no-src"]) {
+		t.Fatalf("a doubly routed address still delivered by the fast path: ingress %v -> %v, egress %v -> %v", i0, i1, e0, e1)
 	}
 	run(t, host, "ip", "route", "del", "10.65.1.2/32", "dev", other, "metric", "100")
 }

@@ -42,6 +42,18 @@ func TestCalicoFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	lo := net.HardwareAddr{0, 0, 0, 0, 0, 0}
+	// Pod A as discovery finds it: its cali veth, its MAC, the veth's MAC. Its frames make and
+	// change flows only once it is listed (src_refused).
+	pod := fpPrgPod{Slot: 3, Ifindex: 1}
+	copy(pod.CtrMac[:], calPodM)
+	copy(pod.BrMac[:], calGwMAC)
+	if err := o.PrgFastpathPort.Put(pod.Slot, fpBpfDevmapVal{Ifindex: 1}); err != nil {
+		t.Fatal(err)
+	}
+	key := fpPrgPodKey{Netns: e.cfg.Netns, Family: 4, Addr: [4]uint32{word(calPodA)}}
+	if err := o.PrgFastpathEp.Put(key, pod); err != nil {
+		t.Fatal(err)
+	}
 	payload := []byte("through vxlan.calico and a cali veth, 48 bytes!!")
 	// Pod A's packet to pod B as it leaves the pod: to its gateway's MAC, TTL 64.
 	sent := frame{dst: calGwMAC, src: calPodM, saddr: calPodA, daddr: calPodB, proto: 6, sport: 40000, dport: 5201, tcpFlags: 0x10, payload: payload}
@@ -89,18 +101,13 @@ func TestCalicoFrames(t *testing.T) {
 		t.Fatalf("egress inner packet\n got %x\nwant %x", out[64:], wire[64:])
 	}
 
-	// Ingress: no pod in the table yet (only addresses discovery found are delivered to).
+	// Ingress: no pod in the table (only addresses discovery found are delivered to).
+	if err := o.PrgFastpathEp.Delete(key); err != nil {
+		t.Fatal(err)
+	}
 	if ret, out := e.run(t, o.PrgFastpathRx, arriving, 0); ret != tcxNext || !bytes.Equal(out, arriving) {
 		t.Fatalf("ingress with no pod: verdict %d, changed %v", int32(ret), !bytes.Equal(out, arriving))
 	}
-	// Pod A as discovery finds it: its cali veth, its MAC, the veth's MAC.
-	pod := fpPrgPod{Slot: 3, Ifindex: 1}
-	copy(pod.CtrMac[:], calPodM)
-	copy(pod.BrMac[:], calGwMAC)
-	if err := o.PrgFastpathPort.Put(pod.Slot, fpBpfDevmapVal{Ifindex: 1}); err != nil {
-		t.Fatal(err)
-	}
-	key := fpPrgPodKey{Netns: e.cfg.Netns, Family: 4, Addr: [4]uint32{word(calPodA)}}
 	if err := o.PrgFastpathEp.Put(key, pod); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 // entry; another pod's new flow still gets one.
 func TestFlowBudget(t *testing.T) {
 	e := newProgEnv(t)
+	e.putPod(t, podA, macPod, 100) // the senders, listed on their veths (src_refused)
+	e.putPod(t, netip.MustParseAddr("10.244.1.9"), macPo2, 101)
 	e.cfg.Budget = 4
 	if err := e.o.PrgFastpathCfg.Put(uint32(0), e.cfg); err != nil {
 		t.Fatal(err)
@@ -46,6 +48,7 @@ func TestFlowBudget(t *testing.T) {
 // connection is learned from its handshake. A FIN marks the entry closing; it goes 2 s later.
 func TestSynLearnedFinCloses(t *testing.T) {
 	e := newProgEnv(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	k := keyOf(podA, podB, 40000, 5201, 6)
 	syn := podFrame()
 	syn.tcpFlags = 0x02

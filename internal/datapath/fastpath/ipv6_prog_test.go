@@ -316,6 +316,7 @@ func TestIPv6Fallbacks(t *testing.T) {
 // closing (it goes 2 s later).
 func TestIPv6SynLearnsFinCloses(t *testing.T) {
 	e := newProgEnv(t)
+	e.putPod6(t, pod6A, macPod, 100) // the sender, listed on its veth (src_refused6)
 	syn := pod6Frame()
 	syn.tcpFlags = 0x02
 	e.expect(t, "syn", e.o.PrgFastpathTx, syn.bytes(), tcxNext, 0, "proto")

@@ -218,7 +218,7 @@ func TestLocalServiceIPv6Hostile(t *testing.T) {
 
 	fromSvc := rep
 	fromSvc.saddr, fromSvc.sport = svc6, 80
-	e.expect(t, "a pod sending from the ClusterIP", e.o.PrgFastpathTx, fromSvc.bytes(), tcxNext, 0, "miss")
+	e.expect(t, "a pod sending from the ClusterIP", e.o.PrgFastpathTx, fromSvc.bytes(), tcxNext, 0, "no-src")
 	direct := req
 	direct.daddr, direct.dport, direct.dst = pod6A2, 5201, macPo2
 	e.expect(t, "the translated key sent directly", e.o.PrgFastpathTx, direct.bytes(), tcxNext, 0, "")

@@ -21,6 +21,7 @@ func TestOverlaysApart(t *testing.T) {
 	defer p1.Close()
 	k0 := keyOf(podA, podB, 40000, 5201, 6)
 	e.learn(t, k0, 1)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	pkt := podFrame().bytes()
 	counts := func(ovl int) (Direction, Direction) {
 		t.Helper()

@@ -106,6 +106,7 @@ func (e *progEnv) counters(t *testing.T) (Direction, Direction) {
 // untouched and the class's counter counts it.
 func TestTxFallbacks(t *testing.T) {
 	e := newProgEnv(t)
+	e.putPod(t, podA, macPod, 100) // the sender, listed on its veth (src_refused)
 	e.learn(t, keyOf(podA, podB, 40000, 5201, 6), 1)
 	e.learn(t, keyOf(podA, podB, 40000, 5201, 17), 1)
 	big := podFrame()

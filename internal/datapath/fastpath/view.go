@@ -14,7 +14,7 @@ import (
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
 	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full",
 	"closed-lost",
-	"closed-ct"}
+	"closed-ct", "forged", "no-src"}
 
 // baseReasons is FP_R_N: how many of Reasons prg_fastpath_stat counts.
 const baseReasons = 22

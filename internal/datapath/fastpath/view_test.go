@@ -19,8 +19,8 @@ func TestFormatLocalAndNAT(t *testing.T) {
 	if !strings.Contains(out, "fastpath ingress: hits 60, misses 0") {
 		t.Fatalf("ingress line:\n%s", out)
 	}
-	if Reasons[len(Reasons)-2] != "closed-lost" || Reasons[len(Reasons)-1] != "closed-ct" {
-		t.Fatalf("Reasons must follow FP_R_* (FP_R_CLOSED_LOST, FP_R_CLOSED_CT last): %v", Reasons)
+	if Reasons[baseReasons-1] != "closed-lost" || Reasons[baseReasons] != "closed-ct" || Reasons[len(Reasons)-1] != "no-src" {
+		t.Fatalf("Reasons must follow FP_R_* (FP_R_CLOSED_LOST last of FP_R_N, FP_R_CLOSED_CT first of stat2, FP_R_NOSRC last): %v", Reasons)
 	}
 	// The counter array is sized by FP_R_N: as many reasons as the programs count.
 	spec, err := loadFp()
