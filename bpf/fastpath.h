@@ -117,7 +117,7 @@ static __always_inline int tcx_next_opaque(void)
  * 0xfa59 prism_gate.h, 0xfa5a ezpath_host.bpf.c. */
 
 /* Counters: prg_fastpath_stat[(fp_ovl * 2 + dir) * FP_R_N + reason], dir 0 = egress (from pods), 1 = ingress
- * (reasons from FP_R_N on: prg_fastpath_stat2, below).
+ * (reasons from FP_R_N on: prg_fastpath_stat2 and prg_fastpath_stat3, below).
  * Keep in step with the names in internal/datapath/fastpath/view.go. */
 enum {
 	FP_R_HIT,    /* took the fast path */
@@ -150,13 +150,19 @@ enum {
 	 * repair.go), at (fp_ovl * 2 + dir) * FP_R2_N + (reason - FP_R_N). */
 	FP_R_CLOSED_CT = FP_R_N, /* a connection closed on the fast path whose conntrack entry the
 				  * program expired itself (fastpath_closed.h): nothing handed to the agent */
-	FP_R_FORGED, /* egress: the source is another live local pod's address (src_refused): normal
+	FP_R_N2,
+	/* prg_fastpath_stat2's size was pinned in the field too (one reason): the reasons from
+	 * FP_R_N2 on count in prg_fastpath_stat3, at (fp_ovl * 2 + dir) * FP_R3_CAP + (reason -
+	 * FP_R_N2), whose room (FP_R3_CAP) takes later reasons without another map. */
+	FP_R_FORGED = FP_R_N2, /* egress: the source is another live local pod's address (src_refused): normal
 		      * path, its flow untouched */
 	FP_R_NOSRC,  /* egress: the source is no live local pod's (not listed yet, gone, another
 		      * node's, nobody's) and the frame would change or make a flow: normal path */
 	FP_R_ALL,
 };
-#define FP_R2_N (FP_R_ALL - FP_R_N)
+#define FP_R2_N (FP_R_N2 - FP_R_N)
+#define FP_R3_CAP 16
+_Static_assert(FP_R_ALL - FP_R_N2 <= FP_R3_CAP, "prg_fastpath_stat3 is full: FP_R3_CAP is pinned in the field");
 #define FP_DIR_TX 0
 #define FP_DIR_RX 1
 
@@ -257,6 +263,13 @@ struct {
 	__type(value, __u64);
 } prg_fastpath_stat2 SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FP_MAX_OVL * 2 * FP_R3_CAP);
+	__type(key, __u32);
+	__type(value, __u64);
+} prg_fastpath_stat3 SEC(".maps");
+
 PRG_POD_MAPS(prg_fastpath_ep, prg_fastpath_port, FP_MAX_PODS);
 
 static __always_inline void count(__u32 dir, __u32 r)
@@ -266,9 +279,12 @@ static __always_inline void count(__u32 dir, __u32 r)
 	if (r < FP_R_N) { /* r is a constant at every call: one branch is left */
 		__u32 i = (fp_ovl * 2 + dir) * FP_R_N + r;
 		c = bpf_map_lookup_elem(&prg_fastpath_stat, &i);
-	} else {
+	} else if (r < FP_R_N2) {
 		__u32 i = (fp_ovl * 2 + dir) * FP_R2_N + (r - FP_R_N);
 		c = bpf_map_lookup_elem(&prg_fastpath_stat2, &i);
+	} else {
+		__u32 i = (fp_ovl * 2 + dir) * FP_R3_CAP + (r - FP_R_N2);
+		c = bpf_map_lookup_elem(&prg_fastpath_stat3, &i);
 	}
 	if (c)
 		*c += 1;

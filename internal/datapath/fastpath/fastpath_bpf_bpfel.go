@@ -180,6 +180,7 @@ const (
 	fpMapPrgFastpathPort        = "prg_fastpath_port"
 	fpMapPrgFastpathStat        = "prg_fastpath_stat"
 	fpMapPrgFastpathStat2       = "prg_fastpath_stat2"
+	fpMapPrgFastpathStat3       = "prg_fastpath_stat3"
 	fpMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fpMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fpMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
@@ -271,6 +272,7 @@ type fpMapSpecs struct {
 	PrgFastpathPort        *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 	PrgFastpathStat2       *ebpf.MapSpec `ebpf:"prg_fastpath_stat2"`
+	PrgFastpathStat3       *ebpf.MapSpec `ebpf:"prg_fastpath_stat3"`
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
@@ -322,6 +324,7 @@ type fpMaps struct {
 	PrgFastpathPort        *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
 	PrgFastpathStat2       *ebpf.Map `ebpf:"prg_fastpath_stat2"`
+	PrgFastpathStat3       *ebpf.Map `ebpf:"prg_fastpath_stat3"`
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
@@ -348,6 +351,7 @@ func (m *fpMaps) Close() error {
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 		m.PrgFastpathStat2,
+		m.PrgFastpathStat3,
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,

@@ -31,6 +31,7 @@ const (
 	fptcMapPrgFastpathPort        = "prg_fastpath_port"
 	fptcMapPrgFastpathStat        = "prg_fastpath_stat"
 	fptcMapPrgFastpathStat2       = "prg_fastpath_stat2"
+	fptcMapPrgFastpathStat3       = "prg_fastpath_stat3"
 	fptcMapPrgFastpathSweep       = "prg_fastpath_sweep"
 	fptcMapPrgFastpathSweep6      = "prg_fastpath_sweep6"
 	fptcMapPrgFastpathU6cfg       = "prg_fastpath_u6cfg"
@@ -130,6 +131,7 @@ type fptcMapSpecs struct {
 	PrgFastpathPort        *ebpf.MapSpec `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.MapSpec `ebpf:"prg_fastpath_stat"`
 	PrgFastpathStat2       *ebpf.MapSpec `ebpf:"prg_fastpath_stat2"`
+	PrgFastpathStat3       *ebpf.MapSpec `ebpf:"prg_fastpath_stat3"`
 	PrgFastpathSweep       *ebpf.MapSpec `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.MapSpec `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.MapSpec `ebpf:"prg_fastpath_u6cfg"`
@@ -181,6 +183,7 @@ type fptcMaps struct {
 	PrgFastpathPort        *ebpf.Map `ebpf:"prg_fastpath_port"`
 	PrgFastpathStat        *ebpf.Map `ebpf:"prg_fastpath_stat"`
 	PrgFastpathStat2       *ebpf.Map `ebpf:"prg_fastpath_stat2"`
+	PrgFastpathStat3       *ebpf.Map `ebpf:"prg_fastpath_stat3"`
 	PrgFastpathSweep       *ebpf.Map `ebpf:"prg_fastpath_sweep"`
 	PrgFastpathSweep6      *ebpf.Map `ebpf:"prg_fastpath_sweep6"`
 	PrgFastpathU6cfg       *ebpf.Map `ebpf:"prg_fastpath_u6cfg"`
@@ -207,6 +210,7 @@ func (m *fptcMaps) Close() error {
 		m.PrgFastpathPort,
 		m.PrgFastpathStat,
 		m.PrgFastpathStat2,
+		m.PrgFastpathStat3,
 		m.PrgFastpathSweep,
 		m.PrgFastpathSweep6,
 		m.PrgFastpathU6cfg,

@@ -75,8 +75,9 @@ func mapsOf(m *fpMaps) map[string]**ebpf.Map {
 		"prg_fastpath_u6tmpl": &m.PrgFastpathU6tmpl, "prg_fastpath_u6enc": &m.PrgFastpathU6enc,
 		// Which frame IPv4's handover record is (fastpath_nat.h's fp_hob).
 		"prg_fastpath_hob": &m.PrgFastpathHob,
-		// Counter reasons added after prg_fastpath_stat's size was pinned (fastpath.h FP_R2_N).
-		"prg_fastpath_stat2": &m.PrgFastpathStat2}
+		// Counter reasons added after prg_fastpath_stat's size was pinned (fastpath.h FP_R2_N),
+		// and after prg_fastpath_stat2's was (FP_R3_CAP).
+		"prg_fastpath_stat2": &m.PrgFastpathStat2, "prg_fastpath_stat3": &m.PrgFastpathStat3}
 }
 
 func progsOf(p *fpPrograms) map[string]*ebpf.Program {

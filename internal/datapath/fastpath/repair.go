@@ -244,13 +244,13 @@ func tagOf(p *ebpf.Program) string {
 // handover record, bpf/fastpath_nat6.h; the learn-event ring and its lost counts,
 // bpf/fastpath_learned.h, which the new agent starts with one walk anyway; the IPv6 underlay's
 // config, remote VTEPs, device, per-flow headers and count of packets encapsulated in the program, bpf/fastpath_u6.h; the binding of IPv4's handover record,
-// bpf/fastpath_nat.h; the counters of reasons added later, prg_fastpath_stat2): an upgrade in
+// bpf/fastpath_nat.h; the counters of reasons added later, prg_fastpath_stat2 and prg_fastpath_stat3): an upgrade in
 // place creates and pins them beside the attachment's maps, so its flows and counters survive, where a missing map would otherwise
 // make the node agent detach and attach fastpath.
 var laterMaps = []string{"prg_fastpath_nat6", "prg_fastpath_ho6", "prg_fastpath_learned",
 	"prg_fastpath_learned_lost", "prg_fastpath_u6cfg", "prg_fastpath_vtep6", "prg_fastpath_u6dev",
 	"prg_fastpath_hob", "prg_fastpath_stat2", "prg_fastpath_u6tmpl",
-	"prg_fastpath_u6enc"}
+	"prg_fastpath_u6enc", "prg_fastpath_stat3"}
 
 // addedMaps creates and pins, in the attachment's pin directory dir, those of laterMaps it
 // lacks (sized as its pinned tables: keepFlowSizes). What fails is left out: the upgrade then

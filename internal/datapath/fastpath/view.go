@@ -10,14 +10,21 @@ import (
 
 // Reasons, in the order of the program's counters (FP_R_* in bpf/fastpath.bpf.c).
 // The first baseReasons are prg_fastpath_stat's (FP_R_N); the rest, added after attachments in
-// the field pinned that map's size, are prg_fastpath_stat2's (from FP_R_N on).
+// the field pinned that map's size, are prg_fastpath_stat2's (FP_R_N on) and prg_fastpath_stat3's
+// (FP_R_N2 on: stat2's size was pinned as well).
 var Reasons = []string{"hit", "miss", "stale", "not-ipv4", "l2", "ip-options", "fragment", "proto", "no-pod",
 	"mtu", "ttl", "unsupported", "error", "dropped", "learned", "other", "nat", "big", "local", "budget", "full",
 	"closed-lost",
 	"closed-ct", "forged", "no-src"}
 
-// baseReasons is FP_R_N: how many of Reasons prg_fastpath_stat counts.
-const baseReasons = 22
+// baseReasons is FP_R_N: how many of Reasons prg_fastpath_stat counts; stat2Reasons is
+// FP_R2_N, how many prg_fastpath_stat2 counts after them (its size is pinned in the field too);
+// the rest are prg_fastpath_stat3's, stat3Cap (FP_R3_CAP) slots per overlay and direction.
+const (
+	baseReasons  = 22
+	stat2Reasons = 1
+	stat3Cap     = 16
+)
 
 // Direction is one direction's counters: packets per reason (Reasons).
 type Direction map[string]uint64
@@ -192,17 +199,20 @@ func livePods(ov *overlay, eps []endpoints.View) []PodView {
 	return out
 }
 
-// counters are overlay ovl's counters (prg_fastpath_stat[(ovl*2 + dir)*FP_R_N + reason], and
-// the later reasons' prg_fastpath_stat2[(ovl*2 + dir)*(len(Reasons)-FP_R_N) + reason-FP_R_N],
-// which an attachment made before them lacks until its upgrade adds the map: read as 0).
+// counters are overlay ovl's counters (prg_fastpath_stat[(ovl*2 + dir)*FP_R_N + reason]; the
+// later reasons' prg_fastpath_stat2[(ovl*2 + dir)*FP_R2_N + reason-FP_R_N] and
+// prg_fastpath_stat3[(ovl*2 + dir)*FP_R3_CAP + reason-FP_R_N2], which an attachment made before
+// them lacks until its upgrade adds the map: read as 0).
 func (p *pinned) counters(ovl int) (out, in Direction, err error) {
 	out, in = Direction{}, Direction{}
-	later := len(Reasons) - baseReasons
 	for d, dst := range []Direction{out, in} {
 		for r, name := range Reasons {
 			m, i := p.PrgFastpathStat, (ovl*2+d)*baseReasons+r
-			if r >= baseReasons {
-				m, i = p.PrgFastpathStat2, (ovl*2+d)*later+r-baseReasons
+			switch {
+			case r >= baseReasons+stat2Reasons:
+				m, i = p.PrgFastpathStat3, (ovl*2+d)*stat3Cap+r-baseReasons-stat2Reasons
+			case r >= baseReasons:
+				m, i = p.PrgFastpathStat2, (ovl*2+d)*stat2Reasons+r-baseReasons
 			}
 			if m == nil {
 				continue

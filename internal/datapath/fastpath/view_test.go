@@ -30,8 +30,14 @@ func TestFormatLocalAndNAT(t *testing.T) {
 	if got := spec.Maps["prg_fastpath_stat"].MaxEntries; got != uint32(maxOverlays*2*baseReasons) {
 		t.Fatalf("prg_fastpath_stat holds %d counters, want %d reasons per direction and overlay", got, baseReasons)
 	}
-	if got := spec.Maps["prg_fastpath_stat2"].MaxEntries; got != uint32(maxOverlays*2*(len(Reasons)-baseReasons)) {
-		t.Fatalf("prg_fastpath_stat2 holds %d counters, Reasons names %d later ones per direction and overlay", got, len(Reasons)-baseReasons)
+	// prg_fastpath_stat2 keeps the size attachments made with it pinned (closed-ct alone), so
+	// an upgrade in place reuses it; the reasons after it go to prg_fastpath_stat3, whose
+	// room (FP_R3_CAP) is pinned the same way from its first attachment on.
+	if got := spec.Maps["prg_fastpath_stat2"].MaxEntries; got != uint32(maxOverlays*2*1) || stat2Reasons != 1 || Reasons[baseReasons] != "closed-ct" {
+		t.Fatalf("prg_fastpath_stat2 holds %d counters, want the 1 reason (closed-ct) per direction and overlay it was attached with", got)
+	}
+	if got := spec.Maps["prg_fastpath_stat3"].MaxEntries; got != uint32(maxOverlays*2*stat3Cap) || len(Reasons)-baseReasons-stat2Reasons > stat3Cap {
+		t.Fatalf("prg_fastpath_stat3 holds %d counters, want %d slots per direction and overlay for %d reasons", got, stat3Cap, len(Reasons)-baseReasons-stat2Reasons)
 	}
 	// prg_fastpath_stat keeps the size attachments made before the later reasons pinned
 	// (22 reasons: up to closed-lost), so an upgrade in place reuses it.
