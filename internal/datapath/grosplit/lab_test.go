@@ -195,7 +195,10 @@ func TestAttachRedirectsAndDetaches(t *testing.T) {
 	}
 	got = blast(t, 500)
 	st2, _ := ReadStats(pinDir)
-	if d := st2.Sum().ToCPU[0]; d < 475 || got < 475 || st2.Sum().ToCPU[1] != sum.ToCPU[1] {
+	// A frame or two of the namespace's own (IPv6 router solicitations come seconds after the
+	// link is up: the first blast also counted 2 001 redirects for 2 000 datagrams) may still
+	// reach CPU 1 between the read above and the change: a few, not the blast.
+	if d := st2.Sum().ToCPU[0]; d < 475 || got < 475 || st2.Sum().ToCPU[1] > sum.ToCPU[1]+5 {
 		t.Errorf("after moving to CPU 0: received %d, redirects %v (before %v)", got, st2.Sum().ToCPU, sum.ToCPU)
 	}
 
