@@ -71,15 +71,13 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 			// HP: the ping-pong's VXLAN stage on the reserved CPU, its NIC stage on the IRQ core.
 			s0 := v.Stats
 			nicHP, vxHP := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 300) })
-			// Once in a while a stage's probe counts fewer than were sent, although every
-			// datagram was answered (seen: the NIC stage 296 and, in a CI run beside other
-			// builds, 261 while the VXLAN stage counted 300; the VXLAN stage 299 while the NIC
-			// stage counted 300; cause not found), so the floors leave room: what is asserted is
-			// where the packets ran. The NIC stage's floor is lower: that every HP datagram was
-			// steered is prism's own count's to say (IsoHP >= 300 below), and the stage whose CPU
-			// isolation moves is the VXLAN stage's.
-			labtest.MostlyOn(t, "HP nic stage", nicHP, 0, 200)
-			labtest.MostlyOn(t, "HP vxlan stage", vxHP, 1, 290)
+			// The stage probe can count fewer than were sent (labtest.StageCPUs: beside other
+			// packages' lab tests, 192 of 300 at this VXLAN stage while prism's own program
+			// there saw all 300), so its floors are half of what was sent: what it asserts is
+			// where the packets ran. That every HP datagram was steered and redirected is
+			// prism's own exact counters' to say (below).
+			labtest.MostlyOn(t, "HP nic stage", nicHP, 0, 150)
+			labtest.MostlyOn(t, "HP vxlan stage", vxHP, 1, 150)
 			s1 := inspect(t, h2).Stats
 			// (the first datagram takes the normal path: the firewall gate waits for conntrack)
 			if s1.IsoHP-s0.IsoHP < 300 || s1.Redirected-s0.Redirected < 295 {
@@ -88,8 +86,8 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 
 			// Bulk (LP): its VXLAN stage stays off the reserved CPU.
 			nicLP, vxLP := rxStageCounts(t, nic, vx, func() { udpBurst(t, c11.Netns, dst, lpPort, 3000, 1000) })
-			labtest.MostlyOn(t, "LP nic stage", nicLP, 0, 2500)
-			labtest.MostlyOn(t, "LP vxlan stage", vxLP, 0, 2500)
+			labtest.MostlyOn(t, "LP nic stage", nicLP, 0, 1500)
+			labtest.MostlyOn(t, "LP vxlan stage", vxLP, 0, 1500)
 			// Bulk TCP still arrives intact (its ACKs, LP too, go to h1's CPU 0).
 			bulkTCP(t, c21.Netns, c11.Netns, dst, 4<<20)
 			// LP arrives on the IRQ core, an LP CPU: kept there without an RPS hop, as on vanilla.
@@ -112,7 +110,7 @@ func TestLabIsolationSplitsVXLANStage(t *testing.T) {
 			}
 			// Without isolation the VXLAN stage is back on the IRQ core.
 			_, vxAfter := rxStageCounts(t, nic, vx, func() { pingPong(t, c11.Netns, dst, hpPort, 200) })
-			labtest.MostlyOn(t, "vanilla vxlan stage", vxAfter, 0, 200)
+			labtest.MostlyOn(t, "vanilla vxlan stage", vxAfter, 0, 100)
 		})
 	}
 }

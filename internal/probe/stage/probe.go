@@ -102,13 +102,7 @@ func (p *Probe) AddNetns(inodes ...uint64) error {
 // ProgramIDs returns the kernel IDs of the probe's programs (what `bpftool prog show id N` takes).
 func (p *Probe) ProgramIDs() ([]ebpf.ProgramID, error) {
 	var ids []ebpf.ProgramID
-	for _, prog := range []*ebpf.Program{
-		p.objs.PrgStageRcv, p.objs.PrgStageRx, p.objs.PrgStageNapi,
-		p.objs.PrgStageSqin, p.objs.PrgStageSqout,
-	} {
-		if prog == nil {
-			continue
-		}
+	for _, prog := range p.programs() {
 		info, err := prog.Info()
 		if err != nil {
 			return nil, fmt.Errorf("stage probe: info of %s: %w", prog, err)
@@ -120,6 +114,20 @@ func (p *Probe) ProgramIDs() ([]ebpf.ProgramID, error) {
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// programs returns the probe's loaded programs.
+func (p *Probe) programs() []*ebpf.Program {
+	var out []*ebpf.Program
+	for _, prog := range []*ebpf.Program{
+		p.objs.PrgStageRcv, p.objs.PrgStageRx, p.objs.PrgStageNapi,
+		p.objs.PrgStageSqin, p.objs.PrgStageSqout,
+	} {
+		if prog != nil {
+			out = append(out, prog)
+		}
+	}
+	return out
 }
 
 // Close detaches the programs and frees programs and maps. It is safe to call more than once.

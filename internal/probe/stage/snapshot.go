@@ -82,6 +82,10 @@ type Snapshot struct {
 	Taken   time.Time
 	Devices []DevCPU
 	CPUs    []CPUTotals
+	// Missed is how many times the kernel skipped one of the probe's programs instead of
+	// running it (the programs' recursion-miss counters, summed): events that happened but
+	// were not counted. Non-zero means every count above may be short by up to this much.
+	Missed uint64
 }
 
 // Snapshot reads all counters. It does not stop counting: entries are read one at a time.
@@ -123,6 +127,13 @@ func (p *Probe) Snapshot() (Snapshot, error) {
 	for cpu, v := range cpus {
 		s.CPUs = append(s.CPUs, CPUTotals{CPU: cpu, NetRxNs: v.NetrxNs, NetRxRuns: v.NetrxRuns, UnattributedNs: v.UnattrNs})
 	}
+	for _, prog := range p.programs() {
+		st, err := prog.Stats()
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("stage probe: stats of %s: %w", prog, err)
+		}
+		s.Missed += st.RecursionMisses
+	}
 	return s, nil
 }
 
@@ -158,7 +169,7 @@ func (s Snapshot) Sub(prev Snapshot) Snapshot {
 	for _, d := range prev.Devices {
 		old[dk{d.DevKey, d.CPU}] = d.Counts
 	}
-	out := Snapshot{Taken: s.Taken}
+	out := Snapshot{Taken: s.Taken, Missed: satSub(s.Missed, prev.Missed)}
 	for _, d := range s.Devices {
 		d.Counts = d.Counts.sub(old[dk{d.DevKey, d.CPU}])
 		if d.Counts != (Counts{}) {

@@ -35,3 +35,13 @@ func TestSubPairsByDeviceAndCPU(t *testing.T) {
 		t.Errorf("cpus: %+v", d.CPUs)
 	}
 }
+
+func TestSubMissed(t *testing.T) {
+	if got := (Snapshot{Missed: 7}).Sub(Snapshot{Missed: 2}).Missed; got != 5 {
+		t.Errorf("missed between snapshots %d, want 5", got)
+	}
+	// A pairing the wrong way round must not wrap around.
+	if got := (Snapshot{Missed: 2}).Sub(Snapshot{Missed: 7}).Missed; got != 0 {
+		t.Errorf("missed, pairs swapped: %d, want 0", got)
+	}
+}

@@ -18,6 +18,12 @@ type StageDev struct {
 // StageCPUs runs send while the stage probe counts the packets each device's receive stage
 // handled, and returns, once the counts have settled (what was in flight is done), one map of
 // packets per CPU for each device, in the order given.
+//
+// The counts can fall short of what the devices handled, so assert where packets ran and a
+// floor well below what was sent, and leave "every packet" to an exact counter: on this machine,
+// beside another package's lab tests, the probe (two probes at once, in fact) counted 192 to
+// 280 of 300 datagrams at a VXLAN device whose tcx program counted all 300, with no recursion
+// miss and a run count equal to what was counted (2026-11-29; cause not found).
 func StageCPUs(t testing.TB, devs []StageDev, send func()) []map[int]uint64 {
 	t.Helper()
 	idx := map[stage.DevKey]int{}
@@ -59,6 +65,11 @@ func StageCPUs(t testing.TB, devs []StageDev, send func()) []map[int]uint64 {
 	}
 	Settled(2*time.Second, func() uint64 { _, n := count(); return n })
 	out, _ := count()
+	if after, err := p.Snapshot(); err == nil {
+		if m := after.Sub(before).Missed; m > 0 {
+			t.Logf("stage probe: the kernel skipped its programs %d times (recursion misses): counts may be short", m)
+		}
+	}
 	return out
 }
 
