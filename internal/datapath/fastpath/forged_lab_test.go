@@ -141,4 +141,3 @@ func rawSocket(t *testing.T, ns string) (int, net.HardwareAddr) {
 	}
 	return fd, mac
 }
-
