@@ -2,6 +2,7 @@ package realflannel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
@@ -48,11 +49,19 @@ var run = labtest.Run
 // ends, and checks that nothing is left.
 func upForTest(t *testing.T, name string, nodes, pods int) *realflannel.Lab {
 	t.Helper()
+	_, err := os.Stat("/var/lib/cni")
+	noCache := errors.Is(err, os.ErrNotExist)
 	l, err := realflannel.Up(context.Background(), realflannel.Spec{Name: name, Nodes: nodes, Pods: pods}, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// (checked after Down, below: the lab's cnitool made it, Down removes it)
+		defer func() {
+			if _, err := os.Stat("/var/lib/cni"); noCache && err == nil {
+				t.Errorf("/var/lib/cni (cnitool's cache) left behind; it was not there before the lab")
+			}
+		}()
 		for _, n := range l.NodeNetns() {
 			if _, err := datapath.Detach(context.Background(), n, ""); err != nil && !strings.Contains(err.Error(), "nothing") {
 				t.Errorf("detach %s: %v", n, err)

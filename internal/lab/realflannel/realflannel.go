@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/peregrine-net/peregrine/internal/netnsutil"
@@ -163,6 +164,13 @@ func Up(ctx context.Context, s Spec, log func(string, ...any)) (l *Lab, err erro
 	}
 	if b, err := json.Marshal(s); err == nil {
 		_ = os.WriteFile(filepath.Join(l.Dir, "spec.json"), b, 0o600)
+	}
+	// cnitool caches its results under libcni's CacheDir and has no setting to move it: if the
+	// directory is not there yet, the lab makes it, and Down takes it away again.
+	if _, err := os.Stat(cniCacheDir); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(filepath.Join(l.Dir, cniCacheMarker), nil, 0o600); err != nil {
+			return nil, err
+		}
 	}
 	if s.Direct() {
 		log("underlay: %s and %s joined by a veth pair (eth0 to eth0)", nodeNetns(s.Name, 1), nodeNetns(s.Name, 2))
@@ -453,14 +461,25 @@ func Down(name string) error {
 			errs = append(errs, err)
 		}
 	}
+	_, err = os.Stat(filepath.Join(l.Dir, cniCacheMarker))
+	madeCache := err == nil
 	if err := os.RemoveAll(l.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	// cnitool's result cache (libcni's default cache directory): <net>-<container id>-<ifname>.
-	res, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", NetName(name)+"-*"))
+	res, _ := filepath.Glob(filepath.Join(cniCacheDir, "results", NetName(name)+"-*"))
 	for _, r := range res {
 		if err := os.Remove(r); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
+		}
+	}
+	// The directories themselves go only if this lab made them and nothing else is in them
+	// (another lab still up, or a CNI installed since, keeps them: Remove refuses a non-empty one).
+	if madeCache {
+		for _, d := range []string{filepath.Join(cniCacheDir, "results"), cniCacheDir} {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if left, _ := netnsutil.List(Prefix(name)); len(left) > 0 {
@@ -468,6 +487,12 @@ func Down(name string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// cniCacheDir is libcni's default cache directory, where cnitool keeps its results.
+const cniCacheDir = "/var/lib/cni"
+
+// cniCacheMarker, in the lab's state directory, records that the lab made cniCacheDir.
+const cniCacheMarker = "made-var-lib-cni"
 
 // DownAll removes every real flannel lab that has a state directory.
 func DownAll(log func(string, ...any)) error {
