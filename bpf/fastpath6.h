@@ -228,7 +228,14 @@ static __always_inline int handover_out6_src(struct fp_flow *f, struct fp_key6 *
 		seen_out(f, cfg->gen, p->ttl, ctx->ifindex);
 	} else {
 		struct fp_flow nf = {.out_ttl_seen = p->ttl, .out_ifindex = ctx->ifindex};
-		flow_new6(cfg, k, &nf, FP_DIR_TX);
+		if (!flow_new6(cfg, k, &nf, FP_DIR_TX)) {
+			/* Over budget or the table full: nothing to learn, as handover_out_src says
+			 * (FP_TC_INDEX_NOOUT), so the learners look nothing up for it. */
+			if (!ctx->tc_index)
+				ctx->tc_index = FP_TC_INDEX_NOOUT;
+			count(FP_DIR_TX, reason);
+			return TCX_NEXT;
+		}
 	}
 	count(FP_DIR_TX, nat6_handover(ctx, f, k, p, reason)); /* fastpath_nat6.h */
 	return TCX_NEXT;

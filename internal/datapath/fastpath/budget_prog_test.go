@@ -324,3 +324,33 @@ func TestOneWayFlowLearnsOnce(t *testing.T) {
 		t.Fatalf("answered flow: verdict %d, want the fast path", int32(ret))
 	}
 }
+
+// An IPv6 flow over its pod's budget is tagged "no entry" as an IPv4 one is, so the egress
+// learner looks nothing up for it; a flow within the budget keeps the usual tag and is learned.
+func TestIPv6OverBudgetTaggedNoEntry(t *testing.T) {
+	e := newProgEnv(t)
+	tp := e.tagProgs(t)
+	e.putPod6(t, pod6A, macPod, 7)
+	e.setBudget(t, 1)
+	in, over := pod6Frame(), pod6Frame()
+	over.sport = 40001
+	if ret, tag := e.runTag(t, tp.Tx, in.bytes(), 0); ret != tcxNext || tag != tagOut {
+		t.Fatalf("tx, flow within the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagOut)
+	}
+	if ret, tag := e.runTag(t, tp.Tx, over.bytes(), 0); ret != tcxNext || tag != tagNoOut {
+		t.Fatalf("tx, flow over the budget: verdict %d tag %#x, want the normal path tagged %#x", int32(ret), tag, tagNoOut)
+	}
+	if b, err := e.o.PrgFastpathFlow6.LookupBytes(key6(pod6A, pod6B, 40001, 5201, 6)); err != nil || b != nil {
+		t.Fatalf("a flow over the budget got an entry (%v)", err)
+	}
+	if out, _ := e.counters(t); out["budget"] != 1 {
+		t.Fatalf("counters %v: want one budget refusal", out)
+	}
+	// The flow within the budget is learned from its frame tagged as usual.
+	if _, tag := e.runTag(t, tp.LrnTx, encap6(in), tagOut); tag != 0 {
+		t.Fatalf("egress learner left tag %#x, want it given back", tag)
+	}
+	if f := e.flow6(t, key6(pod6A, pod6B, 40000, 5201, 6)); f.Flags&fOut == 0 || f.OutTtlDec != 1 {
+		t.Fatalf("flow within the budget: flags %#x hop limit change %d, want learned", f.Flags, f.OutTtlDec)
+	}
+}
